@@ -1,0 +1,1 @@
+"""gpuwatt collector: NVML -> sample -> durable spool -> store. Runs on every GPU node."""

@@ -1,0 +1,1 @@
+"""Simulated GPU cluster behind a fake NVML module."""

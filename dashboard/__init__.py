@@ -1,0 +1,1 @@
+"""gpuwatt web dashboard (Dash). Lands with its issue."""

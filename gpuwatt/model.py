@@ -1,0 +1,115 @@
+"""The sample model: what one GPU looked like at one instant.
+
+Units are SI (or SI-prefixed) and sit in the attribute names. ``None`` means "not measured":
+the metric is not supported by this GPU or driver, or its query failed. It is never zero.
+A GPU that NVML reports as lost is a sample with ``lost=True`` and no metrics, not a GPU at 0 %.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+
+
+class EnergyMethod(enum.StrEnum):
+    """How ``GpuSample.energy_j`` was obtained."""
+
+    COUNTER = "counter"  # nvmlDeviceGetTotalEnergyConsumption (Volta+), reset-safe
+    INTEGRATED = "integrated"  # power integrated over time by the collector (no counter)
+
+
+class TflopsMethod(enum.StrEnum):
+    """How ``GpuSample.tflops_estimate`` was obtained."""
+
+    GPM = "gpm"  # pipe utilisation from GPM counters (Hopper+) x the GPU's peaks x clock ratio
+    SM_ACTIVITY_UPPER_BOUND = "sm_activity_upper_bound"  # no pipe counters: an upper bound
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """A compute process on a GPU. A pid is a field of the sample, never a store tag."""
+
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one instant. Identity first, then metrics (None = not measured)."""
+
+    time_ns: int
+    host: str
+    gpu_index: int
+    uuid: str
+    name: str
+    lost: bool = False
+    # utilisation over NVML's last sample period
+    utilization_gpu_pct: float | None = None
+    utilization_memory_pct: float | None = None
+    # memory
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    # thermals and power
+    temperature_gpu_c: float | None = None
+    temperature_memory_c: float | None = None
+    fan_speed_pct: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None  # the enforced limit
+    energy_j: float | None = None  # cumulative, monotonic for the collector's lifetime
+    energy_method: EnergyMethod | None = None
+    # clocks and why they are what they are
+    sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+    graphics_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    clock_event_reasons: int | None = None  # NVML clocks-event (throttle) reason bitmask
+    # interconnect
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    nvlink_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
+    # GPM (Hopper and newer): percent of time / of peak over the sample interval
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    tensor_hmma_active_pct: float | None = None
+    tensor_imma_active_pct: float | None = None
+    tensor_dfma_active_pct: float | None = None
+    fp64_active_pct: float | None = None
+    fp32_active_pct: float | None = None
+    fp16_active_pct: float | None = None
+    dram_active_pct: float | None = None
+    # achieved throughput estimate and how it was made
+    tflops_estimate: float | None = None
+    tflops_method: TflopsMethod | None = None
+    # errors: XIDs seen since the previous sample; ECC and row remapping (slow cadence)
+    xid_errors: tuple[int, ...] = ()
+    ecc_sbe_volatile_count: int | None = None
+    ecc_dbe_volatile_count: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    mig_enabled: bool | None = None
+    processes: tuple[ProcessSample, ...] | None = None
+    # free-form provenance, e.g. the job id once jobs are resolved (kept out of tags for now)
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        """The identity of the GPU this sample belongs to."""
+        return (self.host, self.gpu_index, self.uuid)
+
+
+IDENTITY_FIELDS: tuple[str, ...] = ("time_ns", "host", "gpu_index", "uuid", "name", "lost")
+
+#: Every numeric metric attribute of ``GpuSample`` in declaration order.
+METRIC_FIELDS: tuple[str, ...] = tuple(
+    f.name
+    for f in fields(GpuSample)
+    if f.name not in IDENTITY_FIELDS
+    and f.name
+    not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra", "mig_enabled"}
+)

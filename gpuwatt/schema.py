@@ -1,0 +1,351 @@
+"""Every measurement, tag and field name gpuwatt writes, and the line-protocol codec.
+
+The fields Telegraf's ``nvidia_smi`` input has keep Telegraf's names, units and types, so a site
+that already runs Telegraf + InfluxDB can point gpuwatt's dashboard at the data it has. Our extra
+fields carry their unit in the name. A metric that was not measured (``None``) is omitted from the
+point, never written as zero (Telegraf does the same).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
+
+MEASUREMENT = "nvidia_smi"
+
+# Tags (Telegraf's names). Never a PID; a job id only when its cardinality is known to be modest.
+TAG_HOST = "host"
+TAG_INDEX = "index"
+TAG_UUID = "uuid"
+TAG_NAME = "name"
+TAGS: tuple[str, ...] = (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME)
+
+MIB = 1024 * 1024
+
+
+class Kind(enum.Enum):
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    STR = "str"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """How one ``GpuSample`` attribute is stored: field name, type and scale.
+
+    ``scale`` converts the model's unit into the stored unit (stored = model / scale):
+    memory is bytes in the model and MiB in Telegraf's fields.
+    """
+
+    attr: str
+    field: str
+    kind: Kind
+    scale: float = 1.0
+    telegraf: bool = False
+    doc: str = ""
+
+
+def _t(attr: str, fld: str, kind: Kind, scale: float = 1.0, doc: str = "") -> FieldSpec:
+    return FieldSpec(attr, fld, kind, scale, True, doc)
+
+
+def _x(attr: str, kind: Kind, doc: str = "") -> FieldSpec:
+    """An extra (non-Telegraf) field: stored under the model's own, unit-bearing name."""
+    return FieldSpec(attr, attr, kind, 1.0, False, doc)
+
+
+#: Numeric metric fields, in the order they are written.
+FIELDS: tuple[FieldSpec, ...] = (
+    _t("utilization_gpu_pct", "utilization_gpu", Kind.INT, doc="% of time a kernel ran"),
+    _t("utilization_memory_pct", "utilization_memory", Kind.INT, doc="% of time memory was R/W"),
+    _t("memory_used_bytes", "memory_used", Kind.INT, MIB, "MiB"),
+    _t("memory_total_bytes", "memory_total", Kind.INT, MIB, "MiB"),
+    _t("memory_free_bytes", "memory_free", Kind.INT, MIB, "MiB"),
+    _t("memory_reserved_bytes", "memory_reserved", Kind.INT, MIB, "MiB"),
+    _t("temperature_gpu_c", "temperature_gpu", Kind.INT, doc="°C"),
+    _x("temperature_memory_c", Kind.FLOAT, "HBM temperature, °C"),
+    _t("fan_speed_pct", "fan_speed", Kind.INT, doc="%"),
+    _t("power_w", "power_draw", Kind.FLOAT, doc="W"),
+    _t("power_limit_w", "power_limit", Kind.FLOAT, doc="enforced power limit, W"),
+    _x("energy_j", Kind.FLOAT, "cumulative energy, J (see energy_method)"),
+    _t("sm_clock_mhz", "clocks_current_sm", Kind.INT, doc="MHz"),
+    _t("memory_clock_mhz", "clocks_current_memory", Kind.INT, doc="MHz"),
+    _t("graphics_clock_mhz", "clocks_current_graphics", Kind.INT, doc="MHz"),
+    _t("sm_clock_max_mhz", "clocks_max_sm", Kind.INT, doc="MHz"),
+    _x("clock_event_reasons", Kind.INT, "NVML clocks-event reason bitmask"),
+    _x("pcie_tx_bytes_per_s", Kind.FLOAT),
+    _x("pcie_rx_bytes_per_s", Kind.FLOAT),
+    _x("nvlink_tx_bytes_per_s", Kind.FLOAT),
+    _x("nvlink_rx_bytes_per_s", Kind.FLOAT),
+    _x("sm_active_pct", Kind.FLOAT, "GPM: % of SMs busy"),
+    _x("sm_occupancy_pct", Kind.FLOAT, "GPM: % of warps resident vs max"),
+    _x("tensor_active_pct", Kind.FLOAT, "GPM: % of time any tensor pipe active"),
+    _x("tensor_hmma_active_pct", Kind.FLOAT, "GPM: half-precision tensor (FP16/BF16/TF32)"),
+    _x("tensor_imma_active_pct", Kind.FLOAT, "GPM: integer tensor"),
+    _x("tensor_dfma_active_pct", Kind.FLOAT, "GPM: FP64 tensor"),
+    _x("fp64_active_pct", Kind.FLOAT, "GPM: non-tensor FP64 pipe"),
+    _x("fp32_active_pct", Kind.FLOAT, "GPM: non-tensor FP32 pipe"),
+    _x("fp16_active_pct", Kind.FLOAT, "GPM: non-tensor FP16 pipe"),
+    _x("dram_active_pct", Kind.FLOAT, "GPM: % of peak DRAM bandwidth"),
+    _x("tflops_estimate", Kind.FLOAT, "achieved TFLOPS estimate (see tflops_method)"),
+    _x("ecc_sbe_volatile_count", Kind.INT),
+    _x("ecc_dbe_volatile_count", Kind.INT),
+    _x("remapped_rows_correctable", Kind.INT),
+    _x("remapped_rows_uncorrectable", Kind.INT),
+    _x("remapped_rows_pending", Kind.BOOL),
+    _x("remapped_rows_failure", Kind.BOOL),
+    _x("mig_enabled", Kind.BOOL),
+)
+
+# Fields that are not a plain attribute of GpuSample.
+FIELD_LOST = "gpu_lost"
+FIELD_ENERGY_METHOD = "energy_method"
+FIELD_TFLOPS_METHOD = "tflops_method"
+FIELD_XID_LAST = "xid_last"
+FIELD_XID_COUNT = "xid_count"
+FIELD_PROCESS_COUNT = "process_count"
+FIELD_PROCESSES = "processes"  # "pid:bytes;pid:bytes" (bytes empty when unknown)
+
+FIELD_BY_ATTR: dict[str, FieldSpec] = {f.attr: f for f in FIELDS}
+FIELD_BY_NAME: dict[str, FieldSpec] = {f.field: f for f in FIELDS}
+
+#: Fields whose rollup is the last value in the bucket (counters), not the mean.
+COUNTER_ATTRS: frozenset[str] = frozenset(
+    {"energy_j", "ecc_sbe_volatile_count", "ecc_dbe_volatile_count",
+     "remapped_rows_correctable", "remapped_rows_uncorrectable"}
+)
+
+
+# --- line protocol ------------------------------------------------------------------------------
+
+_TAG_ESCAPES = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
+_STR_ESCAPES = str.maketrans({'"': r"\"", "\\": "\\\\"})
+
+
+def escape_tag(value: str) -> str:
+    return value.translate(_TAG_ESCAPES)
+
+
+def _fmt_float(v: float) -> str:
+    r = repr(float(v))
+    if r in ("nan", "inf", "-inf"):
+        raise ValueError(f"not finite: {v}")
+    return r
+
+
+def format_processes(processes: Iterable[ProcessSample]) -> str:
+    return ";".join(
+        f"{p.pid}:{'' if p.used_memory_bytes is None else p.used_memory_bytes}" for p in processes
+    )
+
+
+def parse_processes(text: str) -> tuple[ProcessSample, ...]:
+    out = []
+    for item in filter(None, text.split(";")):
+        pid, _, mem = item.partition(":")
+        out.append(ProcessSample(int(pid), int(mem) if mem else None))
+    return tuple(out)
+
+
+class LineEncoder:
+    """Encodes samples to InfluxDB line protocol, nanosecond precision.
+
+    The tag prefix of each GPU is built once and cached; a field whose value is None is left out.
+    """
+
+    __slots__ = ("_prefix_cache", "_plan")
+
+    def __init__(self) -> None:
+        self._prefix_cache: dict[tuple[str, int, str, str], str] = {}
+        plan = []
+        for spec in FIELDS:
+            if spec.kind is Kind.INT:
+                plan.append((spec.attr, spec.field + "=", spec.scale, 0))
+            elif spec.kind is Kind.FLOAT:
+                plan.append((spec.attr, spec.field + "=", spec.scale, 1))
+            else:
+                plan.append((spec.attr, spec.field + "=", spec.scale, 2))
+        self._plan = tuple(plan)
+
+    def prefix(self, s: GpuSample) -> str:
+        key = (s.host, s.gpu_index, s.uuid, s.name)
+        p = self._prefix_cache.get(key)
+        if p is None:
+            parts = [MEASUREMENT]
+            for tag, value in (
+                (TAG_HOST, s.host),
+                (TAG_INDEX, str(s.gpu_index)),
+                (TAG_UUID, s.uuid),
+                (TAG_NAME, s.name),
+            ):
+                if value:
+                    parts.append(f"{tag}={escape_tag(value)}")
+            p = ",".join(parts) + " "
+            self._prefix_cache[key] = p
+        return p
+
+    def encode(self, s: GpuSample) -> str:
+        if s.lost:
+            return f"{self.prefix(s)}{FIELD_LOST}=true {s.time_ns}"
+        out = [f"{FIELD_LOST}=false"]
+        append = out.append
+        for attr, key, scale, kind in self._plan:
+            v = getattr(s, attr)
+            if v is None:
+                continue
+            if kind == 0:
+                append(f"{key}{round(v / scale) if scale != 1.0 else round(v)}i")
+            elif kind == 1:
+                append(key + _fmt_float(v))
+            else:
+                append(key + ("true" if v else "false"))
+        if s.energy_method is not None:
+            append(f'{FIELD_ENERGY_METHOD}="{s.energy_method.value}"')
+        if s.tflops_method is not None:
+            append(f'{FIELD_TFLOPS_METHOD}="{s.tflops_method.value}"')
+        if s.xid_errors:
+            append(f"{FIELD_XID_LAST}={s.xid_errors[-1]}i")
+            append(f"{FIELD_XID_COUNT}={len(s.xid_errors)}i")
+        if s.processes is not None:
+            append(f"{FIELD_PROCESS_COUNT}={len(s.processes)}i")
+            if s.processes:
+                append(f'{FIELD_PROCESSES}="{format_processes(s.processes)}"')
+        return f"{self.prefix(s)}{','.join(out)} {s.time_ns}"
+
+    def encode_many(self, samples: Iterable[GpuSample]) -> list[str]:
+        enc = self.encode
+        return [enc(s) for s in samples]
+
+
+class LineProtocolError(ValueError):
+    pass
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    """Split on ``sep`` outside double quotes and not preceded by a backslash."""
+    parts: list[str] = []
+    buf: list[str] = []
+    i, n, quoted = 0, len(text), False
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            buf.append(c)
+            buf.append(text[i + 1])
+            i += 2
+            continue
+        if c == '"':
+            quoted = not quoted
+        elif c == sep and not quoted:
+            parts.append("".join(buf))
+            buf = []
+            i += 1
+            continue
+        buf.append(c)
+        i += 1
+    parts.append("".join(buf))
+    return parts
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append(text[i + 1])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.startswith('"'):
+        if not raw.endswith('"') or len(raw) < 2:
+            raise LineProtocolError(f"unterminated string value {raw!r}")
+        return _unescape(raw[1:-1])
+    if raw in ("t", "T", "true", "True", "TRUE"):
+        return True
+    if raw in ("f", "F", "false", "False", "FALSE"):
+        return False
+    if raw.endswith(("i", "u")):
+        return int(raw[:-1])
+    return float(raw)
+
+
+def parse_line(line: str) -> tuple[str, dict[str, str], dict[str, Any], int]:
+    """Parse one line of line protocol into (measurement, tags, fields, time_ns)."""
+    sections = _split_unescaped(line.strip(), " ")
+    if len(sections) != 3:
+        raise LineProtocolError(f"expected 'measurement,tags fields time', got {line[:80]!r}")
+    head, field_text, ts = sections
+    head_parts = _split_unescaped(head, ",")
+    tags: dict[str, str] = {}
+    for part in head_parts[1:]:
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise LineProtocolError(f"bad tag {part!r}")
+        tags[_unescape(k)] = _unescape(v)
+    fields_: dict[str, Any] = {}
+    for part in _split_unescaped(field_text, ","):
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise LineProtocolError(f"bad field {part!r}")
+        try:
+            fields_[_unescape(k)] = _parse_value(v)
+        except ValueError as exc:
+            raise LineProtocolError(f"bad value for {k}: {v!r}") from exc
+    try:
+        time_ns = int(ts)
+    except ValueError as exc:
+        raise LineProtocolError(f"bad timestamp {ts!r}") from exc
+    return _unescape(head_parts[0]), tags, fields_, time_ns
+
+
+def sample_from_fields(
+    time_ns: int, tags: dict[str, str], values: dict[str, Any]
+) -> GpuSample:
+    """Build a sample from stored tags and fields (line protocol, InfluxQL rows)."""
+    kwargs: dict[str, Any] = {}
+    for name, v in values.items():
+        if v is None:
+            continue
+        spec = FIELD_BY_NAME.get(name)
+        if spec is not None:
+            if spec.kind is Kind.INT:
+                kwargs[spec.attr] = int(round(v * spec.scale))
+            elif spec.kind is Kind.FLOAT:
+                kwargs[spec.attr] = float(v) * spec.scale
+            else:
+                kwargs[spec.attr] = bool(v)
+    if (m := values.get(FIELD_ENERGY_METHOD)) is not None:
+        kwargs["energy_method"] = EnergyMethod(m)
+    if (m := values.get(FIELD_TFLOPS_METHOD)) is not None:
+        kwargs["tflops_method"] = TflopsMethod(m)
+    if (x := values.get(FIELD_XID_LAST)) is not None:
+        kwargs["xid_errors"] = (int(x),)
+    if values.get(FIELD_PROCESS_COUNT) is not None:
+        kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
+    return GpuSample(
+        time_ns=int(time_ns),
+        host=tags.get(TAG_HOST, ""),
+        gpu_index=int(tags.get(TAG_INDEX, -1)),
+        uuid=tags.get(TAG_UUID, ""),
+        name=tags.get(TAG_NAME, ""),
+        lost=bool(values.get(FIELD_LOST, False)),
+        **kwargs,
+    )
+
+
+def decode_line(line: str) -> GpuSample:
+    """Parse one ``nvidia_smi`` line back into a sample (the spool -> SQLite path)."""
+    measurement, tags, values, time_ns = parse_line(line)
+    if measurement != MEASUREMENT:
+        raise LineProtocolError(f"unexpected measurement {measurement!r}")
+    return sample_from_fields(time_ns, tags, values)

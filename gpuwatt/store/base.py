@@ -1,0 +1,59 @@
+"""The store interface every backend implements.
+
+Reads return pandas DataFrames in *long* form, one row per GPU and time:
+``time_ns`` (int64, bucket start for rolled-up reads), ``host``, ``gpu_index``, ``uuid``, ``name``,
+then one column per requested metric under its ``GpuSample`` attribute name (``power_w``, ...),
+NaN where not measured. pandas is imported by the read paths only: a collector that only writes
+never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from gpuwatt.model import GpuSample
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Columns that identify a row in every frame a store returns.
+KEY_COLUMNS: tuple[str, ...] = ("time_ns", "host", "gpu_index", "uuid", "name")
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Write samples; read windowed series and latest values."""
+
+    def write_samples(self, samples: Sequence[GpuSample]) -> None:
+        """Persist samples. Idempotent: writing the same sample twice stores it once.
+
+        Raises ``StoreUnavailable`` when the store cannot be reached (the caller retries).
+        """
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """Persist ``nvidia_smi`` points in line protocol (the spool's format). Idempotent."""
+
+    def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
+        """The newest sample of every GPU (optionally only GPUs seen since ``since_ns``)."""
+
+    def series(
+        self,
+        start_ns: int,
+        end_ns: int,
+        fields: Sequence[str] | None = None,
+        *,
+        step_s: int | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        """Samples with ``start_ns <= time_ns < end_ns``.
+
+        ``fields`` are ``GpuSample`` attribute names (None: every numeric metric). With
+        ``step_s`` the rows are per-GPU buckets of that many seconds: the mean of gauges and the
+        last value of counters (``schema.COUNTER_ATTRS``), served from rollups where they exist.
+        """
+
+    def count_samples(self, start_ns: int, end_ns: int) -> int:
+        """How many GPU samples lie in ``[start_ns, end_ns)`` (lost-GPU markers included)."""
+
+    def close(self) -> None: ...
