@@ -116,8 +116,13 @@ FIELD_BY_NAME: dict[str, FieldSpec] = {f.field: f for f in FIELDS}
 
 #: Fields whose rollup is the last value in the bucket (counters), not the mean.
 COUNTER_ATTRS: frozenset[str] = frozenset(
-    {"energy_j", "ecc_sbe_volatile_count", "ecc_dbe_volatile_count",
-     "remapped_rows_correctable", "remapped_rows_uncorrectable"}
+    {
+        "energy_j",
+        "ecc_sbe_volatile_count",
+        "ecc_dbe_volatile_count",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+    }
 )
 
 
@@ -158,7 +163,7 @@ class LineEncoder:
     The tag prefix of each GPU is built once and cached; a field whose value is None is left out.
     """
 
-    __slots__ = ("_prefix_cache", "_plan")
+    __slots__ = ("_plan", "_prefix_cache")
 
     def __init__(self) -> None:
         self._prefix_cache: dict[tuple[str, int, str, str], str] = {}
@@ -308,9 +313,7 @@ def parse_line(line: str) -> tuple[str, dict[str, str], dict[str, Any], int]:
     return _unescape(head_parts[0]), tags, fields_, time_ns
 
 
-def sample_from_fields(
-    time_ns: int, tags: dict[str, str], values: dict[str, Any]
-) -> GpuSample:
+def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any]) -> GpuSample:
     """Build a sample from stored tags and fields (line protocol, InfluxQL rows)."""
     kwargs: dict[str, Any] = {}
     for name, v in values.items():
@@ -319,7 +322,7 @@ def sample_from_fields(
         spec = FIELD_BY_NAME.get(name)
         if spec is not None:
             if spec.kind is Kind.INT:
-                kwargs[spec.attr] = int(round(v * spec.scale))
+                kwargs[spec.attr] = round(v * spec.scale)
             elif spec.kind is Kind.FLOAT:
                 kwargs[spec.attr] = float(v) * spec.scale
             else:

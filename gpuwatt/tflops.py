@@ -38,7 +38,11 @@ def estimate_tflops_from_pipes(
 
 
 def upper_bound_tflops_from_sm_activity(
-    spec: GpuSpec, *, sm_active_pct: float, sm_clock_mhz: float | None, tensor_precision: str = "bf16"
+    spec: GpuSpec,
+    *,
+    sm_active_pct: float,
+    sm_clock_mhz: float | None,
+    tensor_precision: str = "bf16",
 ) -> float | None:
     """For GPUs without pipe counters: SM activity x the tensor peak, clearly an upper bound."""
     peak = spec.tensor_peak_tflops(tensor_precision) or spec.fp32_tflops

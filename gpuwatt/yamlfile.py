@@ -34,7 +34,9 @@ class Located:
             raise self.error(f"expected {what}, got {type_name(self.value)}")
         return self.value
 
-    def check_keys(self, allowed: set[str] | frozenset[str], required: set[str] = frozenset()) -> None:
+    def check_keys(
+        self, allowed: set[str] | frozenset[str], required: set[str] = frozenset()
+    ) -> None:
         m = self.mapping()
         for key, node in m.items():
             if key not in allowed:
