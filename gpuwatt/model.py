@@ -94,6 +94,8 @@ class GpuSample:
     remapped_rows_failure: bool | None = None
     mig_enabled: bool | None = None
     processes: tuple[ProcessSample, ...] | None = None
+    # the job the GPU's processes belong to (a string field, not a tag: see schema.FIELD_JOB_ID)
+    job_id: str | None = None
     # free-form provenance, e.g. the job id once jobs are resolved (kept out of tags for now)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -111,5 +113,5 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     for f in fields(GpuSample)
     if f.name not in IDENTITY_FIELDS
     and f.name
-    not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra", "mig_enabled"}
+    not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra", "mig_enabled", "job_id"}
 )

@@ -110,6 +110,11 @@ FIELD_XID_LAST = "xid_last"
 FIELD_XID_COUNT = "xid_count"
 FIELD_PROCESS_COUNT = "process_count"
 FIELD_PROCESSES = "processes"  # "pid:bytes;pid:bytes" (bytes empty when unknown)
+# The job id is a string *field*, not a tag: a tag per job id creates one series per GPU and job,
+# and a cluster running thousands of short jobs a day would grow the series index without bound.
+# As a field it costs nothing in cardinality; InfluxQL can still filter on it (a scan, not an
+# index lookup). Sites with few long jobs may prefer a tag; see the README.
+FIELD_JOB_ID = "job_id"
 
 FIELD_BY_ATTR: dict[str, FieldSpec] = {f.attr: f for f in FIELDS}
 FIELD_BY_NAME: dict[str, FieldSpec] = {f.field: f for f in FIELDS}
@@ -220,6 +225,8 @@ class LineEncoder:
             append(f"{FIELD_PROCESS_COUNT}={len(s.processes)}i")
             if s.processes:
                 append(f'{FIELD_PROCESSES}="{format_processes(s.processes)}"')
+        if s.job_id is not None:
+            append(f'{FIELD_JOB_ID}="{s.job_id.translate(_STR_ESCAPES)}"')
         return f"{self.prefix(s)}{','.join(out)} {s.time_ns}"
 
     def encode_many(self, samples: Iterable[GpuSample]) -> list[str]:
@@ -335,6 +342,8 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
         kwargs["xid_errors"] = (int(x),)
     if values.get(FIELD_PROCESS_COUNT) is not None:
         kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
+    if (job := values.get(FIELD_JOB_ID)) is not None:
+        kwargs["job_id"] = str(job)
     return GpuSample(
         time_ns=int(time_ns),
         host=tags.get(TAG_HOST, ""),
