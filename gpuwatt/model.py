@@ -112,6 +112,6 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     f.name
     for f in fields(GpuSample)
     if f.name not in IDENTITY_FIELDS
-    and f.name
-    not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra", "mig_enabled", "job_id"}
+    and f.name not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra"}
+    and f.name not in {"mig_enabled", "job_id"}
 )
