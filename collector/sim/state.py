@@ -37,6 +37,7 @@ class SimGpuState:
     utilization_gpu_pct: float = 0.0
     utilization_memory_pct: float = 0.0
     memory_used_bytes: int = 0
+    memory_reserved_bytes: int = 0  # driver/firmware reservation (nvmlMemory_v2 'reserved')
     temperature_c: float = 30.0
     memory_temperature_c: float = 30.0
     fan_speed_pct: float = 30.0
