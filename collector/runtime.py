@@ -1,0 +1,228 @@
+"""The collector's loop: sample -> encode -> spool on one cadence, spool -> store on another.
+
+Sampling never waits for the store: a tick only appends to the local spool (fsync'd), and a
+separate flusher job drains the spool to the store with exponential backoff while it is down.
+Both jobs run under APScheduler 3.x with coalescing, one instance each, and a misfire grace of
+one interval, so a slow tick delays the next one instead of piling up. SIGTERM/SIGINT (wired by
+the CLI) set the stop event; shutdown waits for the running tick, then gives the flusher a
+bounded time to deliver what is spooled. Anything not delivered stays on disk for the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from collector.spool import Spool, SpoolBatch
+from gpuwatt.errors import GpuwattError, StoreUnavailable
+from gpuwatt.model import GpuSample
+from gpuwatt.schema import LineEncoder
+from gpuwatt.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+class SampleSource(Protocol):
+    """Anything that yields one snapshot per GPU per tick (real NVML, the simulated cluster)."""
+
+    def open(self) -> None: ...
+
+    def sample(self, *, include_slow: bool) -> list[GpuSample]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class TickStats:
+    ticks: int = 0
+    samples: int = 0
+    lost_samples: int = 0
+    last_tick_s: float = 0.0  # wall time the last tick took
+    failed_sources: int = 0
+
+
+class Sampler:
+    """One tick: a snapshot of every GPU of every source, encoded and appended to the spool."""
+
+    def __init__(
+        self,
+        sources: Sequence[SampleSource],
+        spool: Spool,
+        *,
+        slow_interval_s: float,
+        monotonic_s: Callable[[], float] = time.monotonic,
+        on_samples: Callable[[list[GpuSample]], None] | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self.spool = spool
+        self.slow_interval_s = slow_interval_s
+        self._monotonic_s = monotonic_s
+        self._last_slow_s: float | None = None
+        self._encoder = LineEncoder()
+        self._on_samples = on_samples
+        self.stats = TickStats()
+        self._lock = threading.Lock()
+
+    def tick(self) -> int:
+        with self._lock:
+            started = self._monotonic_s()
+            include_slow = (
+                self._last_slow_s is None or started - self._last_slow_s >= self.slow_interval_s
+            )
+            if include_slow:
+                self._last_slow_s = started
+            samples: list[GpuSample] = []
+            for source in self.sources:
+                try:
+                    samples.extend(source.sample(include_slow=include_slow))
+                except GpuwattError as exc:
+                    # one broken source (node) must not stop the others
+                    self.stats.failed_sources += 1
+                    log.error("sampling failed: %s", exc)
+            self.spool.append(self._encoder.encode_many(samples))
+            self.stats.ticks += 1
+            self.stats.samples += len(samples)
+            self.stats.lost_samples += sum(1 for s in samples if s.lost)
+            self.stats.last_tick_s = self._monotonic_s() - started
+            if self._on_samples is not None:
+                self._on_samples(samples)
+            return len(samples)
+
+
+class Flusher:
+    """Drains the spool into the store, oldest first; backs off while the store is down."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        store: Store,
+        *,
+        batch_lines: int = 5000,
+        max_backoff_s: float = 30.0,
+        monotonic_s: Callable[[], float] = time.monotonic,
+        dead_letter_dir: Path | None = None,
+    ) -> None:
+        self.spool = spool
+        self.store = store
+        self.batch_lines = batch_lines
+        self.max_backoff_s = max_backoff_s
+        self._monotonic_s = monotonic_s
+        self._dead_letter_dir = dead_letter_dir or spool.directory / "rejected"
+        self._backoff_s = 0.0
+        self._next_attempt_s = 0.0
+        self.store_down_since_s: float | None = None
+        self.delivered_lines = 0
+        self.rejected_lines = 0
+        self._lock = threading.Lock()
+
+    def flush(self, stop: threading.Event | None = None, deadline_s: float | None = None) -> int:
+        """Send spooled lines until the spool is empty, the store fails, or time is up."""
+        with self._lock:
+            if self._monotonic_s() < self._next_attempt_s:
+                return 0
+            sent = 0
+            while stop is None or not stop.is_set():
+                if deadline_s is not None and self._monotonic_s() >= deadline_s:
+                    break
+                batch = self.spool.read_batch(max_lines=self.batch_lines)
+                if not batch.lines:
+                    break
+                if not self._send(batch):
+                    break
+                sent += len(batch.lines)
+            return sent
+
+    def drain(self, timeout_s: float) -> int:
+        """At shutdown: one more attempt whatever the backoff says, bounded in time."""
+        with self._lock:
+            self._next_attempt_s = 0.0
+        return self.flush(deadline_s=self._monotonic_s() + timeout_s)
+
+    def _send(self, batch: SpoolBatch) -> bool:
+        try:
+            self.store.write_lines(batch.lines)
+        except StoreUnavailable as exc:
+            self._mark_down(exc)
+            return False
+        except GpuwattError as exc:
+            # The store refused the data itself (not an outage): keep it aside, never block the
+            # spool forever behind one bad batch, and never lose it silently.
+            self._dead_letter(batch, exc)
+        else:
+            self.delivered_lines += len(batch.lines)
+        self.spool.commit(batch)
+        if self.store_down_since_s is not None:
+            down_s = self._monotonic_s() - self.store_down_since_s
+            log.warning("store reachable again after %.0f s; replaying the spool", down_s)
+            self.store_down_since_s = None
+        self._backoff_s = 0.0
+        return True
+
+    def _mark_down(self, exc: Exception) -> None:
+        now = self._monotonic_s()
+        if self.store_down_since_s is None:
+            self.store_down_since_s = now
+            log.warning("store unreachable (%s); samples are kept in the spool", exc)
+        self._backoff_s = min(self.max_backoff_s, max(0.5, self._backoff_s * 2))
+        self._next_attempt_s = now + self._backoff_s
+
+    def _dead_letter(self, batch: SpoolBatch, exc: Exception) -> None:
+        self._dead_letter_dir.mkdir(parents=True, exist_ok=True)
+        path = self._dead_letter_dir / f"{batch.segment:016d}-{batch.end_offset}.lp"
+        path.write_text("\n".join(batch.lines) + "\n", encoding="utf-8")
+        self.rejected_lines += len(batch.lines)
+        log.error("store rejected %d samples (%s); kept in %s", len(batch.lines), exc, path)
+
+
+def run(
+    sampler: Sampler,
+    flusher: Flusher,
+    *,
+    interval_s: float,
+    stop: threading.Event,
+    duration_s: float | None = None,
+    flush_interval_s: float = 1.0,
+    shutdown_flush_s: float = 10.0,
+) -> None:
+    """Run until ``stop`` is set or ``duration_s`` has passed; then shut down cleanly."""
+    scheduler = BackgroundScheduler(timezone="UTC")
+    common = {"coalesce": True, "max_instances": 1}
+    scheduler.add_job(
+        sampler.tick,
+        "interval",
+        seconds=interval_s,
+        misfire_grace_time=max(1, round(interval_s)),
+        next_run_time=_utcnow(),
+        id="sample",
+        **common,
+    )
+    scheduler.add_job(
+        lambda: flusher.flush(stop),
+        "interval",
+        seconds=flush_interval_s,
+        misfire_grace_time=max(1, round(flush_interval_s)),
+        id="flush",
+        **common,
+    )
+    scheduler.start()
+    try:
+        stop.wait(timeout=duration_s)
+    finally:
+        stop.set()
+        scheduler.shutdown(wait=True)
+        flusher.drain(shutdown_flush_s)
+        pending = sampler.spool.pending_lines()
+        if pending:
+            log.warning("%d samples remain in the spool for the next start", pending)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,88 @@
+"""A simulated cluster as a sample source: the simulator behind one fake NVML per node.
+
+Every simulated node is sampled by the very ``NvmlSampler`` that samples real GPUs, through
+``FakeNvml``; only the module passed in differs. Simulated time is wall time since ``start_ns``,
+so a cluster can start in the past and ``backfill`` history faster than real time, then carry on
+live.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from collector.nvml_source import NvmlSampler
+from collector.sim.fake_nvml import FakeNvml
+from collector.sim.scenario import Scenario
+from collector.sim.simulator import Simulator
+from gpuwatt.model import GpuSample
+
+NS_PER_S = 1_000_000_000
+
+
+class SimulatedClusterSource:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        start_ns: int | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        tensor_precision: str = "bf16",
+    ) -> None:
+        self.scenario = scenario
+        self._clock_ns = clock_ns
+        self.start_ns = clock_ns() if start_ns is None else start_ns
+        self.simulator = Simulator(scenario)
+        self._now_ns = self.start_ns
+        self.samplers = [
+            NvmlSampler(
+                FakeNvml(self.simulator.cluster, host),
+                host,
+                clock_ns=self._sample_time_ns,
+                monotonic_s=self._sim_time_s,
+                tensor_precision=tensor_precision,
+            )
+            for host in self.simulator.cluster.hosts()
+        ]
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.simulator.cluster.gpus)
+
+    def _sample_time_ns(self) -> int:
+        return self._now_ns
+
+    def _sim_time_s(self) -> float:
+        return (self._now_ns - self.start_ns) / NS_PER_S
+
+    def open(self) -> None:
+        for sampler in self.samplers:
+            sampler.open()
+
+    def close(self) -> None:
+        for sampler in self.samplers:
+            sampler.close()
+
+    def sample_at(self, time_ns: int, *, include_slow: bool) -> list[GpuSample]:
+        """Advance the simulation to ``time_ns`` and take one snapshot of every GPU."""
+        self._now_ns = max(time_ns, self._now_ns)
+        self.simulator.advance_to(self._sim_time_s())
+        out: list[GpuSample] = []
+        for sampler in self.samplers:
+            out.extend(sampler.sample(include_slow=include_slow))
+        return out
+
+    def sample(self, *, include_slow: bool) -> list[GpuSample]:
+        return self.sample_at(self._clock_ns(), include_slow=include_slow)
+
+    def backfill(
+        self, until_ns: int, *, interval_s: float, slow_interval_s: float
+    ) -> Iterator[list[GpuSample]]:
+        """Snapshots from ``start_ns`` up to ``until_ns`` at ``interval_s``, as fast as possible."""
+        step_ns = round(interval_s * NS_PER_S)
+        slow_every = max(1, round(slow_interval_s / interval_s))
+        t, k = self.start_ns, 0
+        while t < until_ns:
+            yield self.sample_at(t, include_slow=k % slow_every == 0)
+            t += step_ns
+            k += 1
