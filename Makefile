@@ -1,0 +1,46 @@
+# The two commands a new user needs: `make demo` and `make test`. Each installs what it needs.
+VENV ?= .venv
+PYTHON ?= python3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the test suite starts as real servers on 127.0.0.1.
+TEST_APT_PACKAGES := influxdb victoria-metrics
+
+.PHONY: demo test install test-deps lint format bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/gpuwatt demo $(ARGS)
+
+test-deps:
+	@missing=""; for p in $(TEST_APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install test-deps lint
+	$(VENV)/bin/pytest
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: install
+	$(VENV)/bin/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
