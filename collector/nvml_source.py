@@ -1,0 +1,726 @@
+"""The sampler: one ``GpuSample`` per GPU per tick, read through an injected NVML module.
+
+The NVML module is an argument (the real ``pynvml`` from ``collector.nvml``, or the simulator's
+``FakeNvml``). NVML errors never leave this module:
+
+- every field is queried on its own; ``NotSupported``/``NoPermission`` make that field ``None`` for
+  good on that GPU (it is not asked again), any other NVML error makes it ``None`` for this tick;
+  each (gpu, field, cause) is logged once, not every tick;
+- ``GpuIsLost``/``Unknown`` on any call make that GPU's sample ``lost=True`` with no metrics, while
+  the other GPUs keep being sampled; a lost GPU is probed again every tick;
+- versioned calls fall back (memory v2 -> v1, ``TemperatureV`` -> legacy, clocks-event reasons ->
+  the older throttle-reasons name), and a GPU in MIG mode is sampled at the GPU level wherever NVML
+  allows it.
+
+Handles and static facts are read once in ``open()``. The per-GPU hot path uses pre-bound NVML
+functions and builds no dictionaries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from collector.xid_events import XidListener
+from gpuwatt.errors import NvmlUnavailable
+from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
+from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
+from gpuwatt.tflops import estimate_tflops_from_pipes
+
+_log = logging.getLogger(__name__)
+
+_KIB = 1024.0
+_MIB = 1024.0 * 1024.0
+_NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as unsigned long long
+
+#: GPM metrics the sampler asks for, in order: (NVML constant name, GpuSample attribute, scale).
+GPM_METRICS: tuple[tuple[str, str, float], ...] = (
+    ("NVML_GPM_METRIC_SM_UTIL", "sm_active_pct", 1.0),
+    ("NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy_pct", 1.0),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "tensor_active_pct", 1.0),
+    ("NVML_GPM_METRIC_HMMA_TENSOR_UTIL", "tensor_hmma_active_pct", 1.0),
+    ("NVML_GPM_METRIC_IMMA_TENSOR_UTIL", "tensor_imma_active_pct", 1.0),
+    ("NVML_GPM_METRIC_DFMA_TENSOR_UTIL", "tensor_dfma_active_pct", 1.0),
+    ("NVML_GPM_METRIC_FP64_UTIL", "fp64_active_pct", 1.0),
+    ("NVML_GPM_METRIC_FP32_UTIL", "fp32_active_pct", 1.0),
+    ("NVML_GPM_METRIC_FP16_UTIL", "fp16_active_pct", 1.0),
+    ("NVML_GPM_METRIC_DRAM_BW_UTIL", "dram_active_pct", 1.0),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", "nvlink_rx_bytes_per_s", _MIB),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "nvlink_tx_bytes_per_s", _MIB),
+    ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", "pcie_tx_bytes_per_s", _MIB),
+    ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "pcie_rx_bytes_per_s", _MIB),
+)
+_N_GPM = len(GPM_METRICS)
+_NO_GPM: tuple[None, ...] = (None,) * _N_GPM
+
+
+class _GpuLost(Exception):
+    """Internal: NVML said GpuIsLost/Unknown for this GPU during this tick."""
+
+    def __init__(self, cause: str, field: str) -> None:
+        super().__init__(cause, field)
+        self.cause = cause
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Static facts about one GPU, read once in ``open()`` (None = NVML did not say)."""
+
+    index: int
+    uuid: str
+    name: str
+    spec: GpuSpec | None
+    memory_total_bytes: int | None
+    sm_clock_max_mhz: float | None
+    power_limit_default_w: float | None
+    power_limit_enforced_w: float | None
+    slowdown_temp_c: float | None
+    shutdown_temp_c: float | None
+    gpm_supported: bool
+    mig_enabled: bool | None
+
+
+class _Gpu:
+    """Per-GPU state of the sampler: handle, static facts, fallbacks, counters, GPM buffers."""
+
+    __slots__ = (
+        "energy_counter",
+        "energy_integrated_j",
+        "energy_last_mono_s",
+        "energy_last_power_w",
+        "energy_last_raw_j",
+        "energy_offset_j",
+        "gpm",
+        "gpm_cur",
+        "gpm_get",
+        "gpm_metrics",
+        "gpm_prev",
+        "gpm_primed",
+        "handle",
+        "index",
+        "info",
+        "lost",
+        "mem_v2",
+        "mig_enabled",
+        "name",
+        "off",
+        "sm_clock_max_mhz",
+        "spec",
+        "temp_v",
+        "uuid",
+        "xids",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.handle: Any = None
+        self.info: DeviceInfo | None = None
+        self.uuid = ""
+        self.name = ""
+        self.spec: GpuSpec | None = None
+        self.sm_clock_max_mhz: float | None = None
+        self.mig_enabled: bool | None = None
+        self.lost = False
+        self.off: set[str] = set()  # fields NVML refused for good (NotSupported/NoPermission)
+        self.mem_v2 = True
+        self.temp_v = True
+        self.energy_counter = True
+        self.energy_offset_j = 0.0
+        self.energy_last_raw_j: float | None = None
+        self.energy_integrated_j = 0.0
+        self.energy_last_mono_s: float | None = None
+        self.energy_last_power_w: float | None = None
+        self.gpm = False
+        self.gpm_prev: Any = None
+        self.gpm_cur: Any = None
+        self.gpm_get: Any = None
+        self.gpm_metrics: Any = None
+        self.gpm_primed = False
+        self.xids: deque[int] = deque()
+
+
+class NvmlSampler:
+    """Samples every GPU NVML sees on this host. ``open()`` once, ``sample()`` each tick."""
+
+    def __init__(
+        self,
+        nvml: Any,
+        host: str,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        monotonic_s: Callable[[], float] = time.monotonic,
+        tensor_precision: str = "bf16",
+        logger: logging.Logger | None = None,
+        xid_events: bool = True,
+        xid_wait_ms: int = 200,
+    ) -> None:
+        if tensor_precision not in TENSOR_PRECISIONS:
+            raise ValueError(f"tensor_precision must be one of {TENSOR_PRECISIONS}")
+        self._nv = nvml
+        self._host = host
+        self._clock_ns = clock_ns
+        self._monotonic_s = monotonic_s
+        self._precision = tensor_precision
+        self._log = logger or _log
+        self._want_xids = xid_events
+        self._xid_wait_ms = xid_wait_ms
+        self._gpus: list[_Gpu] = []
+        self._listener: XidListener | None = None
+        self._logged: set[tuple[int, str, str]] = set()
+        self._unsupported: dict[str, str] = {}
+        self._opened = False
+        errors: list[type[BaseException]] = [nvml.NVMLError]
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        if isinstance(mismatch, type) and issubclass(mismatch, Exception):
+            errors.append(mismatch)
+        self._errors = tuple(errors)
+        self._lost_codes = frozenset({nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_UNKNOWN})
+        self._for_good_codes = frozenset(
+            {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION}
+        )
+        self._fallback_codes = frozenset(
+            {
+                nvml.NVML_ERROR_NOT_SUPPORTED,
+                nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+            }
+        )
+        self._bind(nvml)
+
+    def _bind(self, nv: Any) -> None:
+        """Resolve every NVML function and constant once: the hot path does no module lookups."""
+        self._f_util = nv.nvmlDeviceGetUtilizationRates
+        self._f_mem = nv.nvmlDeviceGetMemoryInfo
+        self._mem_v2 = getattr(nv, "nvmlMemory_v2", None)
+        self._f_temp_v = getattr(nv, "nvmlDeviceGetTemperatureV", None)
+        self._f_temp = nv.nvmlDeviceGetTemperature
+        self._temp_gpu = nv.NVML_TEMPERATURE_GPU
+        self._f_power = nv.nvmlDeviceGetPowerUsage
+        self._f_limit = nv.nvmlDeviceGetEnforcedPowerLimit
+        self._f_energy = nv.nvmlDeviceGetTotalEnergyConsumption
+        self._f_clock = nv.nvmlDeviceGetClockInfo
+        self._clk_sm = nv.NVML_CLOCK_SM
+        self._clk_mem = nv.NVML_CLOCK_MEM
+        self._clk_gfx = nv.NVML_CLOCK_GRAPHICS
+        self._f_reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self._f_reasons_old = getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        self._f_fan = nv.nvmlDeviceGetFanSpeed
+        self._f_pcie = nv.nvmlDeviceGetPcieThroughput
+        self._pcie_tx = nv.NVML_PCIE_UTIL_TX_BYTES
+        self._pcie_rx = nv.NVML_PCIE_UTIL_RX_BYTES
+        self._f_procs = nv.nvmlDeviceGetComputeRunningProcesses
+        self._f_ecc = nv.nvmlDeviceGetTotalEccErrors
+        self._ecc_corr = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        self._ecc_unc = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        self._ecc_volatile = nv.NVML_VOLATILE_ECC
+        self._f_remap = nv.nvmlDeviceGetRemappedRows
+        self._f_gpm_get = getattr(nv, "nvmlGpmSampleGet", None)
+        self._f_gpm_metrics = getattr(nv, "nvmlGpmMetricsGet", None)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Initialise NVML, enumerate the GPUs, read static facts, start the XID listener."""
+        nv = self._nv
+        try:
+            nv.nvmlInit()
+            count = nv.nvmlDeviceGetCount()
+        except self._errors as exc:
+            raise NvmlUnavailable(f"NVML is not available ({exc})") from None
+        self._opened = True
+        self._gpus = [_Gpu(i) for i in range(count)]
+        for g in self._gpus:
+            self._open_gpu(g)
+        if self._want_xids:
+            handles = {g.index: g.handle for g in self._gpus if g.handle is not None}
+            self._listener = XidListener(
+                nv, handles, self._on_xid, wait_ms=self._xid_wait_ms, logger=self._log
+            )
+            self._listener.start()
+
+    def close(self) -> None:
+        """Stop the XID listener, free GPM buffers and shut NVML down. Idempotent."""
+        if not self._opened:
+            return
+        self._opened = False
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        nv = self._nv
+        for g in self._gpus:
+            for buf in (g.gpm_prev, g.gpm_cur):
+                if buf is not None:
+                    try:
+                        nv.nvmlGpmSampleFree(buf)
+                    except self._errors as exc:
+                        self._log.debug("GPU %d: nvmlGpmSampleFree failed (%s)", g.index, exc)
+            g.gpm_prev = g.gpm_cur = None
+            g.gpm = False
+        try:
+            nv.nvmlShutdown()
+        except self._errors as exc:
+            self._log.debug("nvmlShutdown failed (%s)", exc)
+
+    def __enter__(self) -> NvmlSampler:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- public queries -------------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    def devices(self) -> list[DeviceInfo]:
+        """Static facts of the GPUs whose facts could be read (a lost GPU may have none yet)."""
+        return [g.info for g in self._gpus if g.info is not None]
+
+    def unsupported_fields(self) -> dict[str, str]:
+        """``"gpu<index>/<field>"`` -> cause, for every field NVML refused for good."""
+        return dict(self._unsupported)
+
+    @property
+    def xid_listener_active(self) -> bool:
+        return self._listener is not None and self._listener.active
+
+    # --- error handling -------------------------------------------------------------------------
+
+    def _failed(self, g: _Gpu, field: str, exc: BaseException) -> None:
+        """Decide what an NVML error on one field means. Raises _GpuLost for a lost GPU."""
+        code = getattr(exc, "value", None)
+        cause = type(exc).__name__
+        if code in self._lost_codes:
+            raise _GpuLost(cause, field)
+        if code in self._for_good_codes or not isinstance(exc, self._nv.NVMLError):
+            g.off.add(field)
+            self._unsupported[f"gpu{g.index}/{field}"] = cause
+        self._log_once(g, field, cause, "%s: %s", exc)
+
+    def _log_once(self, g: _Gpu, field: str, cause: str, fmt: str, *args: object) -> None:
+        key = (g.index, field, cause)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        self._log.info("GPU %d %s " + fmt, g.index, field, cause, *args)
+
+    def _q1(self, g: _Gpu, field: str, fn: Callable[[Any], Any], h: Any) -> Any:
+        if field in g.off:
+            return None
+        try:
+            return fn(h)
+        except self._errors as exc:
+            self._failed(g, field, exc)
+            return None
+
+    def _q2(self, g: _Gpu, field: str, fn: Callable[[Any, Any], Any], h: Any, arg: Any) -> Any:
+        if field in g.off:
+            return None
+        try:
+            return fn(h, arg)
+        except self._errors as exc:
+            self._failed(g, field, exc)
+            return None
+
+    # --- open -----------------------------------------------------------------------------------
+
+    def _open_gpu(self, g: _Gpu) -> None:
+        try:
+            g.handle = self._nv.nvmlDeviceGetHandleByIndex(g.index)
+            self._read_static(g)
+        except self._errors as exc:
+            self._mark_lost(g, type(exc).__name__, "handle")
+        except _GpuLost as lost:
+            self._mark_lost(g, lost.cause, lost.field)
+
+    def _read_static(self, g: _Gpu) -> None:
+        nv, h, q1, q2 = self._nv, g.handle, self._q1, self._q2
+        uuid = q1(g, "uuid", nv.nvmlDeviceGetUUID, h)
+        name = q1(g, "name", nv.nvmlDeviceGetName, h)
+        g.uuid = _text(uuid) if uuid is not None else ""
+        g.name = _text(name) if name is not None else ""
+        g.spec = lookup(g.name) if g.name else None
+        mem = q1(g, "memory_total_bytes", nv.nvmlDeviceGetMemoryInfo, h)
+        sm_max = q2(g, "sm_clock_max_mhz", nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
+        g.sm_clock_max_mhz = float(sm_max) if sm_max is not None else None
+        default_mw = q1(g, "power_limit_default_w", nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
+        enforced_mw = q1(g, "power_limit_w", nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        thr = nv.nvmlDeviceGetTemperatureThreshold
+        slowdown = q2(g, "slowdown_temp_c", thr, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        shutdown = q2(g, "shutdown_temp_c", thr, h, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        mig = q1(g, "mig_enabled", getattr(nv, "nvmlDeviceGetMigMode", None) or _absent, h)
+        g.mig_enabled = bool(mig[0]) if mig is not None else None
+        self._open_gpm(g)
+        g.info = DeviceInfo(
+            index=g.index,
+            uuid=g.uuid,
+            name=g.name,
+            spec=g.spec,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            sm_clock_max_mhz=g.sm_clock_max_mhz,
+            power_limit_default_w=default_mw / 1000.0 if default_mw is not None else None,
+            power_limit_enforced_w=enforced_mw / 1000.0 if enforced_mw is not None else None,
+            slowdown_temp_c=float(slowdown) if slowdown is not None else None,
+            shutdown_temp_c=float(shutdown) if shutdown is not None else None,
+            gpm_supported=g.gpm,
+            mig_enabled=g.mig_enabled,
+        )
+
+    def _open_gpm(self, g: _Gpu) -> None:
+        """Allocate two GPM sample buffers and one metrics request if the GPU has GPM."""
+        nv = self._nv
+        query = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
+        if query is None or self._f_gpm_get is None:
+            return
+        support = self._q1(g, "gpm", query, g.handle)
+        if support is None or not support.isSupportedDevice:
+            if support is not None:
+                self._unsupported.setdefault(f"gpu{g.index}/gpm", "not a GPM device")
+            return
+        try:
+            g.gpm_prev = nv.nvmlGpmSampleAlloc()
+            g.gpm_cur = nv.nvmlGpmSampleAlloc()
+        except self._errors as exc:
+            self._failed(g, "gpm", exc)
+            return
+        get = nv.c_nvmlGpmMetricsGet_t()
+        get.version = nv.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = _N_GPM
+        for i, (const, _attr, _scale) in enumerate(GPM_METRICS):
+            get.metrics[i].metricId = getattr(nv, const)
+        g.gpm_get = get
+        g.gpm_metrics = get.metrics
+        g.gpm = True
+
+    def _mark_lost(self, g: _Gpu, cause: str, field: str) -> None:
+        if not g.lost:
+            g.lost = True
+            self._log.warning(
+                "GPU %d is lost (%s on %s); other GPUs continue", g.index, cause, field
+            )
+        g.gpm_primed = False
+
+    def _on_xid(self, gpu_index: int, xid: int) -> None:
+        if 0 <= gpu_index < len(self._gpus):
+            self._gpus[gpu_index].xids.append(xid)
+
+    # --- sampling -------------------------------------------------------------------------------
+
+    def sample(self, include_slow: bool = False) -> list[GpuSample]:
+        """One sample per GPU for this tick (a lost GPU: ``lost=True``). Raises no NVML error."""
+        if not self._opened:
+            raise RuntimeError("NvmlSampler.sample() before open()")
+        t_ns = self._clock_ns()
+        mono_s = self._monotonic_s()
+        out = []
+        for g in self._gpus:
+            try:
+                if g.handle is None or g.info is None:
+                    self._reopen(g)
+                s = self._sample_gpu(g, t_ns, mono_s, include_slow)
+                if g.lost:
+                    g.lost = False
+                    self._log.warning("GPU %d answers again", g.index)
+            except _GpuLost as lost:
+                self._mark_lost(g, lost.cause, lost.field)
+                s = GpuSample(
+                    time_ns=t_ns,
+                    host=self._host,
+                    gpu_index=g.index,
+                    uuid=g.uuid,
+                    name=g.name,
+                    lost=True,
+                    xid_errors=_drain(g.xids),
+                )
+            out.append(s)
+        return out
+
+    def _reopen(self, g: _Gpu) -> None:
+        try:
+            if g.handle is None:
+                g.handle = self._nv.nvmlDeviceGetHandleByIndex(g.index)
+        except self._errors as exc:
+            raise _GpuLost(type(exc).__name__, "handle") from None
+        self._read_static(g)
+
+    def _sample_gpu(self, g: _Gpu, t_ns: int, mono_s: float, include_slow: bool) -> GpuSample:
+        h, q1, q2 = g.handle, self._q1, self._q2
+
+        util = q1(g, "utilization", self._f_util, h)
+        if util is not None:
+            util_gpu, util_mem = float(util.gpu), float(util.memory)
+        else:
+            util_gpu = util_mem = None
+
+        mem_used, mem_total, mem_free, mem_reserved = self._memory(g, h)
+        temp = self._temperature(g, h)
+        power_mw = q1(g, "power_w", self._f_power, h)
+        power_w = power_mw / 1000.0 if power_mw is not None else None
+        limit_mw = q1(g, "power_limit_w", self._f_limit, h)
+        energy_j, energy_method = self._energy(g, h, mono_s, power_w)
+
+        f_clock = self._f_clock
+        sm_mhz = q2(g, "sm_clock_mhz", f_clock, h, self._clk_sm)
+        mem_mhz = q2(g, "memory_clock_mhz", f_clock, h, self._clk_mem)
+        gfx_mhz = q2(g, "graphics_clock_mhz", f_clock, h, self._clk_gfx)
+        reasons = self._reasons(g, h)
+        fan = q1(g, "fan_speed_pct", self._f_fan, h)
+
+        gpm = self._gpm(g, h) if g.gpm else _NO_GPM
+        (sm_act, sm_occ, tensor, hmma, imma, dfma, fp64, fp32, fp16, dram, nvl_rx, nvl_tx) = gpm[
+            :12
+        ]
+        pcie_tx, pcie_rx = gpm[12], gpm[13]
+        if not g.gpm:
+            tx_kib = q2(g, "pcie_tx_bytes_per_s", self._f_pcie, h, self._pcie_tx)
+            rx_kib = q2(g, "pcie_rx_bytes_per_s", self._f_pcie, h, self._pcie_rx)
+            pcie_tx = tx_kib * _KIB if tx_kib is not None else None
+            pcie_rx = rx_kib * _KIB if rx_kib is not None else None
+
+        tflops = None
+        if g.gpm and g.spec is not None:
+            tflops = estimate_tflops_from_pipes(
+                g.spec,
+                sm_clock_mhz=sm_mhz,
+                tensor_hmma_active_pct=hmma,
+                tensor_dfma_active_pct=dfma,
+                fp64_active_pct=fp64,
+                fp32_active_pct=fp32,
+                fp16_active_pct=fp16,
+                tensor_precision=self._precision,
+            )
+
+        procs = q1(g, "processes", self._f_procs, h)
+        processes = _processes(procs) if procs is not None else None
+
+        sbe = dbe = rr_corr = rr_unc = rr_pending = rr_failure = None
+        if include_slow:
+            f_ecc, vol = self._f_ecc, self._ecc_volatile
+            if "ecc_sbe_volatile_count" not in g.off:
+                sbe = self._ecc(g, "ecc_sbe_volatile_count", f_ecc, h, self._ecc_corr, vol)
+            if "ecc_dbe_volatile_count" not in g.off:
+                dbe = self._ecc(g, "ecc_dbe_volatile_count", f_ecc, h, self._ecc_unc, vol)
+            rows = q1(g, "remapped_rows", self._f_remap, h)
+            if rows is not None:
+                rr_corr, rr_unc = int(rows[0]), int(rows[1])
+                rr_pending, rr_failure = bool(rows[2]), bool(rows[3])
+
+        return GpuSample(
+            time_ns=t_ns,
+            host=self._host,
+            gpu_index=g.index,
+            uuid=g.uuid,
+            name=g.name,
+            utilization_gpu_pct=util_gpu,
+            utilization_memory_pct=util_mem,
+            memory_used_bytes=mem_used,
+            memory_total_bytes=mem_total,
+            memory_free_bytes=mem_free,
+            memory_reserved_bytes=mem_reserved,
+            temperature_gpu_c=temp,
+            fan_speed_pct=float(fan) if fan is not None else None,
+            power_w=power_w,
+            power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
+            energy_j=energy_j,
+            energy_method=energy_method,
+            sm_clock_mhz=float(sm_mhz) if sm_mhz is not None else None,
+            memory_clock_mhz=float(mem_mhz) if mem_mhz is not None else None,
+            graphics_clock_mhz=float(gfx_mhz) if gfx_mhz is not None else None,
+            sm_clock_max_mhz=g.sm_clock_max_mhz,
+            clock_event_reasons=reasons,
+            pcie_tx_bytes_per_s=pcie_tx,
+            pcie_rx_bytes_per_s=pcie_rx,
+            nvlink_tx_bytes_per_s=nvl_tx,
+            nvlink_rx_bytes_per_s=nvl_rx,
+            sm_active_pct=sm_act,
+            sm_occupancy_pct=sm_occ,
+            tensor_active_pct=tensor,
+            tensor_hmma_active_pct=hmma,
+            tensor_imma_active_pct=imma,
+            tensor_dfma_active_pct=dfma,
+            fp64_active_pct=fp64,
+            fp32_active_pct=fp32,
+            fp16_active_pct=fp16,
+            dram_active_pct=dram,
+            tflops_estimate=tflops,
+            tflops_method=TflopsMethod.GPM if tflops is not None else None,
+            xid_errors=_drain(g.xids) if g.xids else (),
+            ecc_sbe_volatile_count=sbe,
+            ecc_dbe_volatile_count=dbe,
+            remapped_rows_correctable=rr_corr,
+            remapped_rows_uncorrectable=rr_unc,
+            remapped_rows_pending=rr_pending,
+            remapped_rows_failure=rr_failure,
+            mig_enabled=g.mig_enabled,
+            processes=processes,
+        )
+
+    # --- per-field helpers ----------------------------------------------------------------------
+
+    def _memory(self, g: _Gpu, h: Any) -> tuple[int | None, int | None, int | None, int | None]:
+        if "memory" in g.off:
+            return None, None, None, None
+        f_mem = self._f_mem
+        if g.mem_v2 and self._mem_v2 is not None:
+            try:
+                m = f_mem(h, version=self._mem_v2)
+                return int(m.used), int(m.total), int(m.free), int(m.reserved)
+            except self._errors as exc:
+                if getattr(exc, "value", None) not in self._fallback_codes:
+                    self._failed(g, "memory", exc)
+                    return None, None, None, None
+                g.mem_v2 = False
+                self._unsupported[f"gpu{g.index}/memory_reserved_bytes"] = (
+                    f"{type(exc).__name__} (memory v2; using v1)"
+                )
+                self._log_once(g, "memory", "v2", "%s: falling back to v1", type(exc).__name__)
+        m = self._q1(g, "memory", f_mem, h)
+        if m is None:
+            return None, None, None, None
+        return int(m.used), int(m.total), int(m.free), None
+
+    def _temperature(self, g: _Gpu, h: Any) -> float | None:
+        if "temperature_gpu_c" in g.off:
+            return None
+        f_temp_v = self._f_temp_v
+        if g.temp_v and f_temp_v is not None:
+            try:
+                return float(f_temp_v(h, self._temp_gpu))
+            except self._errors as exc:
+                if getattr(exc, "value", None) not in self._fallback_codes:
+                    self._failed(g, "temperature_gpu_c", exc)
+                    return None
+                g.temp_v = False
+                self._log_once(g, "temperature_gpu_c", "TemperatureV", "%s: legacy call", exc)
+        t = self._q2(g, "temperature_gpu_c", self._f_temp, h, self._temp_gpu)
+        return float(t) if t is not None else None
+
+    def _reasons(self, g: _Gpu, h: Any) -> int | None:
+        fn = self._f_reasons
+        if fn is not None and "clock_event_reasons" not in g.off:
+            try:
+                return int(fn(h))
+            except self._errors as exc:
+                if getattr(exc, "value", None) != self._nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    self._failed(g, "clock_event_reasons", exc)
+                    return None
+                self._f_reasons = None  # the driver predates the new name: use the old one
+        if self._f_reasons_old is None:
+            return None
+        r = self._q1(g, "clock_throttle_reasons", self._f_reasons_old, h)
+        return int(r) if r is not None else None
+
+    def _energy(
+        self, g: _Gpu, h: Any, mono_s: float, power_w: float | None
+    ) -> tuple[float | None, EnergyMethod | None]:
+        """Reset-safe energy counter, or power integrated over monotonic time without one."""
+        if g.energy_counter:
+            try:
+                raw_j = self._f_energy(h) / 1000.0
+            except self._errors as exc:
+                code = getattr(exc, "value", None)
+                if code in self._lost_codes or code not in self._for_good_codes:
+                    self._failed(g, "energy_j", exc)
+                    return None, None
+                g.energy_counter = False
+                # integration continues from what the counter had counted: never a step down
+                g.energy_integrated_j = g.energy_offset_j + (g.energy_last_raw_j or 0.0)
+                self._unsupported[f"gpu{g.index}/energy_counter"] = (
+                    f"{type(exc).__name__} (integrating power instead)"
+                )
+                self._log_once(g, "energy_j", "counter", "%s: integrating power", exc)
+            else:
+                last = g.energy_last_raw_j
+                if last is not None and raw_j < last:
+                    # the counter restarted (driver reload, GPU reset): keep what was counted
+                    g.energy_offset_j += last
+                    self._log.info(
+                        "GPU %d energy counter reset (%.0f J -> %.0f J)", g.index, last, raw_j
+                    )
+                g.energy_last_raw_j = raw_j
+                return g.energy_offset_j + raw_j, EnergyMethod.COUNTER
+        if power_w is None:
+            g.energy_last_mono_s = None  # an unknown gap is not integrated
+            return None, None
+        last_t, last_p = g.energy_last_mono_s, g.energy_last_power_w
+        if last_t is not None and last_p is not None and mono_s > last_t:
+            g.energy_integrated_j += (last_p + power_w) / 2.0 * (mono_s - last_t)
+        g.energy_last_mono_s = mono_s
+        g.energy_last_power_w = power_w
+        return g.energy_integrated_j, EnergyMethod.INTEGRATED
+
+    def _ecc(self, g: _Gpu, field: str, fn: Any, h: Any, kind: int, counter: int) -> int | None:
+        try:
+            return int(fn(h, kind, counter))
+        except self._errors as exc:
+            self._failed(g, field, exc)
+            return None
+
+    def _gpm(self, g: _Gpu, h: Any) -> tuple[float | None, ...]:
+        """GPM metrics between the previous and this tick's GPM sample (None on the first tick)."""
+        cur = g.gpm_cur
+        try:
+            self._f_gpm_get(h, cur)
+        except self._errors as exc:
+            g.gpm_primed = False
+            self._failed(g, "gpm", exc)
+            if "gpm" in g.off:
+                g.gpm = False
+            return _NO_GPM
+        if not g.gpm_primed:
+            g.gpm_primed = True
+            g.gpm_cur, g.gpm_prev = g.gpm_prev, cur
+            return _NO_GPM
+        get = g.gpm_get
+        get.sample1 = g.gpm_prev
+        get.sample2 = cur
+        g.gpm_cur, g.gpm_prev = g.gpm_prev, cur
+        try:
+            self._f_gpm_metrics(get)
+        except self._errors as exc:
+            self._failed(g, "gpm_metrics", exc)
+            return _NO_GPM
+        metrics = g.gpm_metrics
+        out = []
+        append = out.append
+        for i in range(_N_GPM):
+            m = metrics[i]
+            if m.nvmlReturn:
+                append(None)
+            else:
+                scale = GPM_METRICS[i][2]
+                append(m.value * scale if scale != 1.0 else m.value)
+        return tuple(out)
+
+
+def _absent(_handle: Any) -> Any:
+    """Stands in for an NVML function this module version lacks: the field is then None."""
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _drain(xids: deque[int]) -> tuple[int, ...]:
+    out = []
+    while xids:
+        out.append(xids.popleft())
+    return tuple(out)
+
+
+def _processes(procs: Any) -> tuple[ProcessSample, ...]:
+    out = []
+    for p in procs:
+        used = p.usedGpuMemory
+        if used is not None and (used == _NOT_AVAILABLE_ULL or used < 0):
+            used = None
+        out.append(ProcessSample(int(p.pid), int(used) if used is not None else None))
+    return tuple(out)

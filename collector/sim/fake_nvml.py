@@ -1,0 +1,444 @@
+"""A fake NVML module that answers from the simulated cluster's ``SimGpuState``.
+
+``FakeNvml(cluster, host)`` has the same function surface as ``pynvml`` for every function the
+sampler, the XID listener and gpustat call: same names, same parameters and defaults, same return
+types (ctypes structs, friendly objects, lists). It defines no constant, error class or struct of
+its own: every non-function name of the real module is re-exported as the very same object, and
+errors are raised as ``NVMLError(code)`` so the real module picks the right subclass.
+
+How a simulated GPU misbehaves (tests script these on ``SimGpuState``):
+
+- ``lost``: every call on its handle raises ``NVMLError_GpuIsLost``.
+- ``unsupported``: function names that raise ``NVMLError_NotSupported``. Versioned variants use the
+  C name of the variant: ``"nvmlDeviceGetMemoryInfo_v2"`` refuses only ``version=nvmlMemory_v2``
+  calls, ``"nvmlDeviceGetMemoryInfo"`` refuses both.
+- ``failing``: function name -> ``NVML_ERROR_*`` code raised on every call.
+- ``mig_enabled``: utilisation and device-level GPM answer ``NotSupported``, as NVML does in MIG
+  mode; everything else answers at the GPU level.
+
+GPM is computed as real NVML computes it: each ``nvmlGpmSampleGet`` snapshots the cumulative
+activity counters, and ``nvmlGpmMetricsGet`` turns the difference of two snapshots into percent of
+the elapsed (simulated) time, or MiB/s for byte counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import itertools
+import time
+from typing import Any
+
+from collector.nvml import real_module
+from collector.sim.state import SimCluster, SimGpuState
+
+_NV = real_module()
+
+#: Every non-function public name of the real module: constants, error classes, ctypes structs.
+_REEXPORTS: dict[str, Any] = {
+    name: value
+    for name, value in vars(_NV).items()
+    if not name.startswith("_") and not inspect.isfunction(value) and not inspect.ismodule(value)
+}
+
+_NVMLError = _NV.NVMLError
+_VOID_P = ctypes.c_void_p
+_DEVICE_T = _NV.c_nvmlDevice_t
+_GPM_SAMPLE_T = _NV.c_nvmlGpmSample_t
+_EVENT_SET_T = _NV.c_nvmlEventSet_t
+_NOT_AVAILABLE_ULL = _NV.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+_XID = _NV.nvmlEventTypeXidCriticalError
+_MIB = 1024 * 1024
+
+# Fake addresses for handles, GPM samples and event sets: unique across FakeNvml instances.
+_ADDRESSES = itertools.count(0x10000, 0x10)
+
+# GPM snapshot layout: (time_s, then the counters in this order)
+_GPM_COUNTERS: tuple[str, ...] = (
+    "sm_active_s",
+    "sm_occupancy_s",
+    "tensor_any_active_s",
+    "tensor_hmma_active_s",
+    "tensor_imma_active_s",
+    "tensor_dfma_active_s",
+    "fp64_active_s",
+    "fp32_active_s",
+    "fp16_active_s",
+    "dram_active_s",
+    "nvlink_rx_bytes",
+    "nvlink_tx_bytes",
+    "pcie_tx_kib_per_s",
+    "pcie_rx_kib_per_s",
+)
+_PCT, _BYTES_RATE, _KIB_RATE_MEAN = 0, 1, 2
+#: metric id -> (position in the snapshot, how to turn two snapshots into the value)
+_GPM_METRICS: dict[int, tuple[int, int]] = {
+    _NV.NVML_GPM_METRIC_SM_UTIL: (1, _PCT),
+    _NV.NVML_GPM_METRIC_SM_OCCUPANCY: (2, _PCT),
+    _NV.NVML_GPM_METRIC_ANY_TENSOR_UTIL: (3, _PCT),
+    _NV.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: (4, _PCT),
+    _NV.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: (5, _PCT),
+    _NV.NVML_GPM_METRIC_DFMA_TENSOR_UTIL: (6, _PCT),
+    _NV.NVML_GPM_METRIC_FP64_UTIL: (7, _PCT),
+    _NV.NVML_GPM_METRIC_FP32_UTIL: (8, _PCT),
+    _NV.NVML_GPM_METRIC_FP16_UTIL: (9, _PCT),
+    _NV.NVML_GPM_METRIC_DRAM_BW_UTIL: (10, _PCT),
+    _NV.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: (11, _BYTES_RATE),
+    _NV.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: (12, _BYTES_RATE),
+    _NV.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (13, _KIB_RATE_MEAN),
+    _NV.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (14, _KIB_RATE_MEAN),
+}
+
+
+def _error(code: int) -> Exception:
+    """The real module's exception for ``code`` (NVMLError maps it to its subclass)."""
+    return _NVMLError(code)
+
+
+def _address(ptr: Any) -> int:
+    return ctypes.cast(ptr, _VOID_P).value or 0
+
+
+def _fake_pointer(ptr_type: Any) -> Any:
+    return ctypes.cast(_VOID_P(next(_ADDRESSES)), ptr_type)
+
+
+class FakeNvml:
+    """A stand-in for the ``pynvml`` module over the GPUs of one simulated host."""
+
+    def __init__(self, cluster: SimCluster, host: str) -> None:
+        self.__dict__.update(_REEXPORTS)
+        self._cluster = cluster
+        self._host = host
+        self._init_count = 0
+        self._handles: list[Any] = []
+        self._gpm_snapshots: dict[int, tuple[float, ...] | None] = {}
+        self._event_sets: dict[int, list[Any]] = {}
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _require_init(self) -> None:
+        if self._init_count <= 0:
+            raise _error(_NV.NVML_ERROR_UNINITIALIZED)
+
+    def _build_handles(self) -> None:
+        if self._handles:
+            return
+        for state in self._cluster.on_host(self._host):
+            handle = _fake_pointer(_DEVICE_T)
+            handle._sim = state  # the state rides on the handle: no lookup on the hot path
+            self._handles.append(handle)
+
+    @staticmethod
+    def _misbehave(g: SimGpuState, fn: str) -> None:
+        if g.lost:
+            raise _error(_NV.NVML_ERROR_GPU_IS_LOST)
+        if fn in g.unsupported:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        code = g.failing.get(fn)
+        if code is not None:
+            raise _error(code)
+
+    @staticmethod
+    def _gpu(handle: Any, fn: str) -> SimGpuState:
+        try:
+            g: SimGpuState = handle._sim
+        except AttributeError:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT) from None
+        if g.lost or g.unsupported or g.failing:
+            FakeNvml._misbehave(g, fn)
+        return g
+
+    # --- init, system, enumeration -------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._init_count += 1
+        self._build_handles()
+
+    def nvmlShutdown(self) -> None:
+        self._require_init()
+        self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._require_init()
+        return "simulated"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._require_init()
+        return len(self._handles)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self._require_init()
+        if not 0 <= index < len(self._handles):
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        return self._handles[index]
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetIndex").index
+
+    # --- static facts ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetMaxClockInfo")
+        if type == _NV.NVML_CLOCK_MEM:
+            return round(g.memory_clock_max_mhz)
+        if type in (_NV.NVML_CLOCK_SM, _NV.NVML_CLOCK_GRAPHICS):
+            return round(g.sm_clock_max_mhz)
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return round(g.spec.tdp_w * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return round(self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_w * 1000)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        return round(self._gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_w * 1000)
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTemperatureThreshold")
+        if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            return round(g.slowdown_temp_c)
+        if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
+            return round(g.shutdown_temp_c)
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        mode = int(self._gpu(device, "nvmlDeviceGetMigMode").mig_enabled)
+        return [mode, mode]
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        g = self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        support = _NV.c_nvmlGpmSupport_t()
+        support.version = _NV.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(g.gpm_supported)
+        return support
+
+    # --- per-tick metrics -----------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        if g.mig_enabled:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        return _NV.c_nvmlUtilization_t(
+            round(g.utilization_gpu_pct), round(g.utilization_memory_pct)
+        )
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        self._gpu(handle, "nvmlDeviceGetEncoderUtilization")
+        return [0, 167000]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        self._gpu(handle, "nvmlDeviceGetDecoderUtilization")
+        return [0, 167000]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        g = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        total, used, reserved = g.memory_total_bytes, g.memory_used_bytes, g.memory_reserved_bytes
+        if not version:
+            # v1 counts the driver's reservation as used
+            return _NV.c_nvmlMemory_t(total, max(total - used - reserved, 0), used + reserved)
+        if g.unsupported or g.failing:
+            self._misbehave(g, "nvmlDeviceGetMemoryInfo_v2")
+        if version != _NV.nvmlMemory_v2:
+            raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return _NV.c_nvmlMemory_v2_t(
+            version, total, reserved, max(total - used - reserved, 0), used
+        )
+
+    def nvmlDeviceGetTemperatureV(
+        self, handle: Any, sensor: int, version: int = _NV.nvmlTemperature_v1
+    ) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTemperatureV")
+        if version != _NV.nvmlTemperature_v1:
+            raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if sensor != _NV.NVML_TEMPERATURE_GPU:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        return round(g.temperature_c)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if sensor != _NV.NVML_TEMPERATURE_GPU:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        return round(g.temperature_c)
+
+    def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
+        return round(self._gpu(handle, "nvmlDeviceGetFanSpeed").fan_speed_pct)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return round(self._gpu(handle, "nvmlDeviceGetPowerUsage").power_w * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        if type == _NV.NVML_CLOCK_SM:
+            return round(g.sm_clock_mhz)
+        if type == _NV.NVML_CLOCK_MEM:
+            return round(g.memory_clock_mhz)
+        if type == _NV.NVML_CLOCK_GRAPHICS:
+            return round(g.graphics_clock_mhz)
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
+
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
+        g = self._gpu(device, "nvmlDeviceGetPcieThroughput")
+        if counter == _NV.NVML_PCIE_UTIL_TX_BYTES:
+            return round(g.pcie_tx_kib_per_s)
+        if counter == _NV.NVML_PCIE_UTIL_RX_BYTES:
+            return round(g.pcie_rx_kib_per_s)
+        raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _processes(self, g: SimGpuState) -> list[Any]:
+        out = []
+        for pid, used in g.processes:
+            info = _NV.c_nvmlProcessInfo_v3_t(
+                pid,
+                _NOT_AVAILABLE_ULL if used is None or used < 0 else used,
+                0xFFFFFFFF,
+                0xFFFFFFFF,
+            )
+            obj = _NV.nvmlStructToFriendlyObject(info)
+            if obj.usedGpuMemory == _NOT_AVAILABLE_ULL:  # exactly what pynvml does
+                obj.usedGpuMemory = None
+            out.append(obj)
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses"))
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+        return []
+
+    # --- slow counters --------------------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        g = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        if errorType == _NV.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return g.ecc_sbe_volatile
+        if errorType == _NV.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            return g.ecc_dbe_volatile
+        raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        g = self._gpu(device, "nvmlDeviceGetRemappedRows")
+        return (
+            g.remapped_rows_correctable,
+            g.remapped_rows_uncorrectable,
+            int(g.remapped_rows_pending),
+            int(g.remapped_rows_failure),
+        )
+
+    # --- GPM ------------------------------------------------------------------------------------
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        sample = _fake_pointer(_GPM_SAMPLE_T)
+        self._gpm_snapshots[_address(sample)] = None
+        return sample
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        if self._gpm_snapshots.pop(_address(gpmSample), False) is False:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        g = self._gpu(device, "nvmlGpmSampleGet")
+        if not g.gpm_supported or g.mig_enabled:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        key = _address(gpmSample)
+        if key not in self._gpm_snapshots:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpm_snapshots[key] = (g.time_s, *[getattr(g, c) for c in _GPM_COUNTERS])
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        if metricsGet.version != _NV.NVML_GPM_METRICS_GET_VERSION:
+            raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self._gpm_snapshots.get(_address(metricsGet.sample1))
+        second = self._gpm_snapshots.get(_address(metricsGet.sample2))
+        if first is None or second is None:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        dt_s = second[0] - first[0]
+        if dt_s < 0:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        metrics = metricsGet.metrics
+        for i in range(metricsGet.numMetrics):
+            metric = metrics[i]
+            how = _GPM_METRICS.get(metric.metricId)
+            if how is None:
+                metric.nvmlReturn = _NV.NVML_ERROR_NOT_SUPPORTED
+                continue
+            if dt_s == 0:
+                metric.nvmlReturn = _NV.NVML_ERROR_NO_DATA
+                continue
+            pos, kind = how
+            if kind == _PCT:
+                value = (second[pos] - first[pos]) / dt_s * 100.0
+            elif kind == _BYTES_RATE:
+                value = (second[pos] - first[pos]) / dt_s / _MIB
+            else:
+                value = (second[pos] + first[pos]) / 2.0 / 1024.0
+            metric.value = value
+            metric.nvmlReturn = _NV.NVML_SUCCESS
+        return metricsGet
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._require_init()
+        event_set = _fake_pointer(_EVENT_SET_T)
+        self._event_sets[_address(event_set)] = []
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        registered = self._event_sets.get(_address(eventSet))
+        if registered is None:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        if eventTypes & _XID:
+            registered.append(handle)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._gpu(handle, "nvmlDeviceGetSupportedEventTypes")
+        return _XID
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
+        """Block on the cluster's condition until an XID is pending or ``timeoutms`` passes."""
+        registered = self._event_sets.get(_address(eventSet))
+        if registered is None:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        deadline = time.monotonic() + timeoutms / 1000.0
+        condition = self._cluster.condition
+        with condition:
+            while True:
+                for handle in registered:
+                    pending = handle._sim.pending_xids
+                    if pending:
+                        data = _NV.c_nvmlEventData_t()
+                        data.device = handle
+                        data.eventType = _XID
+                        data.eventData = pending.popleft()
+                        data.gpuInstanceId = 0xFFFFFFFF
+                        data.computeInstanceId = 0xFFFFFFFF
+                        return data
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    raise _error(_NV.NVML_ERROR_TIMEOUT)
+                condition.wait(remaining_s)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        if self._event_sets.pop(_address(eventSet), None) is None:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
