@@ -1,0 +1,23 @@
+"""Analytics: pure functions that turn sample frames into load balance, stragglers and efficiency.
+
+No I/O and no clock reads: the dashboard, the alert evaluator and the CLI all call ``analyze``.
+"""
+
+from gpuwatt.analytics.balance import IdleGpu
+from gpuwatt.analytics.energy import Tariff
+from gpuwatt.analytics.quality import Figure, Quality
+from gpuwatt.analytics.render import render_text
+from gpuwatt.analytics.stragglers import Straggler, StragglerConfig
+from gpuwatt.analytics.summary import AnalysisSummary, analyze
+
+__all__ = [
+    "AnalysisSummary",
+    "Figure",
+    "IdleGpu",
+    "Quality",
+    "Straggler",
+    "StragglerConfig",
+    "Tariff",
+    "analyze",
+    "render_text",
+]

@@ -1,0 +1,189 @@
+"""Load balance: how evenly work is spread across GPUs and nodes, per window and per job.
+
+Three indices are computed for each (window, scope, level, metric):
+
+* coefficient of variation ``cv = std / mean`` (population std),
+* ``max_over_mean``, the busiest GPU against the average,
+* Jain's fairness ``J = (sum x)^2 / (n * sum x^2)``, in ``[1/n, 1]``.
+
+**CV is the one shown by default.** Jain's index carries exactly the same information
+(``J = 1 / (1 + cv^2)``) but compresses it near 1: one idle GPU among 64 busy ones moves J only
+from 1.000 to 0.984, which reads as "fine" on a dashboard, while the CV (0.126) reads directly
+as "GPUs deviate from the mean by about 13 %" and is comparable across jobs of any size.
+``max_over_mean`` depends on the number of GPUs (it grows with n by chance alone) and on one
+sample, so it is kept as a secondary figure: it matters for synchronous jobs, whose pace is set
+by the slowest member.
+
+A scope is the whole cluster or one job. At the ``node`` level each node's value is the mean of
+its GPUs in that scope. Idle GPUs are those whose utilisation stayed below a threshold for several
+windows; an *idle allocated* GPU belongs to a job (and usually holds memory or processes) while
+doing nothing, which is waste a person can act on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpuwatt.analytics.windows import run_lengths
+
+DEFAULT_INDEX = "cv"
+BALANCE_METRICS: tuple[str, ...] = ("utilization_gpu_pct", "power_w", "tensor_active_pct")
+CLUSTER = "cluster"
+
+
+def _stats(long: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    long = long.assign(sq=long["value"] ** 2)
+    g = long.groupby(keys, sort=True, observed=True)
+    agg = g.agg(
+        n=("value", "count"),
+        total=("value", "sum"),
+        sumsq=("sq", "sum"),
+        min=("value", "min"),
+        max=("value", "max"),
+    )
+    n = agg["n"].to_numpy(dtype=float)
+    total = agg["total"].to_numpy(dtype=float)
+    sumsq = agg["sumsq"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = total / n
+        var = np.maximum(sumsq / n - mean**2, 0.0)
+        cv = np.where(mean > 0, np.sqrt(var) / mean, np.nan)
+        mom = np.where(mean > 0, agg["max"].to_numpy(dtype=float) / mean, np.nan)
+        jain = np.where(sumsq > 0, total**2 / (n * sumsq), np.nan)
+    out = pd.DataFrame(
+        {
+            "n": agg["n"].to_numpy(),
+            "mean": mean,
+            "min": agg["min"].to_numpy(),
+            "max": agg["max"].to_numpy(),
+            "cv": cv,
+            "max_over_mean": mom,
+            "jain": jain,
+        },
+        index=agg.index,
+    )
+    return out.reset_index()
+
+
+def balance_over_time(gw: pd.DataFrame, metrics: tuple[str, ...] = BALANCE_METRICS) -> pd.DataFrame:
+    """Imbalance indices per window, scope (``cluster`` or ``job:<id>``), level and metric."""
+    present = [m for m in metrics if m in gw.columns and gw[m].notna().any()]
+    cols = ["window_start_ns", "scope", "level", "metric", "n", "mean", "min", "max", "cv"]
+    cols += ["max_over_mean", "jain"]
+    if not present or gw.empty:
+        return pd.DataFrame(columns=cols)
+    base = gw[["window_start_ns", "host", "job_id", *present]]
+    cluster = base.assign(scope=CLUSTER)
+    jobbed = base.loc[base["job_id"].notna()]
+    jobbed = jobbed.assign(scope="job:" + jobbed["job_id"].astype(str))
+    scoped = pd.concat([cluster, jobbed], ignore_index=True)
+    long = scoped.melt(
+        id_vars=["window_start_ns", "scope", "host"],
+        value_vars=present,
+        var_name="metric",
+        value_name="value",
+    ).dropna(subset=["value"])
+    per_gpu = _stats(long, ["window_start_ns", "scope", "metric"]).assign(level="gpu")
+    node_means = (
+        long.groupby(["window_start_ns", "scope", "metric", "host"], sort=False, observed=True)[
+            "value"
+        ]
+        .mean()
+        .reset_index()
+    )
+    per_node = _stats(node_means, ["window_start_ns", "scope", "metric"]).assign(level="node")
+    out = pd.concat([per_gpu, per_node], ignore_index=True)
+    return (
+        out[cols]
+        .sort_values(["window_start_ns", "scope", "level", "metric"])
+        .reset_index(drop=True)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGpu:
+    """A GPU idle for the last ``idle_windows`` windows (up to its newest window)."""
+
+    host: str
+    gpu_index: int
+    uuid: str
+    name: str
+    job_id: str | None
+    allocated: bool
+    idle_since_ns: int
+    idle_windows: int
+    utilization_gpu_pct: float
+    memory_used_bytes: float | None
+    process_count: float | None
+    idle_energy_j: float | None
+    explanation: str
+
+
+def mark_idle(gw: pd.DataFrame, *, idle_util_pct: float) -> pd.DataFrame:
+    """Add ``idle`` (utilisation below the threshold in that window) to the per-GPU windows."""
+    util = gw["utilization_gpu_pct"] if "utilization_gpu_pct" in gw.columns else None
+    gw["idle"] = (util < idle_util_pct).to_numpy() if util is not None else False
+    return gw
+
+
+def idle_gpus(gw: pd.DataFrame, *, min_windows: int, window_ns: int) -> list[IdleGpu]:
+    """GPUs whose newest ``min_windows`` or more windows were all idle, allocated ones first."""
+    if gw.empty or not gw["idle"].any():
+        return []
+    gw = gw.sort_values(["gpu", "window_start_ns"], kind="stable")
+    cand_gpus = gw.loc[gw["idle"], "gpu"].unique()
+    sub = gw.loc[gw["gpu"].isin(cand_gpus)]
+    runs = pd.Series(run_lengths(sub["gpu"].to_numpy(), sub["idle"].to_numpy()), index=sub.index)
+    last = sub.groupby("gpu", sort=False).tail(1)
+    out: list[IdleGpu] = []
+    for idx, row in last.iterrows():
+        n = int(runs.loc[idx])
+        if n < min_windows:
+            continue
+        this = sub.loc[(sub["gpu"] == row["gpu"])].tail(n)
+        job = row["job_id"]
+        mem = row.get("memory_used_bytes")
+        procs = row.get("process_count")
+        mem_v = float(mem) if mem is not None and np.isfinite(mem) else None
+        procs_v = float(procs) if procs is not None and np.isfinite(procs) else None
+        energy = this["energy_delta_j"].sum(min_count=1) if "energy_delta_j" in this else np.nan
+        minutes = n * window_ns / 60e9
+        if job is not None:
+            held = []
+            if mem_v is not None and mem_v > 0:
+                held.append(f"holds {mem_v / 2**30:.1f} GiB")
+            if procs_v:
+                held.append(f"{procs_v:.0f} process(es)")
+            what = (", ".join(held) + ", ") if held else ""
+            expl = (
+                f"GPU {row['gpu_index']} on {row['host']} is allocated to job {job}, {what}"
+                f"but has run at {row['utilization_gpu_pct']:.0f} % utilisation for "
+                f"{minutes:.0f} min; check the job's device placement or release the GPU"
+            )
+        else:
+            expl = (
+                f"GPU {row['gpu_index']} on {row['host']} has no job and has been idle for "
+                f"{minutes:.0f} min"
+            )
+        out.append(
+            IdleGpu(
+                host=str(row["host"]),
+                gpu_index=int(row["gpu_index"]),
+                uuid=str(row["uuid"]),
+                name=str(row["name"]),
+                job_id=job,
+                allocated=job is not None,
+                idle_since_ns=int(this["window_start_ns"].iloc[0]),
+                idle_windows=n,
+                utilization_gpu_pct=float(row["utilization_gpu_pct"]),
+                memory_used_bytes=mem_v,
+                process_count=procs_v,
+                idle_energy_j=float(energy) if np.isfinite(energy) else None,
+                explanation=expl,
+            )
+        )
+    out.sort(key=lambda i: (not i.allocated, i.host, i.gpu_index))
+    return out

@@ -1,0 +1,358 @@
+"""Stragglers: GPUs slower than their peers, persistently, with the cause in words.
+
+Peers are the GPUs of the same job, else the job-less GPUs of the same node. Each window, every
+busy GPU is compared with its peers' *median* through ratios, not z-scores (NVIDIA NVRx scores a
+rank by reference median / own; a straggler sits below 0.75):
+
+* performance score = own SM clock / peer median SM clock (the clock is what a thermal slowdown,
+  a power brake or a clock lock takes away),
+* clock-event reasons present: HW slowdown (0x8), HW thermal (0x40), HW power brake (0x80) are
+  faults; SW power cap (0x4) is normal at full load and never counts,
+* temperature against the peer median, power per unit of utilisation ("power at equal load"),
+  tensor activity,
+* the utilisation signature: in synchronous training the straggler is the *busiest* GPU while its
+  peers wait at the barrier; in independent work it is the slowest. "Lowest utilisation is the
+  straggler" is therefore wrong for synchronous jobs and is not used.
+
+A window is anomalous when the score is below ``hard_score`` (0.75), or below ``soft_score``
+(0.92) with a hardware fault reason active for at least ``min_fault_fraction`` of the window (or,
+where the reasons cannot be decoded, with the GPU ``hot_delta_c`` hotter than its peers or drawing
+far less power at the same load). A GPU is flagged only after ``persist_windows`` consecutive
+anomalous windows (Minder's persistence), so a transient dip raises nothing. A healthy GPU under
+light load keeps its clocks, and one under heavy load only shows SW power cap, so uneven load
+alone is never a straggler.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from gpuwatt.analytics.reasons import FAULT_FRACTIONS, LABELS
+from gpuwatt.analytics.windows import run_lengths
+
+CAUSES: tuple[str, ...] = ("power_brake", "thermal", "hw_slowdown", "clock", "slow_unknown")
+
+ACTIONS: dict[str, str] = {
+    "thermal": "check fans, airflow and inlet temperature of the node",
+    "power_brake": "check the node's power supplies and the external power-brake signal",
+    "hw_slowdown": "check the node's power and temperature sensors; drain it if this persists",
+    "clock": "check for locked or application clocks (nvidia-smi -q -d CLOCK)",
+    "slow_unknown": "profile this rank; check its PCIe/NVLink links and the host",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerConfig:
+    busy_util_pct: float = 20.0
+    hard_score: float = 0.75
+    soft_score: float = 0.92
+    min_fault_fraction: float = 0.2
+    hot_delta_c: float = 10.0
+    persist_windows: int = 3
+    min_peers: int = 3
+    sync_util_margin_pct: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    host: str
+    gpu_index: int
+    uuid: str
+    name: str
+    job_id: str | None
+    peer_group: str  # "job:<id>" or "node:<host>"
+    cause: str  # one of CAUSES
+    cause_inferred: bool  # True when the reasons bitmask was unavailable and the cause is inferred
+    severity: str  # "critical" | "warning"
+    score: float  # own / peer median SM clock (NVRx-style; 1.0 = like its peers)
+    signature: str  # "synchronous" | "independent" | "even"
+    onset_ns: int  # start of the first anomalous window of the current run
+    flagged_ns: int  # start of the window in which persistence was reached
+    last_ns: int  # start of the newest anomalous window
+    active: bool  # still anomalous in the newest window analysed
+    windows_anomalous: int
+    evidence: dict[str, float] = field(default_factory=dict)
+    peers_waiting_energy_j: float | None = None
+    explanation: str = ""
+
+    @property
+    def severity_score(self) -> float:
+        return max(0.0, 1.0 - self.score) if math.isfinite(self.score) else 0.0
+
+
+def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
+    if name in gw.columns:
+        return gw[name].to_numpy(dtype=float)
+    return np.full(len(gw), np.nan)
+
+
+def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
+    """Per (window, GPU): peer medians, ratios, ``anomalous`` and ``flagged`` (persistent)."""
+    gw = gw.sort_values(["gpu", "window_start_ns"], kind="stable").reset_index(drop=True)
+    job = gw["job_id"]
+    group = np.where(
+        job.notna().to_numpy(), "job:" + job.astype(str), "node:" + gw["host"].astype(str)
+    )
+    util = _col(gw, "utilization_gpu_pct")
+    clock = _col(gw, "sm_clock_mhz")
+    power = _col(gw, "power_w")
+    temp = _col(gw, "temperature_gpu_c")
+    tensor = _col(gw, "tensor_active_pct")
+    busy = np.where(np.isfinite(util), util >= cfg.busy_util_pct, np.isfinite(clock))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ppu = np.where(util > 0, power / util, np.nan)
+
+    def masked(v: np.ndarray) -> np.ndarray:
+        return np.where(busy, v, np.nan)
+
+    work = pd.DataFrame(
+        {
+            "w": gw["window_start_ns"].to_numpy(),
+            "grp": group,
+            "busy": busy.astype(np.int64),
+            "clock": masked(clock),
+            "temp": masked(temp),
+            "ppu": masked(ppu),
+            "tensor": masked(tensor),
+            "util": util,
+        }
+    )
+    g = work.groupby(["w", "grp"], sort=False)
+    med = g[["clock", "temp", "ppu", "tensor", "util"]].transform("median")
+    n_busy = g["busy"].transform("sum").to_numpy()
+    n_members = g["busy"].transform("size").to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = clock / med["clock"].to_numpy()
+        power_score = ppu / med["ppu"].to_numpy()
+    temp_delta = temp - med["temp"].to_numpy()
+
+    fracs = np.vstack([_col(gw, f) for f in FAULT_FRACTIONS])
+    fault_known = np.isfinite(fracs).any(axis=0)
+    fault = np.nanmax(np.where(np.isfinite(fracs), fracs, -1.0), axis=0)
+    fault = np.where(fault_known, fault, np.nan)
+
+    eligible = busy & (n_busy >= cfg.min_peers) & np.isfinite(score)
+    faulty = fault_known & (fault >= cfg.min_fault_fraction)
+    inferred = ~fault_known & ((temp_delta >= cfg.hot_delta_c) | (power_score < cfg.hard_score))
+    soft = score < cfg.soft_score
+    anomalous = eligible & ((score < cfg.hard_score) | (soft & (faulty | inferred)))
+
+    # synchronous-training signature without a clock deficit: one GPU of a job far busier than
+    # peers that all wait alike (slow for a reason the clocks do not show)
+    util_s = pd.Series(util)
+    others_max = (
+        util_s.where(~np.isclose(util, g["util"].transform("max").to_numpy()))
+        .groupby([work["w"], work["grp"]], sort=False)
+        .transform("max")
+        .to_numpy()
+    )
+    others_min = g["util"].transform("min").to_numpy()
+    is_job = job.notna().to_numpy()
+    sync_slow = (
+        is_job
+        & eligible
+        & (n_members >= 4)
+        & np.isclose(util, g["util"].transform("max").to_numpy())
+        & (util - others_max >= 2 * cfg.sync_util_margin_pct)
+        & (others_max - others_min <= cfg.sync_util_margin_pct)
+    )
+    anomalous = anomalous | sync_slow
+
+    runs = run_lengths(gw["gpu"].to_numpy(), anomalous)
+    out = gw.assign(
+        peer_group=group,
+        busy=busy,
+        peers_busy=n_busy,
+        peer_median_sm_clock_mhz=med["clock"].to_numpy(),
+        peer_median_temperature_c=med["temp"].to_numpy(),
+        peer_median_power_per_util=med["ppu"].to_numpy(),
+        peer_median_tensor_active_pct=med["tensor"].to_numpy(),
+        peer_median_utilization_pct=med["util"].to_numpy(),
+        score=score,
+        power_score=power_score,
+        temperature_delta_c=temp_delta,
+        fault_fraction=fault,
+        sync_slow=sync_slow,
+        anomalous=anomalous,
+        run=runs,
+        flagged=runs >= cfg.persist_windows,
+    )
+    return out
+
+
+def _cause(run: pd.DataFrame, cfg: StragglerConfig) -> tuple[str, bool]:
+    fr = {f: run[f].mean() if f in run.columns else np.nan for f in FAULT_FRACTIONS}
+    known = any(np.isfinite(v) for v in fr.values())
+    if known:
+        if fr["frac_power_brake"] >= cfg.min_fault_fraction:
+            return "power_brake", False
+        if fr["frac_hw_thermal"] >= cfg.min_fault_fraction:
+            return "thermal", False
+        if fr["frac_hw_slowdown"] >= cfg.min_fault_fraction:
+            return "hw_slowdown", False
+    else:
+        if (run["temperature_delta_c"] >= cfg.hot_delta_c).mean() >= 0.5:
+            return "thermal", True
+        if (run["power_score"] < cfg.hard_score).mean() >= 0.5:
+            return "power_brake", True
+    if run["score"].mean() < cfg.soft_score:
+        return "clock", False
+    return "slow_unknown", False
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{x * 100:.0f} %"
+
+
+def _peer_util(sw: pd.DataFrame, row: pd.Series) -> float:
+    peers = sw.loc[
+        (sw["window_start_ns"] == row["window_start_ns"])
+        & (sw["peer_group"] == row["peer_group"])
+        & (sw["gpu"] != row["gpu"]),
+        "utilization_gpu_pct",
+    ]
+    return float(peers.median()) if len(peers) else float("nan")
+
+
+def _waiting_energy(sw: pd.DataFrame, run: pd.DataFrame) -> float:
+    """Energy peers spent waiting at the barrier: their energy x (1 - own util / straggler's)."""
+    total = 0.0
+    if "energy_delta_j" not in sw.columns:
+        return float("nan")
+    for _, r in run.iterrows():
+        peers = sw.loc[
+            (sw["window_start_ns"] == r["window_start_ns"])
+            & (sw["peer_group"] == r["peer_group"])
+            & (sw["gpu"] != r["gpu"])
+        ]
+        su = r["utilization_gpu_pct"]
+        if not (su > 0) or peers.empty:
+            continue
+        wait = np.clip(1.0 - peers["utilization_gpu_pct"].to_numpy(dtype=float) / su, 0.0, 1.0)
+        e = peers["energy_delta_j"].to_numpy(dtype=float)
+        total += float(np.nansum(wait * e))
+    return total
+
+
+def explain(
+    host: str, idx: int, cause: str, ev: dict[str, float], signature: str, job: str | None
+) -> str:
+    """The one-line explanation of a straggler, numbers first, then what to do."""
+    parts = [
+        f"GPU {idx} on {host} runs at {ev['sm_clock_mhz']:.0f} MHz against a peer median of "
+        f"{ev['peer_median_sm_clock_mhz']:.0f} MHz ({ev['clock_delta_pct']:+.0f} %)"
+    ]
+    for frac in ("frac_power_brake", "frac_hw_thermal", "frac_hw_slowdown"):
+        v = ev.get(frac, float("nan"))
+        if math.isfinite(v) and v > 0:
+            parts.append(f"{LABELS[frac]} active {_fmt_pct(v)} of the window")
+    if math.isfinite(ev.get("temperature_c", float("nan"))):
+        t = f"{ev['temperature_c']:.0f} °C"
+        d = ev.get("temperature_delta_c", float("nan"))
+        if math.isfinite(d) and abs(d) >= 5:
+            t += f" ({d:+.0f} °C vs peers)"
+        parts.append(t)
+    ps = ev.get("power_score", float("nan"))
+    if math.isfinite(ps) and ps < 0.85:
+        parts.append(f"draws {_fmt_pct(1 - ps)} less power than peers at the same load")
+    where = f"job {job}" if job else "its node"
+    if signature == "synchronous":
+        parts.append(
+            f"busiest of {where} ({ev['utilization_gpu_pct']:.0f} % vs peers "
+            f"{ev['peers_utilization_pct']:.0f} %): peers wait for it"
+        )
+    elif signature == "independent":
+        parts.append(
+            f"slowest of {where} ({ev['utilization_gpu_pct']:.0f} % vs peers "
+            f"{ev['peers_utilization_pct']:.0f} %)"
+        )
+    label = cause.replace("_", " ")
+    return f"{'; '.join(parts)} -> {label}: {ACTIONS[cause]}"
+
+
+def find_stragglers(sw: pd.DataFrame, cfg: StragglerConfig) -> list[Straggler]:
+    """One entry per GPU flagged in any window (its newest flagged run), ranked by severity."""
+    flagged = sw.loc[sw["flagged"]]
+    if flagged.empty:
+        return []
+    newest_window = int(sw["window_start_ns"].max())
+    out: list[Straggler] = []
+    for gpu, rows in flagged.groupby("gpu", sort=False):
+        last_flag = rows.iloc[-1]
+        mine = sw.loc[sw["gpu"] == gpu]
+        # the anomalous run containing the newest flagged window
+        pos = mine.index.get_loc(last_flag.name)
+        start = pos - int(last_flag["run"]) + 1
+        end = pos
+        while end + 1 < len(mine) and bool(mine.iloc[end + 1]["anomalous"]):
+            end += 1
+        run = mine.iloc[start : end + 1]
+        latest = run.iloc[-1]
+        cause, inferred = _cause(run, cfg)
+        peers_util = _peer_util(sw, latest)
+        own_util = float(latest["utilization_gpu_pct"])
+        if own_util - peers_util >= cfg.sync_util_margin_pct:
+            signature = "synchronous"
+        elif peers_util - own_util >= cfg.sync_util_margin_pct:
+            signature = "independent"
+        else:
+            signature = "even"
+        ev = {
+            "sm_clock_mhz": float(latest["sm_clock_mhz"]),
+            "peer_median_sm_clock_mhz": float(latest["peer_median_sm_clock_mhz"]),
+            "clock_delta_pct": (float(latest["score"]) - 1.0) * 100.0,
+            "score": float(latest["score"]),
+            "temperature_c": float(latest.get("temperature_gpu_c", np.nan)),
+            "temperature_delta_c": float(latest["temperature_delta_c"]),
+            "power_w": float(latest.get("power_w", np.nan)),
+            "power_score": float(latest["power_score"]),
+            "utilization_gpu_pct": own_util,
+            "peers_utilization_pct": peers_util,
+            "tensor_active_pct": float(latest.get("tensor_active_pct", np.nan)),
+            "peer_median_tensor_active_pct": float(latest["peer_median_tensor_active_pct"]),
+        }
+        for frac in (
+            "frac_power_brake",
+            "frac_hw_thermal",
+            "frac_hw_slowdown",
+            "frac_sw_power_cap",
+        ):
+            ev[frac] = float(latest.get(frac, np.nan))
+        score = float(run["score"].median())
+        severity = "critical" if (score < 0.7 or cause == "power_brake") else "warning"
+        waiting = _waiting_energy(sw, run) if signature == "synchronous" else float("nan")
+        job = latest["job_id"]
+        out.append(
+            Straggler(
+                host=str(latest["host"]),
+                gpu_index=int(latest["gpu_index"]),
+                uuid=str(latest["uuid"]),
+                name=str(latest["name"]),
+                job_id=job,
+                peer_group=str(latest["peer_group"]),
+                cause=cause,
+                cause_inferred=inferred,
+                severity=severity,
+                score=score,
+                signature=signature,
+                onset_ns=int(run["window_start_ns"].iloc[0]),
+                flagged_ns=int(
+                    run.loc[run["run"] >= cfg.persist_windows, "window_start_ns"].iloc[0]
+                ),
+                last_ns=int(latest["window_start_ns"]),
+                active=int(mine["window_start_ns"].iloc[-1]) == int(latest["window_start_ns"])
+                and int(latest["window_start_ns"]) == newest_window,
+                windows_anomalous=len(run),
+                evidence=ev,
+                peers_waiting_energy_j=waiting if math.isfinite(waiting) else None,
+                explanation=explain(
+                    str(latest["host"]), int(latest["gpu_index"]), cause, ev, signature, job
+                ),
+            )
+        )
+    out.sort(key=lambda s: (not s.active, s.severity != "critical", -s.severity_score))
+    return out

@@ -1,0 +1,267 @@
+"""One call for everyone: ``analyze`` turns a frame of samples into the load-balance, straggler and
+efficiency summary. The CLI, the dashboard and the alert evaluator all call it, so a straggler on
+screen and a straggler alert are the same computation.
+
+Pure: no I/O and no clock reads; the current time comes in as ``now_ns``. The frame is the
+store's long format (``time_ns, host, gpu_index, uuid, name`` then metric columns named as the
+``GpuSample`` attributes, NaN = not measured), raw samples or rollups (``step_s=60`` rows are
+bucket means, counters the last value). An optional ``job_id`` column (None/NaN/"" = no job) and
+``process_count`` are used when present. Designed for 1-minute rollups: 1,024 GPUs x 60 rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from gpuwatt.analytics.balance import (
+    CLUSTER,
+    DEFAULT_INDEX,
+    IdleGpu,
+    balance_over_time,
+    idle_gpus,
+    mark_idle,
+)
+from gpuwatt.analytics.efficiency import add_row_tflops, efficiency_over_time, gpu_tflops_quality
+from gpuwatt.analytics.energy import (
+    Tariff,
+    add_cost_columns,
+    add_row_energy,
+    energy_figures,
+    gpu_energy_quality,
+    median_step_ns,
+)
+from gpuwatt.analytics.quality import Figure, Quality, not_available, worst
+from gpuwatt.analytics.reasons import add_bit_columns
+from gpuwatt.analytics.stragglers import Straggler, StragglerConfig, find_stragglers, score_windows
+from gpuwatt.analytics.windows import NS_PER_S, per_gpu_window, prepare, window_list
+
+
+@dataclass(frozen=True)
+class AnalysisSummary:
+    now_ns: int
+    start_ns: int
+    window_s: float
+    windows: list[int]  # window starts (ns), oldest first
+    gpus: int
+    nodes: int
+    jobs: list[str]
+    default_imbalance_index: str  # "cv" (see gpuwatt.analytics.balance)
+    balance: pd.DataFrame  # window_start_ns, scope, level, metric, n, mean, min, max, cv, ...
+    idle: list[IdleGpu]  # idle for the newest windows; allocated ones first
+    stragglers: list[Straggler]  # ranked: active first, then severity
+    straggler_windows: pd.DataFrame  # per (window, GPU) scores, peer medians, anomalous, flagged
+    gpu_windows: pd.DataFrame  # per (window, GPU) means, fault fractions, energy, tflops
+    energy_by_gpu: pd.DataFrame
+    energy_by_node: pd.DataFrame
+    energy_by_job: pd.DataFrame
+    efficiency_over_time: pd.DataFrame  # window_start_ns, tflops, power_w, tflops_per_w, ...
+    cluster: dict[str, Figure]
+    tariff: Tariff
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def idle_allocated(self) -> list[IdleGpu]:
+        return [i for i in self.idle if i.allocated]
+
+    @property
+    def active_stragglers(self) -> list[Straggler]:
+        return [s for s in self.stragglers if s.active]
+
+    def imbalance(
+        self,
+        scope: str = CLUSTER,
+        metric: str = "utilization_gpu_pct",
+        index: str | None = None,
+        level: str = "gpu",
+    ) -> pd.Series:
+        """The imbalance index over time (indexed by window start) for one scope and metric."""
+        b = self.balance
+        sel = b.loc[(b["scope"] == scope) & (b["metric"] == metric) & (b["level"] == level)]
+        return sel.set_index("window_start_ns")[index or self.default_imbalance_index]
+
+
+def _empty(now_ns: int, window_s: float, tariff: Tariff, note: str) -> AnalysisSummary:
+    na = not_available("", "no samples in the window")
+    e = pd.DataFrame()
+    return AnalysisSummary(
+        now_ns, now_ns, window_s, [], 0, 0, [], DEFAULT_INDEX, balance_over_time(e), [], [], e, e,
+        e, e, e, e, {k: na for k in ("energy_kwh", "cost", "co2_kg")}, tariff, [note],
+    )  # fmt: skip
+
+
+def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd.DataFrame:
+    sub = gw.loc[gw[key].notna()]
+    if sub.empty:
+        return pd.DataFrame(columns=[key, "gpus", "energy_j", "idle_energy_j", "energy_quality"])
+    g = sub.groupby(key, sort=True)
+    out = pd.DataFrame(
+        {
+            "gpus": g["gpu"].nunique(),
+            "energy_j": g["energy_delta_j"].sum(min_count=1),
+            "idle_energy_j": g["idle_energy_j"].sum(min_count=1),
+            "power_mean_w": g["power_w"].mean() if "power_w" in sub else np.nan,
+            "utilization_mean_pct": g["utilization_gpu_pct"].mean()
+            if "utilization_gpu_pct" in sub
+            else np.nan,
+        }
+    )
+    q = per_gpu.set_index("gpu")["energy_quality"]
+    quals = sub[[key, "gpu"]].drop_duplicates().assign(q=lambda d: d["gpu"].map(q))
+    out["energy_quality"] = quals.groupby(key)["q"].agg(
+        lambda s: worst([Quality(x) for x in s]).value
+    )
+    return add_cost_columns(out, tariff).reset_index()
+
+
+def analyze(
+    frame: pd.DataFrame,
+    *,
+    now_ns: int,
+    window_s: float = 60.0,
+    start_ns: int | None = None,
+    jobs: Mapping[str, str] | None = None,
+    job: str | None = None,
+    price_per_kwh: float | None = None,
+    carbon_g_per_kwh: float | None = None,
+    currency: str = "",
+    tensor_precision: str = "bf16",
+    idle_util_pct: float = 5.0,
+    idle_windows: int = 3,
+    straggler_config: StragglerConfig | None = None,
+) -> AnalysisSummary:
+    """Load balance, stragglers and efficiency of the samples in ``[start_ns, now_ns)``.
+
+    ``jobs`` maps a GPU (uuid or ``host:index``) to a job id for rows without one; ``job``
+    restricts the analysis to one job. ``price_per_kwh`` (in ``currency``) and
+    ``carbon_g_per_kwh`` turn energy into cost and CO2; without them those figures are absent.
+    ``tensor_precision`` picks the tensor peak for the GPM estimate (tf32, bf16, fp16, fp8).
+    """
+    cfg = straggler_config or StragglerConfig()
+    tariff = Tariff(price_per_kwh, carbon_g_per_kwh, currency)
+    window_ns = round(window_s * NS_PER_S)
+    rows = prepare(frame, now_ns=now_ns, window_s=window_s, start_ns=start_ns, jobs=jobs, job=job)
+    if rows.empty:
+        return _empty(now_ns, window_s, tariff, "no samples in the analysed range")
+    if "lost" in rows.columns:
+        rows = rows.loc[~rows["lost"].fillna(False).astype(bool)]
+    step_ns = median_step_ns(rows)
+    add_row_energy(rows, step_ns=step_ns)
+    add_row_tflops(rows, tensor_precision=tensor_precision)
+    add_bit_columns(rows)
+
+    gw = per_gpu_window(rows, sums=("energy_delta_j",), means=("tflops", "tflops_gpm"))
+    mark_idle(gw, idle_util_pct=idle_util_pct)
+    gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
+
+    balance = balance_over_time(gw)
+    idle = idle_gpus(gw, min_windows=idle_windows, window_ns=window_ns)
+    sw = score_windows(gw, cfg)
+    stragglers = find_stragglers(sw, cfg)
+
+    # --- per GPU -----------------------------------------------------------------------------
+    g = gw.groupby("gpu", sort=True)
+    per_gpu = g[["host", "gpu_index", "uuid", "name", "job_id"]].last()
+    per_gpu["energy_j"] = g["energy_delta_j"].sum(min_count=1)
+    per_gpu["idle_energy_j"] = g["idle_energy_j"].sum(min_count=1)
+    per_gpu["idle_windows"] = g["idle"].sum()
+    per_gpu["power_mean_w"] = g["power_w"].mean() if "power_w" in gw else np.nan
+    per_gpu["utilization_mean_pct"] = (
+        g["utilization_gpu_pct"].mean() if "utilization_gpu_pct" in gw else np.nan
+    )
+    per_gpu["tflops_mean"] = g["tflops_gpm"].mean()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_gpu["tflops_per_w"] = per_gpu["tflops_mean"] / per_gpu["power_mean_w"].where(
+            per_gpu["power_mean_w"] > 0
+        )
+    per_gpu = per_gpu.join(gpu_energy_quality(rows)).join(gpu_tflops_quality(rows))
+    per_gpu.loc[per_gpu["energy_quality"] == Quality.NOT_AVAILABLE.value, "energy_j"] = np.nan
+    per_gpu = add_cost_columns(per_gpu, tariff).reset_index()
+
+    by_node = _by(gw, "host", per_gpu, tariff)
+    by_job = _by(gw, "job_id", per_gpu, tariff)
+    waiting_by_job: dict[str, float] = {}
+    for s in stragglers:
+        if s.job_id is not None and s.peers_waiting_energy_j is not None:
+            waiting_by_job[s.job_id] = waiting_by_job.get(s.job_id, 0.0) + s.peers_waiting_energy_j
+    if not by_job.empty:
+        by_job["peers_waiting_energy_j"] = by_job["job_id"].map(waiting_by_job).fillna(0.0)
+
+    # --- cluster figures -----------------------------------------------------------------------
+    notes: list[str] = []
+    quals = [Quality(q) for q in per_gpu["energy_quality"]]
+    have = per_gpu["energy_quality"] != Quality.NOT_AVAILABLE.value
+    e_quality = worst([q for q in quals if q is not Quality.NOT_AVAILABLE])
+    e_reason = ""
+    if e_quality is Quality.INTEGRATED_POWER:
+        n_int = int((per_gpu["energy_quality"] == Quality.INTEGRATED_POWER.value).sum())
+        e_reason = f"{n_int} of {len(per_gpu)} GPUs without an energy counter: power integrated"
+    if not have.all():
+        notes.append(f"{int((~have).sum())} GPUs have no energy data (no counter, no power)")
+    energy_j = float(per_gpu.loc[have, "energy_j"].sum()) if have.any() else None
+    cluster = energy_figures(energy_j, e_quality, e_reason, tariff)
+    idle_j = float(per_gpu.loc[have, "idle_energy_j"].sum()) if have.any() else None
+    cluster["idle_energy_kwh"] = energy_figures(idle_j, e_quality, e_reason, tariff)["energy_kwh"]
+    waiting = [s.peers_waiting_energy_j for s in stragglers if s.peers_waiting_energy_j is not None]
+    cluster["peers_waiting_energy_kwh"] = (
+        Figure(sum(waiting) / 3.6e6, "kWh", e_quality, "estimate: peers' energy x time waiting")
+        if waiting and energy_j is not None
+        else not_available("kWh", "no synchronous straggler")
+    )
+    tf = per_gpu["tflops_mean"]
+    with_tf = tf.notna()
+    if with_tf.any():
+        tflops = float(tf[with_tf].sum())
+        pw = float(per_gpu.loc[with_tf, "power_mean_w"].sum())
+        why = f"{int(with_tf.sum())} of {len(per_gpu)} GPUs have a GPM estimate"
+        cluster["tflops"] = Figure(tflops, "TFLOPS", Quality.GPM_ESTIMATE, why)
+        cluster["tflops_per_w"] = (
+            Figure(tflops / pw, "TFLOPS/W", Quality.GPM_ESTIMATE, why)
+            if pw > 0
+            else not_available("TFLOPS/W", "no power readings for the GPUs with an estimate")
+        )
+    else:
+        reasons = sorted(set(per_gpu["tflops_reason"]))
+        why = "; ".join(reasons) or "no TFLOPS estimate"
+        cluster["tflops"] = not_available("TFLOPS", why)
+        cluster["tflops_per_w"] = not_available("TFLOPS/W", why)
+    if "power_w" in gw:
+        pm = per_gpu["power_mean_w"]
+        cluster["power_w"] = (
+            Figure(float(pm.sum()), "W", Quality.MEASURED)
+            if pm.notna().any()
+            else not_available("W", "no power readings")
+        )
+    fault_unknown = sw["fault_fraction"].isna().all() if len(sw) else True
+    if fault_unknown:
+        notes.append(
+            "clock-event reasons not decodable in this data (rollup means): causes are inferred "
+            "from temperature and power"
+        )
+
+    jobs_seen = sorted({j for j in gw["job_id"] if j is not None})
+    return AnalysisSummary(
+        now_ns=now_ns,
+        start_ns=int(rows["time_ns"].min()) if start_ns is None else start_ns,
+        window_s=window_s,
+        windows=window_list(gw),
+        gpus=int(gw["gpu"].nunique()),
+        nodes=int(gw["host"].nunique()),
+        jobs=jobs_seen,
+        default_imbalance_index=DEFAULT_INDEX,
+        balance=balance,
+        idle=idle,
+        stragglers=stragglers,
+        straggler_windows=sw,
+        gpu_windows=gw,
+        energy_by_gpu=per_gpu,
+        energy_by_node=by_node,
+        energy_by_job=by_job,
+        efficiency_over_time=efficiency_over_time(gw),
+        cluster=cluster,
+        tariff=tariff,
+        notes=notes,
+    )
