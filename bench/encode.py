@@ -1,0 +1,164 @@
+"""Line-protocol encoding: gpuwatt's LineEncoder vs influxdb_client's Point API.
+
+    .venv/bin/python bench/encode.py [--points 20000]
+
+Both encode the same full samples (every metric set) into identical-content lines; prints
+microseconds per point for each and the ratio (target: ours >= 10x faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
+from gpuwatt.schema import (
+    FIELD_ENERGY_METHOD,
+    FIELD_LOST,
+    FIELD_PROCESS_COUNT,
+    FIELD_PROCESSES,
+    FIELD_TFLOPS_METHOD,
+    FIELD_XID_COUNT,
+    FIELD_XID_LAST,
+    FIELDS,
+    MEASUREMENT,
+    Kind,
+    LineEncoder,
+    format_processes,
+    parse_line,
+)
+
+T0_NS = 1_700_000_040 * 1_000_000_000
+
+
+def full_sample(time_ns: int, host: str, gpu_index: int, seed: float = 0.0) -> GpuSample:
+    """A sample with every metric set (what a Hopper GPU with GPM reports)."""
+    k = (gpu_index * 7 + seed) % 50
+    return GpuSample(
+        time_ns=time_ns,
+        host=host,
+        gpu_index=gpu_index,
+        uuid=f"GPU-{host}-{gpu_index:04d}",
+        name="NVIDIA H100 80GB HBM3",
+        utilization_gpu_pct=float(40 + int(k)),
+        utilization_memory_pct=float(20 + int(k) // 2),
+        memory_used_bytes=(30_000 + int(k) * 100) * 1024 * 1024,
+        memory_total_bytes=81_559 * 1024 * 1024,
+        memory_free_bytes=(51_559 - int(k) * 100) * 1024 * 1024,
+        memory_reserved_bytes=512 * 1024 * 1024,
+        temperature_gpu_c=float(55 + int(k) // 5),
+        temperature_memory_c=60.5 + k / 10,
+        fan_speed_pct=0.0,
+        power_w=350.25 + k,
+        power_limit_w=700.0,
+        energy_j=1.0e7 + time_ns / 1e9 * 400.0,
+        energy_method=EnergyMethod.COUNTER,
+        sm_clock_mhz=1980.0,
+        memory_clock_mhz=2619.0,
+        graphics_clock_mhz=1980.0,
+        sm_clock_max_mhz=1980.0,
+        clock_event_reasons=4,
+        pcie_tx_bytes_per_s=1.5e9 + k,
+        pcie_rx_bytes_per_s=2.5e9 + k,
+        nvlink_tx_bytes_per_s=1.2e11 + k,
+        nvlink_rx_bytes_per_s=1.1e11 + k,
+        sm_active_pct=70.5 + k / 10,
+        sm_occupancy_pct=45.25,
+        tensor_active_pct=55.5,
+        tensor_hmma_active_pct=50.5,
+        tensor_imma_active_pct=0.0,
+        tensor_dfma_active_pct=0.0,
+        fp64_active_pct=0.5,
+        fp32_active_pct=10.5,
+        fp16_active_pct=2.5,
+        dram_active_pct=60.75,
+        tflops_estimate=480.5 + k,
+        tflops_method=TflopsMethod.GPM,
+        xid_errors=(),
+        ecc_sbe_volatile_count=0,
+        ecc_dbe_volatile_count=0,
+        remapped_rows_correctable=0,
+        remapped_rows_uncorrectable=0,
+        remapped_rows_pending=False,
+        remapped_rows_failure=False,
+        mig_enabled=False,
+        processes=(ProcessSample(4242 + gpu_index, 29 * 1024**3),),
+        job_id="job-123456",
+    )
+
+
+def full_samples(count: int, gpus: int = 1024) -> list[GpuSample]:
+    """``count`` samples over ``gpus`` GPUs (8 per host), one timestamp per round, 1 s apart."""
+    out = []
+    for i in range(count):
+        t, g = divmod(i, gpus)
+        out.append(full_sample(T0_NS + t * 1_000_000_000, f"node{g // 8:04d}", g % 8, float(t)))
+    return out
+
+
+def point_api_line(s: GpuSample) -> str:
+    """The same line built with influxdb_client's Point API."""
+    from influxdb_client import Point, WritePrecision
+
+    p = (
+        Point(MEASUREMENT)
+        .tag("host", s.host)
+        .tag("index", str(s.gpu_index))
+        .tag("uuid", s.uuid)
+        .tag("name", s.name)
+        .field(FIELD_LOST, s.lost)
+    )
+    for spec in FIELDS:
+        v = getattr(s, spec.attr)
+        if v is None:
+            continue
+        if spec.kind is Kind.INT:
+            p = p.field(spec.field, round(v / spec.scale))
+        elif spec.kind is Kind.FLOAT:
+            p = p.field(spec.field, float(v))
+        else:
+            p = p.field(spec.field, bool(v))
+    if s.energy_method is not None:
+        p = p.field(FIELD_ENERGY_METHOD, s.energy_method.value)
+    if s.tflops_method is not None:
+        p = p.field(FIELD_TFLOPS_METHOD, s.tflops_method.value)
+    if s.xid_errors:
+        p = p.field(FIELD_XID_LAST, s.xid_errors[-1]).field(FIELD_XID_COUNT, len(s.xid_errors))
+    if s.processes is not None:
+        p = p.field(FIELD_PROCESS_COUNT, len(s.processes))
+        if s.processes:
+            p = p.field(FIELD_PROCESSES, format_processes(s.processes))
+    if s.job_id is not None:
+        p = p.field("job_id", s.job_id)
+    return p.time(s.time_ns, WritePrecision.NS).to_line_protocol()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, default=20_000)
+    args = ap.parse_args()
+    samples = full_samples(args.points)
+
+    enc = LineEncoder()
+    enc.encode_many(samples[:1024])  # warm the tag-prefix cache like a running collector
+    t = time.perf_counter()
+    ours = enc.encode_many(samples)
+    ours_us = (time.perf_counter() - t) / len(samples) * 1e6
+
+    n_point = min(len(samples), 5_000)
+    t = time.perf_counter()
+    theirs = [point_api_line(s) for s in samples[:n_point]]
+    point_us = (time.perf_counter() - t) / n_point * 1e6
+
+    n_fields = len(parse_line(ours[0])[2])
+    assert parse_line(ours[0]) == parse_line(theirs[0]), "the two encoders disagree"
+    print(f"fields per point:           {n_fields}")
+    print(f"gpuwatt LineEncoder:        {ours_us:8.2f} µs/point  ({len(samples)} points)")
+    print(f"influxdb_client Point API:  {point_us:8.2f} µs/point  ({n_point} points)")
+    ratio = point_us / ours_us
+    verdict = "ok" if ratio >= 10 else "MISSED"
+    print(f"ratio (Point / ours):       {ratio:8.1f}x  (target >= 10x: {verdict})")
+
+
+if __name__ == "__main__":
+    main()

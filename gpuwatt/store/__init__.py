@@ -1,0 +1,85 @@
+"""Stores: where samples go and where the dashboard reads them back.
+
+``open_store(url)`` is the one way the CLI and the services get a store. Backends are imported
+lazily, so a process that only writes SQLite never imports influxdb_client, and nothing here
+imports pandas.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from gpuwatt.errors import ConfigError, GpuwattError
+from gpuwatt.schema import COUNTER_ATTRS, FIELDS, Kind
+from gpuwatt.store.base import KEY_COLUMNS, Store
+
+__all__ = [
+    "KEY_COLUMNS",
+    "LAST_VALUE_ATTRS",
+    "Store",
+    "StoreRejected",
+    "StoreUrlError",
+    "default_store_url",
+    "open_store",
+]
+
+
+class StoreRejected(GpuwattError):
+    """The store answered and refused the request (HTTP 4xx: bad data, bad query, no access).
+
+    Retrying the same request will not help, unlike ``StoreUnavailable``.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class StoreUrlError(ConfigError):
+    """A store URL or the InfluxDB settings in the environment are malformed.
+
+    ``path`` is where the setting came from (the URL with any credentials removed, or the name of
+    an environment variable); the message never contains a token.
+    """
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(where, None, message)
+
+
+#: Attributes whose rolled-up value (``series(step_s=...)``) is the last value in the bucket, not
+#: the mean: counters (``schema.COUNTER_ATTRS``), booleans (InfluxQL cannot average a boolean and
+#: a state is better summarised by its last value) and the clock-event reason bitmask (the mean of
+#: a bitmask means nothing).
+LAST_VALUE_ATTRS: frozenset[str] = frozenset(
+    COUNTER_ATTRS | {f.attr for f in FIELDS if f.kind is Kind.BOOL} | {"clock_event_reasons"}
+)
+
+
+def open_store(url: str | None = None, environ: Mapping[str, str] | None = None) -> Store:
+    """Open the store a URL names (see ``gpuwatt.store.url``); None or "" opens the default.
+
+    Raises ``StoreUrlError`` (a ``ConfigError``) for a malformed URL, an unknown scheme or a URL
+    that carries a token or password.
+    """
+    from gpuwatt.store.url import InfluxTarget, SqliteTarget, parse_store_url
+
+    env = os.environ if environ is None else environ
+    target = parse_store_url(url or default_store_url(env), env)
+    if isinstance(target, SqliteTarget):
+        from gpuwatt.store.sqlite import SqliteStore
+
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+        return SqliteStore(target.path)
+    assert isinstance(target, InfluxTarget)
+    from gpuwatt.store.influx import InfluxStore
+
+    s = target.settings
+    return InfluxStore(s.url, s.org, s.bucket, s.token)
+
+
+def default_store_url(environ: Mapping[str, str] | None = None) -> str:
+    """``sqlite:///$GPUWATT_HOME/gpuwatt.db``, else ``sqlite:///~/.local/share/gpuwatt/gpuwatt.db``."""
+    from gpuwatt.store.url import default_sqlite_path
+
+    return "sqlite://" + str(default_sqlite_path(os.environ if environ is None else environ))

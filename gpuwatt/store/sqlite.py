@@ -1,0 +1,616 @@
+"""The embedded store: SQLite (stdlib), WAL mode, one writer and many readers across processes.
+
+Tables:
+
+- ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample,
+  so ``latest()`` is one point lookup per GPU.
+- ``samples``: one wide row per GPU and time, keyed by ``(time_ns, gpu_id)`` (WITHOUT ROWID, so
+  rows are clustered by time: appends go to the end of one B-tree and a time range is one range
+  scan). Model units and attribute names (bytes, not Telegraf's MiB).
+- ``samples_1m``, ``samples_1h``: per-GPU buckets keyed by ``(time_ns, gpu_id)`` (bucket start):
+  the mean of gauges and the last value of ``LAST_VALUE_ATTRS`` (counters, booleans), the sample
+  count ``n``, the count of non-lost samples ``n_ok`` and the time of the last non-lost sample.
+
+Rollups follow *data* time, never the wall clock. A 1-minute bucket is rolled once the newest data
+time has passed its end by ``rollup_grace_s``; hours are rolled from minutes. A sample that
+arrives for a bucket already rolled (a spool replaying an outage) marks the bucket dirty; dirty
+buckets are recomputed once a later write has moved past them (a replay recomputes each bucket
+once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
+bucket: they aggregate those from the level below, so a read is always exact.
+
+1-hour means are minute means weighted by the minute's count of non-lost samples: exact whenever
+a metric is present in every non-lost sample (it is for a given GPU and driver).
+
+Retention is by data time too: rows older than the newest data time minus the retention of their
+table are deleted (checked once per minute of data time). A host whose clock runs far ahead moves
+the newest data time with it; the collector stamps samples with a synchronised clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import queue
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod
+from gpuwatt.schema import (
+    FIELD_BY_ATTR,
+    FIELDS,
+    Kind,
+    decode_line,
+    format_processes,
+    parse_processes,
+)
+from gpuwatt.store import LAST_VALUE_ATTRS
+from gpuwatt.store.base import KEY_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+NS_PER_S = 1_000_000_000
+MINUTE_NS = 60 * NS_PER_S
+HOUR_NS = 3600 * NS_PER_S
+DAY_S = 86_400
+
+#: Every schema field, stored under its model attribute name.
+METRIC_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS)
+_EXTRA_COLUMNS = ("energy_method", "tflops_method", "xid_last", "xid_count", "processes", "job_id")
+#: Column order of the INSERT: the attrgetter's tuple first, so a row is one tuple concatenation.
+_INSERT_COLUMNS: tuple[str, ...] = ("time_ns", "lost", *METRIC_ATTRS, "gpu_id", *_EXTRA_COLUMNS)
+_SQL_TYPE = {Kind.INT: "INTEGER", Kind.FLOAT: "REAL", Kind.BOOL: "INTEGER", Kind.STR: "TEXT"}
+_ROLLUP_TABLES = {MINUTE_NS: "samples_1m", HOUR_NS: "samples_1h"}
+_LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
+_RETENTION_CHECK_NS = MINUTE_NS
+_METRIC_GETTER = operator.attrgetter("time_ns", "lost", *METRIC_ATTRS)
+
+
+def _schema_sql() -> str:
+    metric_cols = ",\n  ".join(f"{f.attr} {_SQL_TYPE[f.kind]}" for f in FIELDS)
+    rollup_cols = ",\n  ".join(f"{a} REAL" for a in METRIC_ATTRS)
+    rollups = "\n".join(
+        f"""CREATE TABLE IF NOT EXISTS {t} (
+  time_ns INTEGER NOT NULL,
+  gpu_id INTEGER NOT NULL,
+  n INTEGER NOT NULL,
+  n_ok INTEGER NOT NULL,
+  t_last_ns INTEGER,
+  {rollup_cols},
+  PRIMARY KEY (time_ns, gpu_id)
+) WITHOUT ROWID;"""
+        for t in _ROLLUP_TABLES.values()
+    )
+    return f"""
+CREATE TABLE IF NOT EXISTS gpus (
+  id INTEGER PRIMARY KEY,
+  host TEXT NOT NULL,
+  gpu_index INTEGER NOT NULL,
+  uuid TEXT NOT NULL,
+  name TEXT NOT NULL,
+  last_time_ns INTEGER,
+  UNIQUE (host, gpu_index, uuid)
+);
+CREATE TABLE IF NOT EXISTS samples (
+  time_ns INTEGER NOT NULL,
+  gpu_id INTEGER NOT NULL,
+  lost INTEGER NOT NULL,
+  {metric_cols},
+  energy_method TEXT,
+  tflops_method TEXT,
+  xid_last INTEGER,
+  xid_count INTEGER,
+  processes TEXT,
+  job_id TEXT,
+  PRIMARY KEY (time_ns, gpu_id)
+) WITHOUT ROWID;
+{rollups}
+CREATE TABLE IF NOT EXISTS rollup_dirty (
+  level_ns INTEGER NOT NULL,
+  bucket_ns INTEGER NOT NULL,
+  PRIMARY KEY (level_ns, bucket_ns)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER);
+"""
+
+
+_INSERT_SQL = (
+    f"INSERT OR REPLACE INTO samples ({', '.join(_INSERT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_INSERT_COLUMNS))})"
+)
+
+
+def _floor(t_ns: int, step_ns: int) -> int:
+    return t_ns // step_ns * step_ns
+
+
+def _agg_sql(step_ns: int, src: str, attrs: Sequence[str]) -> str:
+    """Aggregate level rows (time_ns, gpu_id, n, n_ok, t_last_ns, attrs...) into step buckets.
+
+    Gauges: means weighted by n_ok. Last-value attributes: the value in the row with the newest
+    non-lost sample (SQLite's bare-column rule for a query with a single max()).
+    """
+    cols = []
+    for a in attrs:
+        if a in LAST_VALUE_ATTRS:
+            cols.append(a)
+        else:
+            cols.append(
+                f"sum({a} * n_ok) / CAST(sum(CASE WHEN {a} IS NOT NULL THEN n_ok END) AS REAL)"
+            )
+    return (
+        f"SELECT time_ns / {step_ns} * {step_ns} AS time_ns, gpu_id, sum(n) AS n, "
+        f"sum(n_ok) AS n_ok, max(t_last_ns) AS t_last_ns"
+        + "".join(f", {c} AS {a}" for c, a in zip(cols, attrs, strict=True))
+        + f" FROM ({src}) GROUP BY 1, gpu_id"
+    )
+
+
+def _raw_level_sql(attrs: Sequence[str], gpu_filter: str) -> str:
+    """Raw samples as level rows, over ``time_ns >= ? AND time_ns < ?``."""
+    return (
+        "SELECT time_ns, gpu_id, 1 AS n, 1 - lost AS n_ok, "
+        "CASE WHEN lost = 0 THEN time_ns END AS t_last_ns"
+        + "".join(f", {a}" for a in attrs)
+        + f" FROM samples WHERE time_ns >= ? AND time_ns < ?{gpu_filter}"
+    )
+
+
+class SqliteStore:
+    """SQLite store. Safe for one writer thread and many reader threads in one process, and for
+    one writing process and many reading processes on one file (WAL)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        retention_raw_s: int = 3 * DAY_S,
+        retention_1m_s: int = 90 * DAY_S,
+        retention_1h_s: int = 3 * 365 * DAY_S,
+        rollup_grace_s: int = 30,
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        self.path = Path(path)
+        self.retention_raw_ns = int(retention_raw_s) * NS_PER_S
+        self.retention_1m_ns = int(retention_1m_s) * NS_PER_S
+        self.retention_1h_ns = int(retention_1h_s) * NS_PER_S
+        self.rollup_grace_ns = int(rollup_grace_s) * NS_PER_S
+        self._busy_timeout_s = busy_timeout_s
+        self._lock = threading.Lock()  # guards the writer connection and the connection list
+        self._connections: list[sqlite3.Connection] = []
+        self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
+        self._closed = False
+        self._writer = self._connect()
+        # Rows are wide (~330 B): 16 KiB pages halve the insert cost of the clustered table.
+        # Only takes effect on a new, empty file.
+        self._writer.execute("PRAGMA page_size=16384").close()
+        with contextlib.suppress(sqlite3.OperationalError):
+            # Another process may hold the file; WAL is persistent, so it is set by whoever
+            # created it first.
+            self._writer.execute("PRAGMA journal_mode=WAL").close()
+        self._writer.executescript(f"BEGIN IMMEDIATE;\n{_schema_sql()}\nCOMMIT;")
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({str(self.path)!r})"
+
+    # --- connections --------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+            cached_statements=256,
+        )
+        con.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("PRAGMA temp_store=MEMORY")
+        con.execute("PRAGMA cache_size=-65536")
+        with self._lock:
+            self._connections.append(con)
+        return con
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        if self._closed:
+            raise RuntimeError("store is closed")
+        try:
+            con = self._readers.get_nowait()
+        except queue.Empty:
+            con = self._connect()
+        try:
+            # One read transaction: every query inside sees the same snapshot.
+            with self._transaction(con, "BEGIN"):
+                yield con
+        finally:
+            self._readers.put(con)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _transaction(con: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+        con.execute(begin)
+        try:
+            yield
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            connections, self._connections = self._connections, []
+        for con in connections:
+            con.close()
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        self.write_samples([decode_line(line) for line in lines if line.strip()])
+
+    def write_samples(self, samples: Sequence[GpuSample]) -> None:
+        if not samples:
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("store is closed")
+            con = self._writer
+            try:
+                self._write(con, samples)
+            except BaseException:
+                self._gpu_ids.clear()  # ids inserted by the rolled-back transaction are gone
+                raise
+
+    def _write(self, con: sqlite3.Connection, samples: Sequence[GpuSample]) -> None:
+        with self._transaction(con):
+            rows, last_by_gpu = self._rows(con, samples)
+            con.executemany(_INSERT_SQL, rows)
+            con.executemany(
+                "UPDATE gpus SET last_time_ns = ?1 WHERE id = ?2 "
+                "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                [(t, g) for g, t in last_by_gpu.items()],
+            )
+            self._maintain(con, [s.time_ns for s in samples])
+
+    def _gpu_id(self, con: sqlite3.Connection, s: GpuSample) -> int:
+        key = (s.host, s.gpu_index, s.uuid, s.name)
+        gid = self._gpu_ids.get(key)
+        if gid is None:
+            (gid,) = con.execute(
+                "INSERT INTO gpus (host, gpu_index, uuid, name) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (host, gpu_index, uuid) DO UPDATE SET name = excluded.name "
+                "RETURNING id",
+                key,
+            ).fetchone()
+            self._gpu_ids[key] = gid
+        return gid
+
+    def _rows(
+        self, con: sqlite3.Connection, samples: Sequence[GpuSample]
+    ) -> tuple[list[tuple[Any, ...]], dict[int, int]]:
+        """Parameter tuples in ``_INSERT_COLUMNS`` order, and the newest time per GPU id."""
+        ids = self._gpu_ids
+        get = _METRIC_GETTER
+        rows: list[tuple[Any, ...]] = []
+        append = rows.append
+        last: dict[int, int] = {}
+        for s in samples:
+            gid = ids.get((s.host, s.gpu_index, s.uuid, s.name))
+            if gid is None:
+                gid = self._gpu_id(con, s)
+            xids, procs = s.xid_errors, s.processes
+            # StrEnum members bind as their text value.
+            append(
+                get(s)  # noqa: RUF005 (concatenation beats unpacking in this hot loop)
+                + (
+                    gid,
+                    s.energy_method,
+                    s.tflops_method,
+                    xids[-1] if xids else None,
+                    len(xids) if xids else None,
+                    None if procs is None else format_processes(procs),
+                    s.job_id,
+                )
+            )
+            t = s.time_ns
+            if last.get(gid, -1) < t:
+                last[gid] = t
+        return rows, last
+
+    # --- rollups and retention ----------------------------------------------------------------
+
+    @staticmethod
+    def _meta(con: sqlite3.Connection) -> dict[str, int]:
+        return dict(con.execute("SELECT key, value FROM meta").fetchall())
+
+    @staticmethod
+    def _set_meta(con: sqlite3.Connection, key: str, value: int) -> None:
+        con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def _maintain(self, con: sqlite3.Connection, times: Sequence[int]) -> None:
+        t_min, t_max = min(times), max(times)
+        meta = self._meta(con)
+        newest = max(meta.get("max_time_ns", t_max), t_max)
+        if newest != meta.get("max_time_ns"):
+            self._set_meta(con, "max_time_ns", newest)
+        up_m = meta.get("rolled_60")
+        up_h = meta.get("rolled_3600")
+        if up_m is None:
+            up_m = _floor(t_min, MINUTE_NS)
+            up_h = _floor(t_min, HOUR_NS)
+            self._set_meta(con, "rolled_3600", up_h)
+        assert up_h is not None
+        # Late samples: buckets already rolled become dirty.
+        if t_min < up_m:
+            minutes = {_floor(t, MINUTE_NS) for t in times if t < up_m}
+            con.executemany(
+                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
+                [(MINUTE_NS, b) for b in minutes],
+            )
+            hours = {_floor(b, HOUR_NS) for b in minutes if b < up_h}
+            con.executemany(
+                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)", [(HOUR_NS, b) for b in hours]
+            )
+        # Roll minutes the data has moved past.
+        new_up_m = max(up_m, _floor(newest - self.rollup_grace_ns, MINUTE_NS))
+        if new_up_m > up_m:
+            self._roll(con, MINUTE_NS, up_m, new_up_m)
+        self._set_meta(con, "rolled_60", new_up_m)
+        # Recompute dirty minutes this write has moved past, then hours.
+        self._recompute_dirty(con, MINUTE_NS, t_min)
+        new_up_h = max(up_h, _floor(new_up_m, HOUR_NS))
+        if new_up_h > up_h:
+            self._roll(con, HOUR_NS, up_h, new_up_h)
+            self._set_meta(con, "rolled_3600", new_up_h)
+            # Hours rolled over minutes that are still dirty must be recomputed later.
+            con.execute(
+                "INSERT OR IGNORE INTO rollup_dirty SELECT ?1, bucket_ns / ?1 * ?1 "
+                "FROM rollup_dirty WHERE level_ns = ?2 AND bucket_ns >= ?3 AND bucket_ns < ?4",
+                (HOUR_NS, MINUTE_NS, up_h, new_up_h),
+            )
+        self._recompute_dirty(con, HOUR_NS, t_min)
+        last_ret = meta.get("retention_at_ns")
+        if last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS:
+            self._apply_retention(con, newest)
+            self._set_meta(con, "retention_at_ns", newest)
+
+    def _roll(self, con: sqlite3.Connection, level_ns: int, start_ns: int, end_ns: int) -> None:
+        """(Re)compute the ``level_ns`` buckets in ``[start_ns, end_ns)`` from the level below."""
+        table = _ROLLUP_TABLES[level_ns]
+        lower = _LOWER_LEVEL[level_ns]
+        if lower == 0:
+            src = _raw_level_sql(METRIC_ATTRS, "")
+        else:
+            src = (
+                f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns, {', '.join(METRIC_ATTRS)} "
+                f"FROM {_ROLLUP_TABLES[lower]} WHERE time_ns >= ? AND time_ns < ?"
+            )
+        cols = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
+        con.execute(f"DELETE FROM {table} WHERE time_ns >= ? AND time_ns < ?", (start_ns, end_ns))
+        con.execute(
+            f"INSERT INTO {table} ({cols}) {_agg_sql(level_ns, src, METRIC_ATTRS)}",
+            (start_ns, end_ns),
+        )
+
+    def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
+        """Recompute the dirty buckets that end at or before ``before_ns``."""
+        rows = con.execute(
+            "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns + ? <= ?",
+            (level_ns, level_ns, before_ns),
+        ).fetchall()
+        for (bucket,) in rows:
+            if level_ns == HOUR_NS:
+                pending = con.execute(
+                    "SELECT 1 FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
+                    "AND bucket_ns < ? LIMIT 1",
+                    (MINUTE_NS, bucket, bucket + HOUR_NS),
+                ).fetchone()
+                if pending:
+                    continue
+            self._roll(con, level_ns, bucket, bucket + level_ns)
+            con.execute(
+                "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns = ?", (level_ns, bucket)
+            )
+
+    def _apply_retention(self, con: sqlite3.Connection, newest_ns: int) -> None:
+        raw_cut = newest_ns - self.retention_raw_ns
+        con.execute("DELETE FROM samples WHERE time_ns < ?", (raw_cut,))
+        # A dirty minute whose raw rows are gone cannot be recomputed; keep the rollup as is.
+        con.execute(
+            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
+        )
+        con.execute("DELETE FROM samples_1m WHERE time_ns < ?", (newest_ns - self.retention_1m_ns,))
+        con.execute(
+            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
+            (HOUR_NS, newest_ns - self.retention_1m_ns),
+        )
+        con.execute("DELETE FROM samples_1h WHERE time_ns < ?", (newest_ns - self.retention_1h_ns,))
+
+    def flush_rollups(self) -> None:
+        """Recompute every dirty bucket now (normally done once writes have moved past it)."""
+        with self._lock, self._transaction(self._writer):
+            self._recompute_dirty(self._writer, MINUTE_NS, 2**62)
+            self._recompute_dirty(self._writer, HOUR_NS, 2**62)
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def count_samples(self, start_ns: int, end_ns: int) -> int:
+        with self._reader() as con:
+            (n,) = con.execute(
+                "SELECT count(*) FROM samples WHERE time_ns >= ? AND time_ns < ?",
+                (start_ns, end_ns),
+            ).fetchone()
+        return int(n)
+
+    def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
+        cols = ", ".join(f"s.{c}" for c in ("lost", *METRIC_ATTRS, *_EXTRA_COLUMNS))
+        with self._reader() as con:
+            rows = con.execute(
+                f"SELECT s.time_ns, g.host, g.gpu_index, g.uuid, g.name, {cols} "
+                "FROM gpus g JOIN samples s ON s.time_ns = g.last_time_ns AND s.gpu_id = g.id "
+                "WHERE g.last_time_ns >= ? ORDER BY g.host, g.gpu_index, g.uuid",
+                (-(2**63) if since_ns is None else since_ns,),
+            ).fetchall()
+        return [_sample_from_row(r) for r in rows]
+
+    def series(
+        self,
+        start_ns: int,
+        end_ns: int,
+        fields: Sequence[str] | None = None,
+        *,
+        step_s: int | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        attrs = _check_fields(fields)
+        gpu_filter, filter_params = "", []
+        if hosts is not None:
+            marks = ", ".join("?" * len(hosts))
+            gpu_filter = f" AND gpu_id IN (SELECT id FROM gpus WHERE host IN ({marks}))"
+            filter_params = list(hosts)
+        with self._reader() as con:
+            if step_s is None:
+                sql = (
+                    "SELECT s.time_ns, g.host, g.gpu_index, g.uuid, g.name"
+                    + "".join(f", s.{a}" for a in attrs)
+                    + " FROM samples s JOIN gpus g ON g.id = s.gpu_id"
+                    + " WHERE s.time_ns >= ? AND s.time_ns < ?"
+                    + gpu_filter.replace("gpu_id", "s.gpu_id")
+                    + " ORDER BY s.time_ns, g.host, g.gpu_index, g.uuid"
+                )
+                rows = con.execute(sql, (start_ns, end_ns, *filter_params)).fetchall()
+            else:
+                step_ns = int(step_s) * NS_PER_S
+                if step_ns <= 0:
+                    raise ValueError("step_s must be positive")
+                level = _level_for(step_ns)
+                meta = self._meta(con)
+                src, params = self._level_src(
+                    con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
+                )
+                agg = _agg_sql(step_ns, src, attrs)
+                sql = (
+                    "SELECT a.time_ns, g.host, g.gpu_index, g.uuid, g.name"
+                    + "".join(f", a.{a}" for a in attrs)
+                    + f" FROM ({agg}) a JOIN gpus g ON g.id = a.gpu_id"
+                    + " ORDER BY a.time_ns, g.host, g.gpu_index, g.uuid"
+                )
+                rows = con.execute(sql, params).fetchall()
+        return _frame(rows, attrs)
+
+    def _level_src(
+        self,
+        con: sqlite3.Connection,
+        meta: dict[str, int],
+        level_ns: int,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        gpu_filter: str,
+        filter_params: list[Any],
+    ) -> tuple[str, list[Any]]:
+        """SQL for level rows over ``[start_ns, end_ns)``: clean rolled-up buckets from the
+        rollup table, everything else (not yet rolled, dirty) aggregated from the level below."""
+        if level_ns == 0:
+            return _raw_level_sql(attrs, gpu_filter), [start_ns, end_ns, *filter_params]
+        up = meta.get(f"rolled_{level_ns // NS_PER_S}")
+        parts: list[str] = []
+        params: list[Any] = []
+        below: list[tuple[int, int]] = []
+        if up is not None and start_ns < min(end_ns, up):
+            dirty = [
+                b
+                for (b,) in con.execute(
+                    "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
+                    "AND bucket_ns < ?",
+                    (level_ns, _floor(start_ns, level_ns), min(end_ns, up)),
+                )
+            ]
+            not_dirty = f" AND time_ns NOT IN ({', '.join('?' * len(dirty))})" if dirty else ""
+            parts.append(
+                f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in attrs)} "
+                f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
+                f"{not_dirty}{gpu_filter}"
+            )
+            params += [start_ns, min(end_ns, up), *dirty, *filter_params]
+            below += [(max(b, start_ns), min(b + level_ns, end_ns)) for b in dirty]
+        tail_start = start_ns if up is None else max(start_ns, up)
+        if tail_start < end_ns:
+            below.append((tail_start, end_ns))
+        for lo, hi in below:
+            src, p = self._level_src(
+                con, meta, _LOWER_LEVEL[level_ns], lo, hi, attrs, gpu_filter, filter_params
+            )
+            parts.append(_agg_sql(level_ns, src, attrs))
+            params += p
+        if not parts:
+            return _raw_level_sql(attrs, gpu_filter), [0, 0, *filter_params]
+        return " UNION ALL ".join(parts), params
+
+
+def _level_for(step_ns: int) -> int:
+    """The coarsest stored level whose buckets tile ``step_ns`` (0: raw samples)."""
+    for level in (HOUR_NS, MINUTE_NS):
+        if step_ns % level == 0:
+            return level
+    return 0
+
+
+def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
+    if fields is None:
+        return METRIC_FIELDS
+    unknown = [f for f in fields if f not in FIELD_BY_ATTR]
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
+    return tuple(fields)
+
+
+def _frame(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    columns = [*KEY_COLUMNS, *attrs]
+    df = pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
+    df = df.astype({"time_ns": "int64", "gpu_index": "int64", "host": object, "uuid": object})
+    return df.astype(dict.fromkeys(attrs, "float64"))
+
+
+def _sample_from_row(row: Sequence[Any]) -> GpuSample:
+    time_ns, host, gpu_index, uuid, name, lost = row[:6]
+    kwargs: dict[str, Any] = {}
+    for attr, v in zip(METRIC_ATTRS, row[6 : 6 + len(METRIC_ATTRS)], strict=True):
+        if v is not None:
+            kind = FIELD_BY_ATTR[attr].kind
+            kwargs[attr] = bool(v) if kind is Kind.BOOL else float(v) if kind is Kind.FLOAT else v
+    em, tm, xid_last, _xid_count, procs, job_id = row[6 + len(METRIC_ATTRS) :]
+    if em is not None:
+        kwargs["energy_method"] = EnergyMethod(em)
+    if tm is not None:
+        kwargs["tflops_method"] = TflopsMethod(tm)
+    if xid_last is not None:
+        kwargs["xid_errors"] = (int(xid_last),)
+    if procs is not None:
+        kwargs["processes"] = parse_processes(procs)
+    if job_id is not None:
+        kwargs["job_id"] = job_id
+    return GpuSample(
+        time_ns=time_ns,
+        host=host,
+        gpu_index=gpu_index,
+        uuid=uuid,
+        name=name,
+        lost=bool(lost),
+        **kwargs,
+    )

@@ -1,0 +1,179 @@
+"""Store URLs and InfluxDB settings.
+
+Store URLs:
+
+- ``sqlite:///abs/path.db`` (absolute) and ``sqlite:relative.db`` (relative to the working
+  directory).
+- ``influxdb://host:8086/<bucket>?org=<org>`` (http) and ``influxdbs://host/<bucket>?org=<org>``
+  (https). A missing bucket or org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``;
+  ``influxdb://`` with no host takes everything from the environment (``INFLUXDB_V2_URL``).
+
+A token never comes from a URL: a URL with userinfo (``user:token@host``) is rejected, because a
+command line is visible to every user of the machine (``ps``) and lands in shell history. Tokens
+come from ``INFLUXDB_V2_TOKEN`` or from the file ``INFLUXDB_V2_TOKEN_FILE`` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from gpuwatt.store import StoreUrlError
+
+DEFAULT_BUCKET = "gpuwatt"
+ENV_URL = "INFLUXDB_V2_URL"
+ENV_ORG = "INFLUXDB_V2_ORG"
+ENV_TOKEN = "INFLUXDB_V2_TOKEN"
+ENV_TOKEN_FILE = "INFLUXDB_V2_TOKEN_FILE"
+ENV_BUCKET = "INFLUXDB_V2_BUCKET"
+ENV_HOME = "GPUWATT_HOME"
+
+_TOKEN_HINT = (
+    f"tokens are read from {ENV_TOKEN} or from the file {ENV_TOKEN_FILE} names, "
+    "never from a URL or the command line"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InfluxSettings:
+    """Where an InfluxDB is and how to reach it. ``repr`` never shows the token."""
+
+    url: str
+    org: str
+    bucket: str = DEFAULT_BUCKET
+    token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteTarget:
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class InfluxTarget:
+    settings: InfluxSettings
+
+
+def default_sqlite_path(environ: Mapping[str, str]) -> Path:
+    """``$GPUWATT_HOME/gpuwatt.db``, else ``~/.local/share/gpuwatt/gpuwatt.db``."""
+    home = environ.get(ENV_HOME)
+    base = Path(home) if home else Path("~/.local/share/gpuwatt")
+    return (base.expanduser() / "gpuwatt.db").absolute()
+
+
+def _read_token(environ: Mapping[str, str]) -> str | None:
+    token = environ.get(ENV_TOKEN)
+    if token:
+        return token.strip()
+    path = environ.get(ENV_TOKEN_FILE)
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        message = f"cannot read token file {path}: {exc.strerror}"
+        raise StoreUrlError(ENV_TOKEN_FILE, message) from None
+    token = text.strip()
+    if not token:
+        raise StoreUrlError(ENV_TOKEN_FILE, f"token file {path} is empty")
+    return token
+
+
+def influx_settings_from_env(environ: Mapping[str, str]) -> InfluxSettings:
+    """Settings from ``INFLUXDB_V2_URL``, ``_ORG``, ``_TOKEN`` or ``_TOKEN_FILE``, ``_BUCKET``."""
+    url = environ.get(ENV_URL, "").strip()
+    if not url:
+        raise StoreUrlError(ENV_URL, f"{ENV_URL} is not set (e.g. http://influxdb:8086)")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StoreUrlError(ENV_URL, f"{ENV_URL} must be an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise StoreUrlError(ENV_URL, f"{ENV_URL} must not carry credentials; {_TOKEN_HINT}")
+    return InfluxSettings(
+        url=url.rstrip("/"),
+        org=environ.get(ENV_ORG, "").strip(),
+        bucket=environ.get(ENV_BUCKET, "").strip() or DEFAULT_BUCKET,
+        token=_read_token(environ),
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL with any userinfo replaced by ``***`` (safe to show in a message)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{sep}{authority}{slash}{tail}"
+
+
+def parse_store_url(url: str, environ: Mapping[str, str]) -> SqliteTarget | InfluxTarget:
+    """What a store URL names. Raises ``StoreUrlError`` with a message safe to print."""
+    shown = redact_url(url)
+    scheme = url.partition(":")[0].lower()
+    if scheme == "sqlite":
+        return _parse_sqlite(url, shown)
+    if scheme in ("influxdb", "influxdbs"):
+        return _parse_influx(url, shown, environ)
+    raise StoreUrlError(
+        shown,
+        f"unknown store scheme {scheme!r}: use sqlite:///abs/path.db, sqlite:relative.db, "
+        "influxdb://host:8086/<bucket>?org=<org> or influxdbs://host/<bucket>?org=<org>",
+    )
+
+
+def _parse_sqlite(url: str, shown: str) -> SqliteTarget:
+    rest = url[len("sqlite:") :]
+    if rest.startswith("//"):
+        netloc, _, path = rest[2:].partition("/")
+        if netloc:
+            raise StoreUrlError(
+                shown, "a sqlite URL has no host: use sqlite:///abs/path.db or sqlite:rel.db"
+            )
+        path = "/" + path
+    else:
+        path = rest
+    if "?" in path or "#" in path:
+        raise StoreUrlError(shown, "a sqlite URL takes no query or fragment")
+    if path in ("", "/"):
+        raise StoreUrlError(shown, "a sqlite URL needs a file path")
+    return SqliteTarget(Path(path).expanduser().absolute())
+
+
+def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTarget:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise StoreUrlError(shown, f"malformed InfluxDB URL: {exc}") from None
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise StoreUrlError(shown, f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = set(query) - {"org"}
+    if unknown:
+        raise StoreUrlError(
+            shown, f"unknown parameter(s) {', '.join(sorted(unknown))}; only org= is accepted"
+        )
+    bucket = parts.path.strip("/")
+    if "/" in bucket:
+        raise StoreUrlError(shown, "the URL path must be just the bucket: influxdb://host/<bucket>")
+    org = query.get("org", [""])[-1]
+    if not parts.hostname:
+        base = influx_settings_from_env(environ)
+        return InfluxTarget(
+            InfluxSettings(base.url, org or base.org, bucket or base.bucket, base.token)
+        )
+    http = "https" if parts.scheme.lower() == "influxdbs" else "http"
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    server = f"{http}://{host}" + (f":{port}" if port else "")
+    return InfluxTarget(
+        InfluxSettings(
+            url=server,
+            org=org or environ.get(ENV_ORG, "").strip(),
+            bucket=bucket or environ.get(ENV_BUCKET, "").strip() or DEFAULT_BUCKET,
+            token=_read_token(environ),
+        )
+    )
