@@ -4,11 +4,13 @@ Every simulated node is sampled by the very ``NvmlSampler`` that samples real GP
 ``FakeNvml``; only the module passed in differs. Simulated time is wall time since ``start_ns``,
 so a cluster can start in the past and ``backfill`` history faster than real time, then carry on
 live.
+Each sample carries the job its GPU belongs to, as the simulator's own job resolver.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 
 from collector.nvml_source import NvmlSampler
@@ -68,8 +70,11 @@ class SimulatedClusterSource:
         self._now_ns = max(time_ns, self._now_ns)
         self.simulator.advance_to(self._sim_time_s())
         out: list[GpuSample] = []
+        job_of = self.simulator.job_of
         for sampler in self.samplers:
-            out.extend(sampler.sample(include_slow=include_slow))
+            for s in sampler.sample(include_slow=include_slow):
+                job_id = None if s.lost else job_of(s.host, s.gpu_index)
+                out.append(s if job_id is None else replace(s, job_id=job_id))
         return out
 
     def sample(self, *, include_slow: bool) -> list[GpuSample]:
