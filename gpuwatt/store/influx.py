@@ -1,0 +1,309 @@
+"""InfluxDB store: writes through influxdb_client to /api/v2/write, reads InfluxQL over /query.
+
+Writes: ``write_api(write_options=SYNCHRONOUS)`` with records that are our own line-protocol
+strings (``schema.LineEncoder``), precision ns. No client-side batching or buffering: the caller's
+spool is the buffer (see design §4 for why). Connection failures, timeouts, 429 and 5xx raise
+``StoreUnavailable`` (retry later); any other 4xx raises ``StoreRejected`` (retrying the same data
+will not help).
+
+Reads: InfluxQL over ``GET /query`` (``db=<bucket>``, ``epoch=ns``), which InfluxDB 1.x, 2.x
+(v1-compatibility API, buckets auto-mapped to databases) and 3.x Core all answer. The token goes
+in an ``Authorization: Token`` header, never in a URL, a log line, a repr or an error message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import urllib3
+
+from gpuwatt.errors import StoreUnavailable
+from gpuwatt.model import METRIC_FIELDS, GpuSample
+from gpuwatt.schema import (
+    FIELD_BY_ATTR,
+    FIELD_LOST,
+    MEASUREMENT,
+    TAG_HOST,
+    TAG_INDEX,
+    TAG_NAME,
+    TAG_UUID,
+    LineEncoder,
+    sample_from_fields,
+)
+from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
+from gpuwatt.store.base import KEY_COLUMNS
+from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from influxdb_client import InfluxDBClient
+    from influxdb_client.client.write_api import WriteApi
+
+__all__ = ["InfluxSettings", "InfluxStore", "influx_settings_from_env", "influxql_string"]
+
+_GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
+_COUNT_ALIAS = "_n"
+
+
+def influxql_string(value: str) -> str:
+    """A single-quoted InfluxQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _retryable(status: int | None) -> bool:
+    return status is None or status == 0 or status == 429 or status >= 500
+
+
+class InfluxStore:
+    """An InfluxDB 1.x/2.x/3.x reached over HTTP. One instance may be shared by threads."""
+
+    def __init__(
+        self,
+        url: str,
+        org: str,
+        bucket: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.org = org
+        self.bucket = bucket
+        self.timeout_s = float(timeout_s)
+        self.__token = token or None
+        self._encoder = LineEncoder()
+        self._client: InfluxDBClient | None = None
+        self._write_api: WriteApi | None = None
+        self._http = urllib3.PoolManager(
+            num_pools=2,
+            maxsize=4,
+            retries=False,
+            timeout=urllib3.Timeout(connect=self.timeout_s, read=self.timeout_s),
+        )
+
+    @classmethod
+    def from_settings(cls, settings: InfluxSettings, *, timeout_s: float = 10.0) -> InfluxStore:
+        return cls(settings.url, settings.org, settings.bucket, settings.token, timeout_s=timeout_s)
+
+    def __repr__(self) -> str:
+        auth = "token" if self.__token else "no token"
+        return f"InfluxStore(url={self.url!r}, org={self.org!r}, bucket={self.bucket!r}, {auth})"
+
+    def close(self) -> None:
+        if self._write_api is not None:
+            self._write_api.close()
+            self._write_api = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self._http.clear()
+
+    def __enter__(self) -> InfluxStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def write_samples(self, samples: Sequence[GpuSample]) -> None:
+        if samples:
+            self.write_lines(self._encoder.encode_many(samples))
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """POST the lines to /api/v2/write (precision ns) in one request."""
+        records = [line for line in lines if line.strip()]
+        if not records:
+            return
+        import urllib3.exceptions
+        from influxdb_client import WritePrecision
+        from influxdb_client.rest import ApiException
+
+        try:
+            self._writer().write(
+                bucket=self.bucket, org=self.org, record=records, write_precision=WritePrecision.NS
+            )
+        except ApiException as exc:
+            self._raise_http("write", exc.status, exc.body, exc)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise StoreUnavailable(
+                f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
+            ) from exc
+
+    def _writer(self) -> WriteApi:
+        if self._write_api is None:
+            from influxdb_client import InfluxDBClient
+            from influxdb_client.client.write_api import SYNCHRONOUS
+
+            self._client = InfluxDBClient(
+                url=self.url,
+                token=self.__token,
+                org=self.org,
+                timeout=int(self.timeout_s * 1000),
+                debug=False,
+                retries=False,
+            )
+            self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        return self._write_api
+
+    def _raise_http(self, what: str, status: int | None, body: Any, exc: Exception) -> NoReturn:
+        detail = _error_text(body)
+        message = f"InfluxDB at {self.url} answered {what} with HTTP {status}: {detail}"
+        if self.__token:
+            message = message.replace(self.__token, "***")
+        if _retryable(status):
+            raise StoreUnavailable(message) from exc
+        raise StoreRejected(message, status) from exc
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def query(self, influxql: str) -> list[dict[str, Any]]:
+        """Run one InfluxQL statement; the ``series`` of its result (empty when none)."""
+        headers = {"Accept": "application/json"}
+        if self.__token:
+            headers["Authorization"] = f"Token {self.__token}"
+        try:
+            resp = self._http.request(
+                "GET",
+                f"{self.url}/query",
+                fields={"db": self.bucket, "epoch": "ns", "q": influxql},
+                headers=headers,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise StoreUnavailable(
+                f"InfluxDB at {self.url} unreachable on query: {type(exc).__name__}"
+            ) from exc
+        if not 200 <= resp.status < 300:
+            self._raise_http("query", resp.status, resp.data, RuntimeError(f"HTTP {resp.status}"))
+        try:
+            payload = json.loads(resp.data)
+            result = payload["results"][0]
+        except (ValueError, KeyError, IndexError) as exc:
+            raise StoreRejected(f"InfluxDB at {self.url} sent an unreadable /query answer") from exc
+        if "error" in result:
+            message = f"InfluxDB at {self.url} rejected the query: {result['error']}"
+            raise StoreRejected(message, resp.status)
+        return list(result.get("series", []))
+
+    def _where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
+        where = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
+        if hosts is not None:
+            if not hosts:
+                return where + " AND false"
+            ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(h)}' for h in hosts)
+            where += f" AND ({ors})"
+        return where
+
+    def count_samples(self, start_ns: int, end_ns: int) -> int:
+        series = self.query(
+            f'SELECT count("{FIELD_LOST}") FROM "{MEASUREMENT}" WHERE '
+            + self._where(start_ns, end_ns, None)
+        )
+        return int(sum(row[1] or 0 for s in series for row in s.get("values", [])))
+
+    def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
+        where = "" if since_ns is None else f" WHERE time >= {int(since_ns)}"
+        series = self.query(
+            f'SELECT * FROM "{MEASUREMENT}"{where} GROUP BY * ORDER BY time DESC LIMIT 1'
+        )
+        out = []
+        for s in series:
+            columns = s["columns"]
+            tags = s.get("tags", {})
+            for row in s.get("values", []):
+                out.append(sample_from_fields(row[0], tags, dict(zip(columns, row, strict=True))))
+        out.sort(key=lambda x: (x.host, x.gpu_index, x.uuid))
+        return out
+
+    def series(
+        self,
+        start_ns: int,
+        end_ns: int,
+        fields: Sequence[str] | None = None,
+        *,
+        step_s: int | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        attrs = _check_fields(fields)
+        where = self._where(start_ns, end_ns, hosts)
+        if step_s is None:
+            # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
+            # fields are all null), as SqliteStore returns them.
+            selects = [_ident(FIELD_LOST)]
+            selects += [f"{_ident(FIELD_BY_ATTR[a].field)} AS {_ident(a)}" for a in attrs]
+            group = _GROUP_TAGS
+        else:
+            if int(step_s) <= 0:
+                raise ValueError("step_s must be positive")
+            selects = [f"count({_ident(FIELD_LOST)}) AS {_COUNT_ALIAS}"]
+            for a in attrs:
+                fn = "last" if a in LAST_VALUE_ATTRS else "mean"
+                selects.append(f"{fn}({_ident(FIELD_BY_ATTR[a].field)}) AS {_ident(a)}")
+            group = f"time({int(step_s)}s), {_GROUP_TAGS} fill(none)"
+        series = self.query(
+            f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
+        )
+        return _frame(series, attrs)
+
+
+def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
+    if fields is None:
+        return METRIC_FIELDS
+    unknown = [f for f in fields if f not in FIELD_BY_ATTR]
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
+    return tuple(fields)
+
+
+def _frame(series: list[dict[str, Any]], attrs: Sequence[str]) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
+    keys: list[tuple[Any, ...]] = []
+    values: list[list[Any]] = []
+    for s in series:
+        tags = s.get("tags", {})
+        ident = (
+            tags.get(TAG_HOST, ""),
+            int(tags.get(TAG_INDEX) or -1),
+            tags.get(TAG_UUID, ""),
+            tags.get(TAG_NAME, ""),
+        )
+        pos = [s["columns"].index(a) for a in attrs]
+        for row in s.get("values", []):
+            keys.append((row[0], *ident))
+            values.append([row[i] for i in pos])
+    columns = [*KEY_COLUMNS, *attrs]
+    if not keys:
+        dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
+        return pd.DataFrame(columns=columns).astype(dtypes)
+    df = pd.DataFrame.from_records(keys, columns=list(KEY_COLUMNS))
+    data = np.array(
+        [[np.nan if v is None else float(v) for v in row] for row in values], dtype="float64"
+    ).reshape(len(values), len(attrs))
+    for i, a in enumerate(attrs):
+        scale = FIELD_BY_ATTR[a].scale
+        df[a] = data[:, i] * scale if scale != 1.0 else data[:, i]
+    df = df.astype({"time_ns": "int64", "gpu_index": "int64"})
+    return df.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
+        drop=True
+    )
+
+
+def _error_text(body: Any) -> str:
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    text = str(body or "").strip()
+    try:
+        parsed = json.loads(text)
+        if isinstance(parsed, dict):
+            text = str(parsed.get("message") or parsed.get("error") or text)
+    except ValueError:
+        pass
+    return text[:300] or "(no body)"

@@ -1,0 +1,187 @@
+"""The read-path contract every store honours, run against SqliteStore and against InfluxStore
+reading a real InfluxDB 1.6.7 (loaded through its /write endpoint with our encoder)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuwatt.model import METRIC_FIELDS, GpuSample
+from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store
+from gpuwatt.store.influx import InfluxStore
+from gpuwatt.store.sqlite import SqliteStore
+
+S = 1_000_000_000
+T0 = 1_699_999_200 * S  # a whole hour (and minute) since the epoch
+
+
+@dataclass
+class Backend:
+    store: Store
+    load: Callable[[Sequence[GpuSample]], None]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("influxdb1", marks=pytest.mark.servers)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "sqlite":
+        store = SqliteStore(tmp_path / "contract.db")
+        try:
+            yield Backend(store, store.write_samples)
+        finally:
+            store.close()
+    else:
+        server, db = request.getfixturevalue("influx_db")
+        with InfluxStore(server.url, "", db, timeout_s=10) as influx:
+            yield Backend(influx, lambda samples: server.write_samples(db, samples))
+
+
+def lost(t_ns: int, host: str = "node1", gpu_index: int = 0) -> GpuSample:
+    return GpuSample(
+        time_ns=t_ns,
+        host=host,
+        gpu_index=gpu_index,
+        uuid=f"GPU-{host}-{gpu_index}",
+        name="NVIDIA H100 80GB HBM3",
+        lost=True,
+    )
+
+
+def sparse(t_ns: int, host: str = "node1", gpu_index: int = 0) -> GpuSample:
+    """An old GPU: most metrics unsupported (None)."""
+    return GpuSample(
+        time_ns=t_ns,
+        host=host,
+        gpu_index=gpu_index,
+        uuid=f"GPU-{host}-{gpu_index}",
+        name="Tesla K80",
+        power_w=70.5,
+        memory_used_bytes=1024 * 1024 * 1024,
+    )
+
+
+def test_full_sample_round_trips_through_latest(backend: Backend, make_sample) -> None:
+    full = make_sample(T0, "node1", 0)
+    old = sparse(T0, "node2", 0)
+    backend.load([full, old])
+    got = backend.store.latest()
+    assert got == [full, old]
+    assert got[1].temperature_gpu_c is None and got[1].utilization_gpu_pct is None
+
+
+def test_none_is_nan_in_series_never_zero(backend: Backend) -> None:
+    backend.load([sparse(T0 + i * S) for i in range(3)])
+    df = backend.store.series(T0, T0 + 10 * S, ["power_w", "temperature_gpu_c", "energy_j"])
+    assert list(df.columns) == [*KEY_COLUMNS, "power_w", "temperature_gpu_c", "energy_j"]
+    assert df["power_w"].tolist() == [70.5] * 3
+    assert df["temperature_gpu_c"].isna().all()
+    assert df["energy_j"].isna().all()
+
+
+def test_latest_is_newest_per_gpu_and_reports_lost_gpus(backend: Backend, make_sample) -> None:
+    samples = [make_sample(T0 + i * S, "node1", g) for i in range(3) for g in range(2)]
+    samples.append(lost(T0 + 3 * S, "node1", 1))
+    samples.append(make_sample(T0 - 3600 * S, "gone", 0))
+    backend.load(samples)
+    got = backend.store.latest(since_ns=T0)
+    assert [(s.host, s.gpu_index, s.time_ns, s.lost) for s in got] == [
+        ("node1", 0, T0 + 2 * S, False),
+        ("node1", 1, T0 + 3 * S, True),
+    ]
+    assert got[0] == samples[4]
+    assert got[1].power_w is None and got[1].utilization_gpu_pct is None
+    assert {s.host for s in backend.store.latest()} == {"node1", "gone"}
+
+
+def test_series_raw(backend: Backend, make_sample) -> None:
+    samples = [
+        make_sample(T0 + i * S, "node1", g, power_w=100.0 + 10 * i + g)
+        for i in range(4)
+        for g in (0, 1)
+    ]
+    samples.append(lost(T0 + 4 * S, "node1", 0))
+    backend.load(samples)
+    df = backend.store.series(T0 + S, T0 + 5 * S)
+    assert list(df.columns) == [*KEY_COLUMNS, *METRIC_FIELDS]
+    assert len(df) == 7  # 3 rounds x 2 GPUs, plus the lost marker (NaN metrics)
+    assert df["time_ns"].tolist() == sorted(df["time_ns"].tolist())
+    assert df["gpu_index"].dtype == "int64" and df["time_ns"].dtype == "int64"
+    first = df.iloc[0]
+    assert (first["time_ns"], first["host"], first["gpu_index"]) == (T0 + S, "node1", 0)
+    assert first["uuid"] == "GPU-node1-0" and first["name"] == "NVIDIA H100 80GB HBM3"
+    assert df["power_w"].tolist()[:6] == [110.0, 111.0, 120.0, 121.0, 130.0, 131.0]
+    assert first["memory_used_bytes"] == samples[2].memory_used_bytes  # bytes, not MiB
+    assert first["energy_j"] == pytest.approx(samples[2].energy_j, rel=1e-15)
+    marker = df.iloc[-1]
+    assert marker["time_ns"] == T0 + 4 * S and math.isnan(marker["power_w"])
+
+
+def test_series_step_60_means_gauges_and_takes_last_counter(backend: Backend, make_sample) -> None:
+    samples = []
+    for i in range(18):  # three minutes at 10 s
+        for g in (0, 1):
+            samples.append(
+                make_sample(
+                    T0 + i * 10 * S,
+                    "node1",
+                    g,
+                    power_w=100.0 + i + g,
+                    utilization_gpu_pct=float(10 * (i % 6)),
+                    energy_j=1000.0 * i + g,
+                    ecc_sbe_volatile_count=i,
+                    remapped_rows_pending=i % 6 == 5,
+                )
+            )
+    samples.append(lost(T0 + 175 * S, "node1", 1))  # a lost marker does not reset the last value
+    backend.load(samples)
+    fields = ["power_w", "utilization_gpu_pct", "energy_j", "ecc_sbe_volatile_count"]
+    fields.append("remapped_rows_pending")
+    df = backend.store.series(T0, T0 + 180 * S, fields, step_s=60)
+    assert len(df) == 6
+    assert df["time_ns"].tolist() == [T0, T0, T0 + 60 * S, T0 + 60 * S, T0 + 120 * S, T0 + 120 * S]
+    assert df["gpu_index"].tolist() == [0, 1] * 3
+    for m in range(3):
+        for g in (0, 1):
+            row = df[(df["time_ns"] == T0 + m * 60 * S) & (df["gpu_index"] == g)].iloc[0]
+            idx = range(6 * m, 6 * m + 6)
+            assert row["power_w"] == pytest.approx(sum(100.0 + i + g for i in idx) / 6)
+            assert row["utilization_gpu_pct"] == pytest.approx(25.0)
+            assert row["energy_j"] == 1000.0 * (6 * m + 5) + g
+            assert row["ecc_sbe_volatile_count"] == 6 * m + 5
+            assert row["remapped_rows_pending"] == 1.0
+    assert {"energy_j", "ecc_sbe_volatile_count", "remapped_rows_pending"} <= LAST_VALUE_ATTRS
+
+
+def test_series_host_filter(backend: Backend, make_sample) -> None:
+    backend.load(
+        [make_sample(T0 + i * S, h, g) for i in range(2) for h in ("a", "b", "c") for g in (0, 1)]
+    )
+    df = backend.store.series(T0, T0 + 10 * S, ["power_w"], hosts=["a", "c"])
+    assert sorted(set(df["host"])) == ["a", "c"] and len(df) == 8
+    df = backend.store.series(T0, T0 + 120 * S, ["power_w"], hosts=["b"], step_s=60)
+    assert df["host"].tolist() == ["b", "b"] and df["gpu_index"].tolist() == [0, 1]
+    assert backend.store.series(T0, T0 + 10 * S, ["power_w"], hosts=["nope"]).empty
+
+
+def test_count_samples(backend: Backend, make_sample) -> None:
+    samples = [make_sample(T0 + i * S, "node1", g) for i in range(5) for g in range(3)]
+    samples.append(lost(T0 + 5 * S, "node1", 2))
+    backend.load(samples)
+    assert backend.store.count_samples(T0, T0 + 10 * S) == 16
+    assert backend.store.count_samples(T0 + S, T0 + 3 * S) == 6
+    assert backend.store.count_samples(T0 + 5 * S, T0 + 6 * S) == 1
+    assert backend.store.count_samples(T0 + 100 * S, T0 + 200 * S) == 0
+
+
+def test_empty_store_reads(backend: Backend) -> None:
+    assert backend.store.latest() == []
+    df = backend.store.series(T0, T0 + 60 * S, ["power_w"], step_s=60)
+    assert df.empty and list(df.columns) == [*KEY_COLUMNS, "power_w"]
+
+
+def test_unknown_field_is_an_error(backend: Backend) -> None:
+    with pytest.raises(ValueError, match="unknown field"):
+        backend.store.series(T0, T0 + S, ["power_draw"])
