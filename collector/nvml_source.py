@@ -18,12 +18,14 @@ functions and builds no dictionaries.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from collector.xid_events import XidListener
 from gpuwatt.errors import NvmlUnavailable
@@ -56,6 +58,92 @@ GPM_METRICS: tuple[tuple[str, str, float], ...] = (
 )
 _N_GPM = len(GPM_METRICS)
 _NO_GPM: tuple[None, ...] = (None,) * _N_GPM
+_GPM_SCALES: tuple[float, ...] = tuple(scale for _const, _attr, scale in GPM_METRICS)
+_GPM_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION; checked against the module in open()
+
+
+# --- reading ctypes structs without pynvml's per-field Python hook ----------------------------
+# pynvml's structs override __getattribute__/__setattr__ in Python (bytes -> str conversion), so
+# each field access costs about a microsecond. The hot path instead reads (and the fake writes)
+# the fields it needs in one struct.Struct call over the structure's buffer, with the offsets
+# taken from the ctypes class itself, so the layout can never drift from pynvml's.
+
+_INT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+def _code(ctype: Any) -> str:
+    t = getattr(ctype, "_type_", None)
+    if isinstance(t, str) and t in "fd":
+        return t
+    code = _INT_CODES[ctypes.sizeof(ctype)]
+    return code.lower() if isinstance(t, str) and t.islower() else code
+
+
+def _layout(items: Sequence[tuple[int, Any]], total_size: int | None) -> struct.Struct:
+    """A standard-size, unaligned Struct over ``(offset, ctype)`` items in offset order.
+
+    Gaps become pad bytes, which ``pack_into`` writes as zeros: a codec used for writing into a
+    live structure must only have gaps that may be zeroed. ``total_size`` pads the end (for
+    ``from_buffer_copy``); None stops at the last item (safe for ``pack_into``).
+    """
+    fmt, pos = ["="], 0
+    for offset, ctype in sorted(items, key=lambda item: item[0]):
+        if offset < pos:
+            raise ValueError("overlapping fields")
+        if offset > pos:
+            fmt.append(f"{offset - pos}x")
+        fmt.append(_code(ctype))
+        pos = offset + ctypes.sizeof(ctype)
+    if total_size is not None and total_size > pos:
+        fmt.append(f"{total_size - pos}x")
+    return struct.Struct("".join(fmt))
+
+
+def struct_codec(ctype: Any, names: Sequence[str]) -> struct.Struct:
+    """A Struct over the named fields of ctypes Structure ``ctype`` (give them in offset order).
+
+    It spans the whole structure: ``unpack_from(obj)`` reads those fields of an instance,
+    ``ctype.from_buffer_copy(codec.pack(...))`` builds one (unnamed fields zero).
+    """
+    types = dict((f[0], f[1]) for f in ctype._fields_)
+    offsets = [getattr(ctype, n).offset for n in names]
+    if offsets != sorted(offsets):
+        raise ValueError(f"fields of {ctype.__name__} must be given in offset order")
+    return _layout([(getattr(ctype, n).offset, types[n]) for n in names], ctypes.sizeof(ctype))
+
+
+class GpmCodecs(NamedTuple):
+    """Codecs over ``c_nvmlGpmMetricsGet_t`` for its first ``count`` metrics."""
+
+    header: struct.Struct  # (version, numMetrics, sample1, sample2); safe for pack_into
+    ids: struct.Struct  # metricId of each metric; read only
+    results: struct.Struct  # (nvmlReturn, value) of each metric; read only
+    fill: struct.Struct  # (metricId, nvmlReturn, value) of each, metricInfo zeroed; pack_into
+
+
+def gpm_codecs(nv: Any, count: int) -> GpmCodecs:
+    outer, elem = nv.c_nvmlGpmMetricsGet_t, nv.c_nvmlGpmMetric_t
+    types = dict((f[0], f[1]) for f in elem._fields_)
+    base, size = outer.metrics.offset, ctypes.sizeof(elem)
+
+    def per_metric(names: Sequence[str]) -> list[tuple[int, Any]]:
+        return [
+            (base + i * size + getattr(elem, n).offset, types[n])
+            for i in range(count)
+            for n in names
+        ]
+
+    return GpmCodecs(
+        header=_layout(
+            [(getattr(outer, n).offset, dict(outer._fields_)[n]) for n in _GPM_HEADER], None
+        ),
+        ids=_layout(per_metric(("metricId",)), None),
+        results=_layout(per_metric(("nvmlReturn", "value")), None),
+        fill=_layout(per_metric(("metricId", "nvmlReturn", "value")), None),
+    )
+
+
+_GPM_HEADER = ("version", "numMetrics", "sample1", "sample2")
 
 
 class _GpuLost(Exception):
@@ -98,9 +186,10 @@ class _Gpu:
         "gpm",
         "gpm_cur",
         "gpm_get",
-        "gpm_metrics",
+        "gpm_header",
         "gpm_prev",
         "gpm_primed",
+        "gpm_results",
         "handle",
         "index",
         "info",
@@ -139,7 +228,8 @@ class _Gpu:
         self.gpm_prev: Any = None
         self.gpm_cur: Any = None
         self.gpm_get: Any = None
-        self.gpm_metrics: Any = None
+        self.gpm_header: struct.Struct | None = None
+        self.gpm_results: struct.Struct | None = None
         self.gpm_primed = False
         self.xids: deque[int] = deque()
 
@@ -195,6 +285,14 @@ class NvmlSampler:
     def _bind(self, nv: Any) -> None:
         """Resolve every NVML function and constant once: the hot path does no module lookups."""
         self._f_util = nv.nvmlDeviceGetUtilizationRates
+        self._t_util = nv.c_nvmlUtilization_t
+        self._rd_util = struct_codec(self._t_util, ("gpu", "memory")).unpack_from
+        self._t_mem1 = nv.c_nvmlMemory_t
+        self._rd_mem1 = struct_codec(self._t_mem1, ("total", "free", "used")).unpack_from
+        self._t_mem2 = getattr(nv, "c_nvmlMemory_v2_t", None)
+        if self._t_mem2 is not None:
+            names = ("total", "reserved", "free", "used")
+            self._rd_mem2 = struct_codec(self._t_mem2, names).unpack_from
         self._f_mem = nv.nvmlDeviceGetMemoryInfo
         self._mem_v2 = getattr(nv, "nvmlMemory_v2", None)
         self._f_temp_v = getattr(nv, "nvmlDeviceGetTemperatureV", None)
@@ -256,7 +354,7 @@ class NvmlSampler:
             for buf in (g.gpm_prev, g.gpm_cur):
                 if buf is not None:
                     try:
-                        nv.nvmlGpmSampleFree(buf)
+                        nv.nvmlGpmSampleFree(buf[0])
                     except self._errors as exc:
                         self._log.debug("GPU %d: nvmlGpmSampleFree failed (%s)", g.index, exc)
             g.gpm_prev = g.gpm_cur = None
@@ -379,24 +477,31 @@ class NvmlSampler:
         query = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
         if query is None or self._f_gpm_get is None:
             return
+        if getattr(nv, "NVML_GPM_METRICS_GET_VERSION", None) != _GPM_GET_VERSION:
+            self._unsupported.setdefault(f"gpu{g.index}/gpm", "unknown GPM request version")
+            return
         support = self._q1(g, "gpm", query, g.handle)
         if support is None or not support.isSupportedDevice:
             if support is not None:
                 self._unsupported.setdefault(f"gpu{g.index}/gpm", "not a GPM device")
             return
         try:
-            g.gpm_prev = nv.nvmlGpmSampleAlloc()
-            g.gpm_cur = nv.nvmlGpmSampleAlloc()
+            first = nv.nvmlGpmSampleAlloc()
+            second = nv.nvmlGpmSampleAlloc()
         except self._errors as exc:
             self._failed(g, "gpm", exc)
             return
+        # each buffer with its address: the request is written raw (see struct_codec)
+        g.gpm_prev = (first, ctypes.cast(first, ctypes.c_void_p).value)
+        g.gpm_cur = (second, ctypes.cast(second, ctypes.c_void_p).value)
+        header, ids, results, _fill = gpm_codecs(nv, _N_GPM)
         get = nv.c_nvmlGpmMetricsGet_t()
         get.version = nv.NVML_GPM_METRICS_GET_VERSION
         get.numMetrics = _N_GPM
-        for i, (const, _attr, _scale) in enumerate(GPM_METRICS):
-            get.metrics[i].metricId = getattr(nv, const)
+        ids.pack_into(get, 0, *(getattr(nv, const) for const, _attr, _scale in GPM_METRICS))
         g.gpm_get = get
-        g.gpm_metrics = get.metrics
+        g.gpm_header = header
+        g.gpm_results = results
         g.gpm = True
 
     def _mark_lost(self, g: _Gpu, cause: str, field: str) -> None:
@@ -454,10 +559,13 @@ class NvmlSampler:
         h, q1, q2 = g.handle, self._q1, self._q2
 
         util = q1(g, "utilization", self._f_util, h)
-        if util is not None:
-            util_gpu, util_mem = float(util.gpu), float(util.memory)
-        else:
+        if util is None:
             util_gpu = util_mem = None
+        elif type(util) is self._t_util:
+            u_gpu, u_mem = self._rd_util(util)
+            util_gpu, util_mem = float(u_gpu), float(u_mem)
+        else:
+            util_gpu, util_mem = float(util.gpu), float(util.memory)
 
         mem_used, mem_total, mem_free, mem_reserved = self._memory(g, h)
         temp = self._temperature(g, h)
@@ -571,6 +679,9 @@ class NvmlSampler:
         if g.mem_v2 and self._mem_v2 is not None:
             try:
                 m = f_mem(h, version=self._mem_v2)
+                if type(m) is self._t_mem2:
+                    total, reserved, free, used = self._rd_mem2(m)
+                    return used, total, free, reserved
                 return int(m.used), int(m.total), int(m.free), int(m.reserved)
             except self._errors as exc:
                 if getattr(exc, "value", None) not in self._fallback_codes:
@@ -584,6 +695,9 @@ class NvmlSampler:
         m = self._q1(g, "memory", f_mem, h)
         if m is None:
             return None, None, None, None
+        if type(m) is self._t_mem1:
+            total, free, used = self._rd_mem1(m)
+            return used, total, free, None
         return int(m.used), int(m.total), int(m.free), None
 
     def _temperature(self, g: _Gpu, h: Any) -> float | None:
@@ -667,37 +781,29 @@ class NvmlSampler:
         """GPM metrics between the previous and this tick's GPM sample (None on the first tick)."""
         cur = g.gpm_cur
         try:
-            self._f_gpm_get(h, cur)
+            self._f_gpm_get(h, cur[0])
         except self._errors as exc:
             g.gpm_primed = False
             self._failed(g, "gpm", exc)
             if "gpm" in g.off:
                 g.gpm = False
             return _NO_GPM
+        prev = g.gpm_prev
+        g.gpm_cur, g.gpm_prev = prev, cur
         if not g.gpm_primed:
             g.gpm_primed = True
-            g.gpm_cur, g.gpm_prev = g.gpm_prev, cur
             return _NO_GPM
         get = g.gpm_get
-        get.sample1 = g.gpm_prev
-        get.sample2 = cur
-        g.gpm_cur, g.gpm_prev = g.gpm_prev, cur
+        g.gpm_header.pack_into(get, 0, _GPM_GET_VERSION, _N_GPM, prev[1], cur[1])
         try:
             self._f_gpm_metrics(get)
         except self._errors as exc:
             self._failed(g, "gpm_metrics", exc)
             return _NO_GPM
-        metrics = g.gpm_metrics
-        out = []
-        append = out.append
-        for i in range(_N_GPM):
-            m = metrics[i]
-            if m.nvmlReturn:
-                append(None)
-            else:
-                scale = GPM_METRICS[i][2]
-                append(m.value * scale if scale != 1.0 else m.value)
-        return tuple(out)
+        raw = g.gpm_results.unpack_from(get)
+        return tuple(
+            None if raw[2 * i] else raw[2 * i + 1] * scale for i, scale in enumerate(_GPM_SCALES)
+        )
 
 
 def _absent(_handle: Any) -> Any:

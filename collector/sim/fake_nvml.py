@@ -26,10 +26,12 @@ from __future__ import annotations
 import ctypes
 import inspect
 import itertools
+import operator
 import time
 from typing import Any
 
 from collector.nvml import real_module
+from collector.nvml_source import gpm_codecs, struct_codec
 from collector.sim.state import SimCluster, SimGpuState
 
 _NV = real_module()
@@ -46,9 +48,19 @@ _VOID_P = ctypes.c_void_p
 _DEVICE_T = _NV.c_nvmlDevice_t
 _GPM_SAMPLE_T = _NV.c_nvmlGpmSample_t
 _EVENT_SET_T = _NV.c_nvmlEventSet_t
-_NOT_AVAILABLE_ULL = _NV.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+_FRIENDLY = _NV.nvmlFriendlyObject
 _XID = _NV.nvmlEventTypeXidCriticalError
 _MIB = 1024 * 1024
+
+# Structs are built and filled through one struct.Struct call (pynvml's per-field hooks are slow).
+_UTIL = _NV.c_nvmlUtilization_t
+_UTIL_CODEC = struct_codec(_UTIL, ("gpu", "memory"))
+_MEM1 = _NV.c_nvmlMemory_t
+_MEM1_CODEC = struct_codec(_MEM1, ("total", "free", "used"))
+_MEM2 = _NV.c_nvmlMemory_v2_t
+_MEM2_CODEC = struct_codec(_MEM2, ("version", "total", "reserved", "free", "used"))
+_GPM_HEADER = gpm_codecs(_NV, 0).header
+_GPM_CODECS: dict[int, tuple[Any, Any]] = {}  # numMetrics -> (ids codec, fill codec)
 
 # Fake addresses for handles, GPM samples and event sets: unique across FakeNvml instances.
 _ADDRESSES = itertools.count(0x10000, 0x10)
@@ -70,6 +82,7 @@ _GPM_COUNTERS: tuple[str, ...] = (
     "pcie_tx_kib_per_s",
     "pcie_rx_kib_per_s",
 )
+_READ_GPM_COUNTERS = operator.attrgetter("time_s", *_GPM_COUNTERS)
 _PCT, _BYTES_RATE, _KIB_RATE_MEAN = 0, 1, 2
 #: metric id -> (position in the snapshot, how to turn two snapshots into the value)
 _GPM_METRICS: dict[int, tuple[int, int]] = {
@@ -145,7 +158,7 @@ class FakeNvml:
             g: SimGpuState = handle._sim
         except AttributeError:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT) from None
-        if g.lost or g.unsupported or g.failing:
+        if g.lost or (g.unsupported and fn in g.unsupported) or (g.failing and fn in g.failing):
             FakeNvml._misbehave(g, fn)
         return g
 
@@ -227,8 +240,8 @@ class FakeNvml:
         g = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
         if g.mig_enabled:
             raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
-        return _NV.c_nvmlUtilization_t(
-            round(g.utilization_gpu_pct), round(g.utilization_memory_pct)
+        return _UTIL.from_buffer_copy(
+            _UTIL_CODEC.pack(round(g.utilization_gpu_pct), round(g.utilization_memory_pct))
         )
 
     def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
@@ -244,14 +257,14 @@ class FakeNvml:
         total, used, reserved = g.memory_total_bytes, g.memory_used_bytes, g.memory_reserved_bytes
         if not version:
             # v1 counts the driver's reservation as used
-            return _NV.c_nvmlMemory_t(total, max(total - used - reserved, 0), used + reserved)
+            free = max(total - used - reserved, 0)
+            return _MEM1.from_buffer_copy(_MEM1_CODEC.pack(total, free, used + reserved))
         if g.unsupported or g.failing:
             self._misbehave(g, "nvmlDeviceGetMemoryInfo_v2")
         if version != _NV.nvmlMemory_v2:
             raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        return _NV.c_nvmlMemory_v2_t(
-            version, total, reserved, max(total - used - reserved, 0), used
-        )
+        free = max(total - used - reserved, 0)
+        return _MEM2.from_buffer_copy(_MEM2_CODEC.pack(version, total, reserved, free, used))
 
     def nvmlDeviceGetTemperatureV(
         self, handle: Any, sensor: int, version: int = _NV.nvmlTemperature_v1
@@ -303,19 +316,19 @@ class FakeNvml:
         raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
 
     def _processes(self, g: SimGpuState) -> list[Any]:
-        out = []
-        for pid, used in g.processes:
-            info = _NV.c_nvmlProcessInfo_v3_t(
-                pid,
-                _NOT_AVAILABLE_ULL if used is None or used < 0 else used,
-                0xFFFFFFFF,
-                0xFFFFFFFF,
+        """What pynvml returns: friendly objects of c_nvmlProcessInfo_v3_t's fields, with
+        usedGpuMemory None where NVML says NVML_VALUE_NOT_AVAILABLE."""
+        return [
+            _FRIENDLY(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": None if used is None or used < 0 else used,
+                    "gpuInstanceId": 0xFFFFFFFF,
+                    "computeInstanceId": 0xFFFFFFFF,
+                }
             )
-            obj = _NV.nvmlStructToFriendlyObject(info)
-            if obj.usedGpuMemory == _NOT_AVAILABLE_ULL:  # exactly what pynvml does
-                obj.usedGpuMemory = None
-            out.append(obj)
-        return out
+            for pid, used in g.processes
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         return self._processes(self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses"))
@@ -361,28 +374,33 @@ class FakeNvml:
         key = _address(gpmSample)
         if key not in self._gpm_snapshots:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
-        self._gpm_snapshots[key] = (g.time_s, *[getattr(g, c) for c in _GPM_COUNTERS])
+        self._gpm_snapshots[key] = _READ_GPM_COUNTERS(g)
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
-        if metricsGet.version != _NV.NVML_GPM_METRICS_GET_VERSION:
+        version, count, first_addr, second_addr = _GPM_HEADER.unpack_from(metricsGet)
+        if version != _NV.NVML_GPM_METRICS_GET_VERSION:
             raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        first = self._gpm_snapshots.get(_address(metricsGet.sample1))
-        second = self._gpm_snapshots.get(_address(metricsGet.sample2))
-        if first is None or second is None:
+        first = self._gpm_snapshots.get(first_addr)
+        second = self._gpm_snapshots.get(second_addr)
+        if first is None or second is None or not 0 <= count <= _NV.NVML_GPM_METRIC_MAX:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         dt_s = second[0] - first[0]
         if dt_s < 0:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
-        metrics = metricsGet.metrics
-        for i in range(metricsGet.numMetrics):
-            metric = metrics[i]
-            how = _GPM_METRICS.get(metric.metricId)
+        codecs = _GPM_CODECS.get(count)
+        if codecs is None:
+            full = gpm_codecs(_NV, count)
+            codecs = _GPM_CODECS[count] = (full.ids, full.fill)
+        ids_codec, fill_codec = codecs
+        results: list[int | float] = []
+        for metric_id in ids_codec.unpack_from(metricsGet):
+            how = _GPM_METRICS.get(metric_id)
             if how is None:
-                metric.nvmlReturn = _NV.NVML_ERROR_NOT_SUPPORTED
+                results += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
                 continue
             if dt_s == 0:
-                metric.nvmlReturn = _NV.NVML_ERROR_NO_DATA
+                results += (metric_id, _NV.NVML_ERROR_NO_DATA, 0.0)
                 continue
             pos, kind = how
             if kind == _PCT:
@@ -391,8 +409,8 @@ class FakeNvml:
                 value = (second[pos] - first[pos]) / dt_s / _MIB
             else:
                 value = (second[pos] + first[pos]) / 2.0 / 1024.0
-            metric.value = value
-            metric.nvmlReturn = _NV.NVML_SUCCESS
+            results += (metric_id, _NV.NVML_SUCCESS, value)
+        fill_codec.pack_into(metricsGet, 0, *results)  # metricInfo left NULL
         return metricsGet
 
     # --- events ---------------------------------------------------------------------------------

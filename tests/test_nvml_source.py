@@ -1,0 +1,363 @@
+"""The sampler's real behaviour through the fake NVML, scripted per GPU (gpustat style)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+from nvml_fixtures import (
+    NV,
+    Activity,
+    make_cluster,
+    run_all,
+    run_for,
+    scenario_failing_one_gpu,
+    scenario_mig,
+    scenario_no_energy_counter,
+    scenario_no_fan,
+    scenario_old_driver,
+    scenario_unknown_error_one_gpu,
+)
+
+from collector.nvml_source import NvmlSampler
+from collector.sim.fake_nvml import FakeNvml
+from collector.sim.state import SimCluster
+from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod
+from gpuwatt.schema import LineEncoder, parse_line
+
+HOST = "node-1"
+BUSY = Activity()  # 500 W, 50 % HMMA at 1980 MHz
+
+
+class Clock:
+    """Side-effect roots as constructor arguments: a wall clock and a monotonic clock."""
+
+    def __init__(self) -> None:
+        self.mono_s = 100.0
+
+    def ns(self) -> int:
+        return int(self.mono_s * 1e9)
+
+    def mono(self) -> float:
+        return self.mono_s
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cluster() -> SimCluster:
+    return make_cluster(4)
+
+
+@pytest.fixture
+def sampler(cluster: SimCluster, clock: Clock) -> Iterator[NvmlSampler]:
+    s = NvmlSampler(
+        FakeNvml(cluster, HOST), HOST, clock_ns=clock.ns, monotonic_s=clock.mono, xid_wait_ms=20
+    )
+    s.open()
+    yield s
+    s.close()
+
+
+def tick(
+    cluster: SimCluster,
+    clock: Clock,
+    sampler: NvmlSampler,
+    seconds: float = 1.0,
+    activity: Activity = BUSY,
+    include_slow: bool = False,
+) -> list[GpuSample]:
+    run_all(cluster, seconds, activity)
+    clock.mono_s += seconds
+    return sampler.sample(include_slow)
+
+
+def fields_of(sample: GpuSample) -> dict[str, object]:
+    return parse_line(LineEncoder().encode(sample))[2]
+
+
+# --- identity and the plain fields ------------------------------------------------------------
+
+
+def test_one_sample_per_gpu_with_identity_and_units(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    samples = tick(cluster, clock, sampler, activity=Activity(power_w=412.5))
+    assert [s.gpu_index for s in samples] == [0, 1, 2, 3]
+    s = samples[0]
+    g = cluster.gpus[0]
+    assert (s.host, s.uuid, s.name) == (HOST, g.uuid, "NVIDIA H100 80GB HBM3")
+    assert s.time_ns == clock.ns()
+    assert s.power_w == 412.5  # mW -> W
+    assert s.power_limit_w == 700.0
+    assert s.memory_total_bytes == g.memory_total_bytes
+    assert s.memory_used_bytes == g.memory_used_bytes
+    assert s.memory_reserved_bytes == g.memory_reserved_bytes  # v2 answers
+    assert s.sm_clock_mhz == 1980.0 and s.sm_clock_max_mhz == 1980.0
+    assert s.temperature_gpu_c == 35.0
+    assert s.mig_enabled is False
+    assert s.energy_method is EnergyMethod.COUNTER
+
+
+def test_pcie_kib_per_s_become_bytes_per_s_on_a_gpu_without_gpm(clock: Clock) -> None:
+    cluster = make_cluster(1, model="A100 SXM")
+    cluster.gpus[0].pcie_tx_kib_per_s = 1000.0
+    s = NvmlSampler(FakeNvml(cluster, HOST), HOST, monotonic_s=clock.mono, xid_events=False)
+    with s:
+        (sample,) = tick(cluster, clock, s)
+    assert sample.pcie_tx_bytes_per_s == 1000.0 * 1024
+
+
+def test_process_list_with_pids_and_unknown_memory(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    cluster.gpus[2].processes = [(4242, 3 * 1024**3), (4343, None)]
+    samples = tick(cluster, clock, sampler)
+    procs = samples[2].processes
+    assert procs is not None
+    assert [(p.pid, p.used_memory_bytes) for p in procs] == [(4242, 3 * 1024**3), (4343, None)]
+    assert samples[0].processes == ()
+    f = fields_of(samples[2])
+    assert f["process_count"] == 2 and f["processes"] == "4242:3221225472;4343:"
+
+
+# --- failures: missing is not zero, logged once, lost GPUs isolated ----------------------------
+
+
+def test_not_supported_field_is_none_absent_from_the_line_and_logged_once(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
+) -> None:
+    scenario_no_fan(cluster)
+    with caplog.at_level(logging.INFO, logger="collector.nvml_source"):
+        for _ in range(10):
+            samples = tick(cluster, clock, sampler)
+    assert all(s.fan_speed_pct is None for s in samples)
+    f = fields_of(samples[0])
+    assert "fan_speed" not in f and f["power_draw"] == 500.0
+    fan_logs = [r for r in caplog.records if "fan_speed_pct" in r.getMessage()]
+    assert len(fan_logs) == 4  # once per GPU, not once per tick
+    assert sampler.unsupported_fields()["gpu0/fan_speed_pct"] == "NVMLError_NotSupported"
+
+
+def test_a_transient_error_makes_the_field_none_for_that_tick_only(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster.gpus[0].failing["nvmlDeviceGetPowerUsage"] = NV.NVML_ERROR_TIMEOUT
+    with caplog.at_level(logging.INFO, logger="collector.nvml_source"):
+        assert tick(cluster, clock, sampler)[0].power_w is None
+        assert tick(cluster, clock, sampler)[0].power_w is None
+    assert len([r for r in caplog.records if "power_w" in r.getMessage()]) == 1
+    del cluster.gpus[0].failing["nvmlDeviceGetPowerUsage"]
+    assert tick(cluster, clock, sampler)[0].power_w == 500.0
+
+
+def test_gpu_is_lost_marks_only_that_gpu(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
+) -> None:
+    tick(cluster, clock, sampler)
+    scenario_failing_one_gpu(cluster, index=1)
+    with caplog.at_level(logging.WARNING, logger="collector.nvml_source"):
+        for _ in range(5):
+            samples = tick(cluster, clock, sampler)
+    lost = samples[1]
+    assert lost.lost and lost.power_w is None and lost.uuid == cluster.gpus[1].uuid
+    assert parse_line(LineEncoder().encode(lost))[2] == {"gpu_lost": True}
+    for s in (samples[0], samples[2], samples[3]):
+        assert not s.lost and s.power_w == 500.0 and s.tflops_estimate is not None
+    assert len([r for r in caplog.records if "is lost" in r.getMessage()]) == 1
+    cluster.gpus[1].lost = False  # reset: the GPU answers again
+    assert not tick(cluster, clock, sampler)[1].lost
+
+
+def test_unknown_error_also_marks_the_gpu_lost(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    scenario_unknown_error_one_gpu(cluster, index=3)
+    samples = tick(cluster, clock, sampler)
+    assert samples[3].lost and not samples[2].lost
+
+
+def test_a_gpu_lost_at_open_is_reported_lost_and_the_rest_are_sampled(clock: Clock) -> None:
+    cluster = make_cluster(2)
+    cluster.gpus[0].lost = True
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, monotonic_s=clock.mono) as s:
+        samples = tick(cluster, clock, s)
+        assert samples[0].lost and not samples[1].lost
+        cluster.gpus[0].lost = False
+        samples = tick(cluster, clock, s)
+    assert not samples[0].lost and samples[0].uuid == cluster.gpus[0].uuid
+
+
+# --- energy -------------------------------------------------------------------------------------
+
+
+def test_energy_counter_reset_never_decreases_energy(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    energies = [tick(cluster, clock, sampler)[0].energy_j for _ in range(3)]
+    cluster.gpus[0].energy_mj = 0  # driver reload: the counter restarts
+    energies += [tick(cluster, clock, sampler)[0].energy_j for _ in range(3)]
+    assert all(e is not None for e in energies)
+    assert energies == sorted(energies)
+    # the counter restarted from 0 and then counted 1 s at 500 W: nothing lost, nothing doubled
+    assert energies[3] == pytest.approx(energies[2] + 500.0)
+    assert energies[-1] - energies[0] == pytest.approx(500.0 * 5)
+
+
+def test_energy_integrates_power_when_the_counter_is_unsupported(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    scenario_no_energy_counter(cluster, index=0)
+    first = tick(cluster, clock, sampler, activity=Activity(power_w=300.0))[0]
+    assert first.energy_method is EnergyMethod.INTEGRATED and first.energy_j == 0.0
+    second = tick(cluster, clock, sampler, seconds=2.0, activity=Activity(power_w=300.0))[0]
+    assert second.energy_j == pytest.approx(600.0)
+    assert tick(cluster, clock, sampler)[1].energy_method is EnergyMethod.COUNTER
+    assert "gpu0/energy_counter" in sampler.unsupported_fields()
+    assert fields_of(second)["energy_method"] == "integrated"
+
+
+# --- versioned calls fall back ------------------------------------------------------------------
+
+
+def test_memory_v2_and_temperature_v_fall_back(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    g = scenario_old_driver(cluster, index=0)
+    for _ in range(3):
+        s = tick(cluster, clock, sampler)[0]
+        assert s.memory_reserved_bytes is None  # v1 has no reservation figure
+        assert s.memory_used_bytes == g.memory_used_bytes + g.memory_reserved_bytes
+        assert s.memory_total_bytes == g.memory_total_bytes
+        assert s.temperature_gpu_c == 35.0
+    assert "memory_reserved" not in fields_of(s)
+    assert "gpu0/memory_reserved_bytes" in sampler.unsupported_fields()
+
+
+# --- GPM and the TFLOPS estimate ------------------------------------------------------------------
+
+
+def test_gpm_metrics_and_tflops_on_h100(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    assert tick(cluster, clock, sampler)[0].tflops_estimate is None  # first GPM sample: no pair
+    busy = Activity(
+        sm_clock_mhz=1980.0,
+        sm_active_pct=80.0,
+        sm_occupancy_pct=35.0,
+        tensor_any_pct=50.0,
+        tensor_hmma_pct=50.0,
+        dram_pct=40.0,
+        nvlink_rx_bytes_per_s=2 * 1024**3,
+        nvlink_tx_bytes_per_s=1024**3,
+    )
+    s = tick(cluster, clock, sampler, seconds=2.0, activity=busy)[0]
+    assert s.sm_active_pct == pytest.approx(80.0)
+    assert s.sm_occupancy_pct == pytest.approx(35.0)
+    assert s.tensor_hmma_active_pct == pytest.approx(50.0)
+    assert s.dram_active_pct == pytest.approx(40.0)
+    assert s.nvlink_rx_bytes_per_s == pytest.approx(2 * 1024**3)
+    assert s.nvlink_tx_bytes_per_s == pytest.approx(1024**3)
+    # 50 % HMMA at 1980 MHz on H100 SXM, bf16 dense peak 989.4 TFLOPS
+    assert s.tflops_estimate == pytest.approx(494.7)
+    assert s.tflops_method is TflopsMethod.GPM
+    # at a throttled clock the estimate scales with it
+    slow = tick(cluster, clock, sampler, activity=Activity(sm_clock_mhz=990.0))[0]
+    assert slow.tflops_estimate == pytest.approx(494.7 / 2)
+
+
+def test_tensor_precision_chooses_the_peak(cluster: SimCluster, clock: Clock) -> None:
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, tensor_precision="fp8", xid_events=False) as s:
+        tick(cluster, clock, s)
+        assert tick(cluster, clock, s)[0].tflops_estimate == pytest.approx(1978.9 / 2)
+
+
+def test_a100_without_gpm_has_no_tflops(clock: Clock) -> None:
+    cluster = make_cluster(2, model="A100 SXM")
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, xid_events=False) as s:
+        for _ in range(3):
+            samples = tick(cluster, clock, s)
+        assert s.devices()[0].gpm_supported is False
+    assert all(x.tflops_estimate is None and x.tflops_method is None for x in samples)
+    assert all(x.tensor_hmma_active_pct is None for x in samples)
+    assert "tflops_estimate" not in fields_of(samples[0])
+
+
+def test_mig_mode_does_not_crash_and_refused_fields_are_none(clock: Clock) -> None:
+    cluster = make_cluster(2)
+    scenario_mig(cluster, index=0)
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, xid_events=False) as s:
+        for _ in range(3):
+            samples = tick(cluster, clock, s)
+    mig = samples[0]
+    assert mig.mig_enabled is True and not mig.lost
+    assert mig.utilization_gpu_pct is None and mig.tflops_estimate is None
+    assert mig.power_w == 500.0 and mig.memory_used_bytes is not None
+    assert samples[1].tflops_estimate is not None
+
+
+# --- slow cadence and XIDs ---------------------------------------------------------------------
+
+
+def test_slow_fields_only_on_slow_ticks(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    g = cluster.gpus[0]
+    g.ecc_sbe_volatile, g.ecc_dbe_volatile = 7, 1
+    g.remapped_rows_correctable, g.remapped_rows_pending = 2, True
+    fast = tick(cluster, clock, sampler)[0]
+    assert fast.ecc_sbe_volatile_count is None and fast.remapped_rows_pending is None
+    slow = tick(cluster, clock, sampler, include_slow=True)[0]
+    assert (slow.ecc_sbe_volatile_count, slow.ecc_dbe_volatile_count) == (7, 1)
+    assert slow.remapped_rows_correctable == 2 and slow.remapped_rows_pending is True
+    assert slow.remapped_rows_failure is False
+
+
+def test_xids_raised_in_the_cluster_reach_the_next_sample(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    assert sampler.xid_listener_active
+    cluster.raise_xid(cluster.gpus[2], 79)
+    cluster.raise_xid(cluster.gpus[2], 48)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and len(sampler._gpus[2].xids) < 2:
+        time.sleep(0.01)
+    samples = tick(cluster, clock, sampler)
+    assert samples[2].xid_errors == (79, 48)
+    assert samples[0].xid_errors == ()
+    assert tick(cluster, clock, sampler)[2].xid_errors == ()  # delivered once
+    assert fields_of(samples[2])["xid_last"] == 48
+
+
+def test_close_stops_the_listener_promptly(cluster: SimCluster) -> None:
+    s = NvmlSampler(FakeNvml(cluster, HOST), HOST, xid_wait_ms=50)
+    s.open()
+    assert s.xid_listener_active
+    t0 = time.monotonic()
+    s.close()
+    assert time.monotonic() - t0 < 1.0
+    assert not s.xid_listener_active
+
+
+def test_unregistrable_device_is_skipped(clock: Clock) -> None:
+    cluster = make_cluster(2)
+    cluster.gpus[0].unsupported.add("nvmlDeviceRegisterEvents")
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, xid_wait_ms=20) as s:
+        assert s._listener is not None and s._listener.registered == (1,)
+        cluster.raise_xid(cluster.gpus[1], 13)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not s._gpus[1].xids:
+            time.sleep(0.01)
+        assert tick(cluster, clock, s)[1].xid_errors == (13,)
+
+
+def test_run_for_helper_integrates_counters() -> None:
+    cluster = make_cluster(1)
+    run_for(cluster.gpus[0], 2.0, Activity(power_w=100.0, tensor_hmma_pct=25.0))
+    assert cluster.gpus[0].energy_mj == 200_000
+    assert cluster.gpus[0].tensor_hmma_active_s == pytest.approx(0.5)
