@@ -51,6 +51,7 @@ Speed (measured on the 2-core development VM, numpy 2.4): backfilling 1 h of the
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -95,8 +96,6 @@ _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _C_ENERGY_J, _C_SM, _C_OCC, _C_HMMA, _C_FP32, _C_FP16, _C_DRAM, _C_NVL = range(8)
 _N_COUNTERS = 8
 
-_KIND_CODE = {"training": 0, "inference": 1, "idle": 2}
-
 
 @dataclass(frozen=True, slots=True)
 class _Job:
@@ -105,37 +104,68 @@ class _Job:
     pids: tuple[int, ...]
 
 
-class _Group:
-    """Jobs of one kind flattened into slots (one per job x GPU) so a step is a few numpy calls."""
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """The live (job, GPU) slots of one job kind in a regime, flattened so that a step is a few
+    numpy calls whatever the number of jobs (``reduceat`` over each job's run of slots)."""
 
-    def __init__(self, jobs: list[_Job]) -> None:
-        self.jobs = [j.spec for j in jobs]
-        sizes = [len(j.idx) for j in jobs]
-        self.idx = np.concatenate([j.idx for j in jobs]) if jobs else np.zeros(0, np.intp)
-        self.starts = np.cumsum([0, *sizes[:-1]]).astype(np.intp) if jobs else self.idx
-        self.job_of_slot = np.repeat(np.arange(len(jobs)), sizes)
-        self.intensity = np.repeat([j.intensity for j in self.jobs], sizes)
-        self.compute_s = np.repeat(
-            [j.step_time_s * (1 - j.comm_fraction) for j in self.jobs], sizes
+    jobs: tuple[JobSpec, ...]
+    gpus: np.ndarray  # GPU position of each slot
+    starts: np.ndarray  # first slot of each job
+    job_of_slot: np.ndarray
+    compute_s: np.ndarray  # per slot: healthy compute time per step (training)
+    allreduce_s: np.ndarray  # per job (training)
+    load: np.ndarray  # per slot (inference)
+    sizes: np.ndarray  # slots per job
+
+    @classmethod
+    def build(cls, jobs: list[_Job], out: np.ndarray) -> _Slots:
+        live = [(j.spec, j.idx[~out[j.idx]]) for j in jobs]
+        live = [(spec, gpus) for spec, gpus in live if gpus.size]
+        sizes = [gpus.size for _, gpus in live]
+        specs = tuple(spec for spec, _ in live)
+        return cls(
+            jobs=specs,
+            gpus=np.concatenate([g for _, g in live]) if live else np.zeros(0, np.intp),
+            starts=np.cumsum([0, *sizes[:-1]]).astype(np.intp),
+            job_of_slot=np.repeat(np.arange(len(live)), sizes),
+            compute_s=np.repeat([j.step_time_s * (1 - j.comm_fraction) for j in specs], sizes),
+            allreduce_s=np.array([j.step_time_s * j.comm_fraction for j in specs]),
+            load=np.repeat([j.load for j in specs], sizes),
+            sizes=np.array(sizes, dtype=float),
         )
-        self.allreduce_s = np.array([j.step_time_s * j.comm_fraction for j in self.jobs])
-        self.load = np.repeat([j.load for j in self.jobs], sizes)
-        self.active = np.zeros(len(jobs), dtype=bool)
-
-    def live(self, t_s: float, out: np.ndarray) -> np.ndarray:
-        """Slots whose job runs at ``t_s`` and whose GPU is neither lost nor idled by a fault."""
-        self.active = np.array([j.active_at(t_s) for j in self.jobs], dtype=bool)
-        return self.active[self.job_of_slot] & ~out[self.idx]
 
 
-def _serve(group: _Group, live: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Independent replicas behind a latency-aware balancer: traffic share goes as r²."""
-    rr = r[group.idx]
-    share = np.where(live, rr * rr, 0.0)
-    count = np.add.reduceat(live.astype(float), group.starts)
-    mean = np.add.reduceat(share, group.starts) / np.maximum(count, 1.0)
-    share = share / np.maximum(mean[group.job_of_slot], 1e-9)
-    return np.minimum(group.load * share / rr, 1.0)
+@dataclass(frozen=True, slots=True)
+class _Regime:
+    """Everything constant between two job or fault boundaries, computed once per interval."""
+
+    lost: np.ndarray
+    working: np.ndarray  # in a running training/inference job, neither lost nor idled
+    brake: np.ndarray  # clock ratio the power brake allows (1 = none)
+    r_c_per_w: np.ndarray  # thermal resistance including any cooling fault
+    power_a: np.ndarray  # demand per unit of compute: 0.3 + 0.9 x intensity
+    rest_demand: np.ndarray  # demand of GPUs that are not working
+    coef_compute: np.ndarray  # (counters, GPUs): counter rate per unit of compute fraction
+    coef_comm: np.ndarray  # (counters, GPUs): counter rate per unit of all-reduce fraction
+    training: _Slots
+    inference: _Slots
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    """What the latest step left behind for publishing (derived outputs are computed lazily)."""
+
+    working: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    r: np.ndarray
+    power_limited: np.ndarray
+    hot: np.ndarray
+    braked: np.ndarray
+    util_noise: np.ndarray
+    train_jobs: tuple[JobSpec, ...] = ()
+    step_s: np.ndarray | None = None
 
 
 class Simulator:
@@ -157,9 +187,12 @@ class Simulator:
         self._leak_rates = {id(f): self._leak_rate_bytes_per_s(f) for f in scenario.faults}
         self._energy_reset_j: dict[int, float] = {}
         self._xids_fired: set[int] = set()
-        self._training = _Group([j for j in self._jobs if j.spec.kind == "training"])
-        self._inference = _Group([j for j in self._jobs if j.spec.kind == "inference"])
-        self._step_s = np.full(len(self._training.jobs), np.nan)
+        self._boundaries = _boundaries(scenario)
+        self._regimes: dict[int, _Regime] = {}
+        self._resets = [f for f in scenario.faults if f.kind == "energy_counter_reset"]
+        zeros = np.zeros(n)
+        off = np.zeros(n, dtype=bool)
+        self._last = _Last(off, zeros, zeros, np.ones(n), off, off, off, zeros)
         self._t_s = 0.0
         self._record_energy_resets(-1.0, 0.0)
         self._publish(0.0)
@@ -209,10 +242,10 @@ class Simulator:
 
     def step_time_s(self, job_id: str) -> float | None:
         """A training job's current step time (what the job would report), else None."""
-        for k, job in enumerate(self._training.jobs):
-            if job.id == job_id:
-                step_s = float(self._step_s[k])
-                return None if math.isnan(step_s) else step_s
+        last = self._last
+        for k, job in enumerate(last.train_jobs):
+            if job.id == job_id and last.step_s is not None:
+                return float(last.step_s[k])
         return None
 
     # --- construction -------------------------------------------------------------------------
@@ -274,12 +307,7 @@ class Simulator:
         self._rate = np.zeros((_N_COUNTERS, n))
         self._rate[_C_ENERGY_J] = self._idle_w
         self._power_w = self._idle_w.copy()
-        self._util_gpu = np.zeros(n)
-        self._util_mem = np.zeros(n)
-        self._clock_mhz = np.full(n, self._idle_clock)
-        self._reasons = np.full(n, REASON_GPU_IDLE, dtype=np.int64)
-        self._pcie_tx = np.zeros(n)
-        self._pcie_rx = np.zeros(n)
+        self._headroom_w = self._limit_w - self._idle_w
 
     def _compile_job(self, job: JobSpec, rng: np.random.Generator) -> _Job:
         idx = np.array([self._pos[g] for g in job.gpus], dtype=np.intp)
@@ -300,44 +328,62 @@ class Simulator:
     def _step(self) -> None:
         """Advance the grid by one step (grid, grid + 1]."""
         t0 = float(self._grid)
-        t_mid = t0 + 0.5 * STEP_S
+        reg = self._regime(t0 + 0.5 * STEP_S)
         n = len(self._refs)
         noise = self._rng.standard_normal((3, n))
-        lost, idle, cooling, brake = self._fault_masks(t_mid)
 
-        hot = self._temp_c > self._slowdown_c
         over_c = self._temp_c - self._slowdown_c
         r_th = np.minimum(np.maximum(1.0 - over_c / THERMAL_SPAN_C, THERMAL_FLOOR), 1.0)
-        r_hw = np.minimum(r_th, brake)
-        r = np.minimum(r_hw, self._pc_ratio)
-        power_limited = self._pc_ratio < r_hw
+        r_hw = np.minimum(r_th, reg.brake)
+        pc_ratio = self._pc_ratio
+        r = np.minimum(r_hw, pc_ratio)
 
-        compute, comm, intens, dram_k, working = self._work(t_mid, r, lost | idle, noise[0])
-        demand = compute * (0.3 + 0.9 * intens) + comm * 0.3
-        demand = np.maximum(demand * (1.0 + 0.03 * noise[1]), 0.0)
-        demand = np.where(working, demand, np.where(lost, 0.0, 0.005))
-        power_raw = self._idle_w + self._dyn_w * demand * r * r
-        capped = power_raw > self._limit_w
+        compute = np.zeros(n)
+        comm = np.zeros(n)
+        step_s = _train(reg.training, r, noise[0], compute, comm)
+        _serve(reg.inference, r, compute)
+        demand = compute * reg.power_a + comm * 0.3
+        demand = np.where(
+            reg.working, np.maximum(demand * (1.0 + 0.03 * noise[1]), 0.0), reg.rest_demand
+        )
+        power_raw = self._idle_w + self._dyn_w * demand * (r * r)
         power = np.minimum(power_raw, self._limit_w)
-        with np.errstate(divide="ignore"):
-            target = np.sqrt((self._limit_w - self._idle_w) / (self._dyn_w * demand))
+        # the power-cap controller: next step's clock puts this step's demand at the limit
+        target = np.sqrt(self._headroom_w / np.maximum(self._dyn_w * demand, 1e-9))
         self._pc_ratio = np.minimum(np.maximum(target, POWER_CAP_FLOOR), 1.0)
 
-        self._set_rates(compute, comm, intens, dram_k, power)
-        self._cool(power, cooling)
+        rate = reg.coef_compute * compute + reg.coef_comm * comm
+        rate[_C_ENERGY_J] = power
+        self._rate = rate
+        self._power_w = power
+        self._cool(power, reg.r_c_per_w)
         self._cum_prev = self._cum
-        self._cum = self._cum + self._rate * STEP_S
-
-        busy_pct = 100.0 * (compute + comm) + 1.0 * noise[2]
-        self._util_gpu = np.where(working, np.minimum(np.maximum(busy_pct, 0.0), 100.0), 0.0)
-        self._util_mem = 100.0 * self._rate[_C_DRAM]
-        clock = self._max_clock * r
-        self._clock_mhz = np.where(working, _quantise(clock), np.minimum(self._idle_clock, clock))
-        self._reasons = _reasons(working, power_limited | capped, hot, brake < 1.0)
+        self._cum = self._cum + rate * STEP_S
+        limited = (pc_ratio < r_hw) | (power_raw > self._limit_w)
+        self._last = _Last(
+            reg.working,
+            compute,
+            comm,
+            r,
+            limited,
+            over_c > 0,
+            reg.brake < 1.0,
+            noise[2],
+            reg.training.jobs,
+            step_s,
+        )
         self._grid += 1
-        self._record_energy_resets(t0, float(self._grid))
+        if self._resets:
+            self._record_energy_resets(t0, float(self._grid))
 
-    def _fault_masks(self, t_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _regime(self, t_s: float) -> _Regime:
+        key = bisect.bisect_right(self._boundaries, t_s)
+        reg = self._regimes.get(key)
+        if reg is None:
+            reg = self._regimes[key] = self._build_regime(t_s)
+        return reg
+
+    def _build_regime(self, t_s: float) -> _Regime:
         n = len(self._refs)
         lost = np.zeros(n, dtype=bool)
         idle = np.zeros(n, dtype=bool)
@@ -356,77 +402,45 @@ class Simulator:
             elif f.kind == "power_brake":
                 mhz = f.params["clock_mhz"]
                 ratio = mhz / self._max_clock[k] if mhz > 0 else BRAKE_DEFAULT_RATIO
-                brake[k] = min(brake[k], min(ratio, 1.0))
-        return lost, idle, cooling, brake
-
-    def _work(
-        self, t_s: float, r: np.ndarray, out: np.ndarray, jitter: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per GPU: compute and all-reduce fractions of the step, intensity, DRAM share, working."""
-        n = len(self._refs)
-        compute = np.zeros(n)
-        comm = np.zeros(n)
+                brake[k] = min(brake[k], ratio, 1.0)
+        out = lost | idle
+        running = [j for j in self._jobs if j.spec.active_at(t_s)]
+        training = _Slots.build([j for j in running if j.spec.kind == "training"], out)
+        inference = _Slots.build([j for j in running if j.spec.kind == "inference"], out)
         intens = np.zeros(n)
         dram_k = np.zeros(n)
         working = np.zeros(n, dtype=bool)
-        for group, dram in ((self._training, 0.35), (self._inference, 0.55)):
-            if group.idx.size == 0:
-                continue
-            live = group.live(t_s, out)
-            gpus = group.idx[live]
-            working[gpus] = True
-            intens[gpus] = group.intensity[live]
-            dram_k[gpus] = dram
-            if group is self._training:
-                c, m = self._train(group, live, r, jitter)
-                compute[gpus] = c[live]
-                comm[gpus] = m[live]
-            else:
-                compute[gpus] = _serve(group, live, r)[live]
-        return compute, comm, intens, dram_k, working
-
-    def _train(
-        self, group: _Group, live: np.ndarray, r: np.ndarray, jitter: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Synchronous data parallel: each job's step waits for its slowest rank's all-reduce."""
-        rr = r[group.idx]
-        compute_s = group.compute_s / rr * (1.0 + 0.01 * jitter[group.idx])
-        compute_s = np.where(live, compute_s, 0.0)
-        step_s = np.maximum.reduceat(compute_s, group.starts) + group.allreduce_s
-        self._step_s = np.where(group.active, step_s, np.nan)
-        per_slot = step_s[group.job_of_slot]
-        return compute_s / per_slot, group.allreduce_s[group.job_of_slot] / per_slot
-
-    def _set_rates(
-        self,
-        compute: np.ndarray,
-        comm: np.ndarray,
-        intens: np.ndarray,
-        dram_k: np.ndarray,
-        power: np.ndarray,
-    ) -> None:
-        rate = np.empty_like(self._rate)
-        rate[_C_ENERGY_J] = power
-        rate[_C_SM] = 0.95 * compute + 0.3 * comm
-        rate[_C_OCC] = 0.45 * compute + 0.1 * comm
-        rate[_C_HMMA] = compute * intens
-        rate[_C_FP32] = 0.06 * compute
-        rate[_C_FP16] = 0.02 * compute
-        rate[_C_DRAM] = dram_k * compute + 0.2 * comm
-        rate[_C_NVL] = NVLINK_BYTES_PER_S * comm
-        self._rate = rate
-        self._power_w = power
-        inference = (compute > 0) & (comm == 0)
-        self._pcie_tx = PCIE_TRAINING_BYTES_PER_S * comm + np.where(
-            inference, PCIE_INFERENCE_TX_BYTES_PER_S * compute, 0.0
-        )
-        self._pcie_rx = PCIE_TRAINING_BYTES_PER_S * comm + np.where(
-            inference, PCIE_INFERENCE_RX_BYTES_PER_S * compute, 0.0
+        for slots, dram in ((training, 0.35), (inference, 0.55)):
+            working[slots.gpus] = True
+            intens[slots.gpus] = np.repeat(
+                [j.intensity for j in slots.jobs], slots.sizes.astype(int)
+            )
+            dram_k[slots.gpus] = dram
+        coef_compute = np.zeros((_N_COUNTERS, n))
+        coef_comm = np.zeros((_N_COUNTERS, n))
+        coef_compute[_C_SM], coef_comm[_C_SM] = 0.95, 0.3
+        coef_compute[_C_OCC], coef_comm[_C_OCC] = 0.45, 0.1
+        coef_compute[_C_HMMA] = intens
+        coef_compute[_C_FP32] = 0.06
+        coef_compute[_C_FP16] = 0.02
+        coef_compute[_C_DRAM], coef_comm[_C_DRAM] = dram_k, 0.2
+        coef_comm[_C_NVL] = NVLINK_BYTES_PER_S
+        return _Regime(
+            lost=lost,
+            working=working,
+            brake=brake,
+            r_c_per_w=self._r_c_per_w * cooling,
+            power_a=0.3 + 0.9 * intens,
+            rest_demand=np.where(lost, 0.0, 0.005),
+            coef_compute=coef_compute,
+            coef_comm=coef_comm,
+            training=training,
+            inference=inference,
         )
 
-    def _cool(self, power: np.ndarray, cooling: np.ndarray) -> None:
+    def _cool(self, power: np.ndarray, r_c_per_w: np.ndarray) -> None:
         """First-order thermal lag, integrated exactly over the step."""
-        rise = self._r_c_per_w * cooling * power
+        rise = r_c_per_w * power
         self._temp_prev_c = self._temp_c
         self._mem_temp_prev_c = self._mem_temp_c
         a = 1.0 - math.exp(-STEP_S / THERMAL_TAU_S)
@@ -455,12 +469,17 @@ class Simulator:
         mem_temp = self._mem_temp_prev_c + (self._mem_temp_c - self._mem_temp_prev_c) * frac
         fan = np.clip(30.0 + 1.5 * (np.asarray(temp) - 40.0), 30.0, 100.0).tolist()
         power = self._power_w.tolist()
-        util = self._util_gpu.tolist()
-        util_mem = self._util_mem.tolist()
-        clock = self._clock_mhz.tolist()
-        reasons = self._reasons.tolist()
-        tx = (self._pcie_tx / 1024.0).tolist()
-        rx = (self._pcie_rx / 1024.0).tolist()
+        last = self._last
+        busy_pct = 100.0 * (last.compute + last.comm) + 1.0 * last.util_noise
+        util = np.where(last.working, np.minimum(np.maximum(busy_pct, 0.0), 100.0), 0.0).tolist()
+        util_mem = (100.0 * self._rate[_C_DRAM]).tolist()
+        clock_mhz = self._max_clock * last.r
+        idle_mhz = np.minimum(self._idle_clock, clock_mhz)
+        clock = np.where(last.working, _quantise(clock_mhz), idle_mhz).tolist()
+        reasons = _reasons(last.working, last.power_limited, last.hot, last.braked).tolist()
+        tx_b, rx_b = _pcie_bytes_per_s(last.compute, last.comm)
+        tx = (tx_b / 1024.0).tolist()
+        rx = (rx_b / 1024.0).tolist()
         mem_temp_l = mem_temp.tolist()
         for k, g in enumerate(self.cluster.gpus):
             g.time_s = t_s
@@ -555,6 +574,55 @@ class Simulator:
                     latest[k] = (f.start_s, self._energy_reset_j[id(f)])
         for k, (_, zero_j) in latest.items():
             self.cluster.gpus[k].energy_mj = round((energy_j[k] - zero_j) * 1000.0)
+
+
+def _train(
+    slots: _Slots, r: np.ndarray, jitter: np.ndarray, compute: np.ndarray, comm: np.ndarray
+) -> np.ndarray | None:
+    """Synchronous data parallel: each job's step waits for its slowest rank's all-reduce.
+
+    Fills ``compute``/``comm`` (fractions of the step) and returns each job's step time."""
+    if slots.gpus.size == 0:
+        return None
+    gpus = slots.gpus
+    compute_s = slots.compute_s / r[gpus] * (1.0 + 0.01 * jitter[gpus])
+    step_s = np.maximum.reduceat(compute_s, slots.starts) + slots.allreduce_s
+    per_slot = step_s[slots.job_of_slot]
+    compute[gpus] = compute_s / per_slot
+    comm[gpus] = slots.allreduce_s[slots.job_of_slot] / per_slot
+    return step_s
+
+
+def _serve(slots: _Slots, r: np.ndarray, compute: np.ndarray) -> None:
+    """Independent replicas behind a latency-aware balancer: traffic share goes as r²."""
+    if slots.gpus.size == 0:
+        return
+    rr = r[slots.gpus]
+    share = rr * rr
+    mean = np.add.reduceat(share, slots.starts) / slots.sizes
+    compute[slots.gpus] = np.minimum(slots.load * share / mean[slots.job_of_slot] / rr, 1.0)
+
+
+def _pcie_bytes_per_s(compute: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Training all-reduces through the NIC (GPUDirect); inference moves requests and replies."""
+    inference = (compute > 0) & (comm == 0)
+    tx = PCIE_TRAINING_BYTES_PER_S * comm + np.where(
+        inference, PCIE_INFERENCE_TX_BYTES_PER_S * compute, 0.0
+    )
+    rx = PCIE_TRAINING_BYTES_PER_S * comm + np.where(
+        inference, PCIE_INFERENCE_RX_BYTES_PER_S * compute, 0.0
+    )
+    return tx, rx
+
+
+def _boundaries(scenario: Scenario) -> list[float]:
+    """Every time at which a job or a dynamic fault starts or ends, sorted."""
+    times: set[float] = set()
+    for item in (*scenario.jobs, *scenario.faults):
+        times.add(item.start_s)
+        if item.end_s is not None:
+            times.add(item.end_s)
+    return sorted(times)
 
 
 def _reasons(
