@@ -8,9 +8,10 @@ from gpuwatt.analytics.energy import Tariff
 from gpuwatt.analytics.quality import Figure, Quality
 from gpuwatt.analytics.render import render_text
 from gpuwatt.analytics.stragglers import Straggler, StragglerConfig
-from gpuwatt.analytics.summary import AnalysisSummary, analyze
+from gpuwatt.analytics.summary import ANALYSIS_FIELDS, AnalysisSummary, analyze
 
 __all__ = [
+    "ANALYSIS_FIELDS",
     "AnalysisSummary",
     "Figure",
     "IdleGpu",

@@ -218,6 +218,18 @@ def _peer_util(sw: pd.DataFrame, row: pd.Series) -> float:
     return float(peers.median()) if len(peers) else float("nan")
 
 
+def _signature(own_util: float, peers_util: float, row: pd.Series, cfg: StragglerConfig) -> str:
+    """synchronous: busiest while peers wait; independent: does less work than its peers."""
+    if own_util - peers_util >= cfg.sync_util_margin_pct:
+        return "synchronous"
+    tensor = float(row.get("tensor_active_pct", np.nan))
+    peer_tensor = float(row["peer_median_tensor_active_pct"])
+    less_work = math.isfinite(tensor) and peer_tensor > 0 and tensor / peer_tensor <= 0.9
+    if peers_util - own_util >= cfg.sync_util_margin_pct / 2 or less_work:
+        return "independent"
+    return "even"
+
+
 def _waiting_energy(sw: pd.DataFrame, run: pd.DataFrame) -> float:
     """Energy peers spent waiting at the barrier: their energy x (1 - own util / straggler's)."""
     total = 0.0
@@ -266,9 +278,11 @@ def explain(
             f"{ev['peers_utilization_pct']:.0f} %): peers wait for it"
         )
     elif signature == "independent":
+        own_t, peer_t = ev["tensor_active_pct"], ev["peer_median_tensor_active_pct"]
+        own_u, peer_u = ev["utilization_gpu_pct"], ev["peers_utilization_pct"]
         parts.append(
-            f"slowest of {where} ({ev['utilization_gpu_pct']:.0f} % vs peers "
-            f"{ev['peers_utilization_pct']:.0f} %)"
+            f"does the least work in {where} (tensor activity {own_t:.0f} % vs peers "
+            f"{peer_t:.0f} %, utilisation {own_u:.0f} % vs {peer_u:.0f} %)"
         )
     label = cause.replace("_", " ")
     return f"{'; '.join(parts)} -> {label}: {ACTIONS[cause]}"
@@ -295,12 +309,7 @@ def find_stragglers(sw: pd.DataFrame, cfg: StragglerConfig) -> list[Straggler]:
         cause, inferred = _cause(run, cfg)
         peers_util = _peer_util(sw, latest)
         own_util = float(latest["utilization_gpu_pct"])
-        if own_util - peers_util >= cfg.sync_util_margin_pct:
-            signature = "synchronous"
-        elif peers_util - own_util >= cfg.sync_util_margin_pct:
-            signature = "independent"
-        else:
-            signature = "even"
+        signature = _signature(own_util, peers_util, latest, cfg)
         ev = {
             "sm_clock_mhz": float(latest["sm_clock_mhz"]),
             "peer_median_sm_clock_mhz": float(latest["peer_median_sm_clock_mhz"]),

@@ -265,3 +265,22 @@ def analyze(
         tariff=tariff,
         notes=notes,
     )
+
+
+#: The GpuSample attributes ``analyze`` uses: what a caller should read from the store.
+ANALYSIS_FIELDS: tuple[str, ...] = (
+    "utilization_gpu_pct",
+    "memory_used_bytes",
+    "temperature_gpu_c",
+    "power_w",
+    "energy_j",
+    "sm_clock_mhz",
+    "clock_event_reasons",
+    "tensor_active_pct",
+    "tensor_hmma_active_pct",
+    "tensor_dfma_active_pct",
+    "fp64_active_pct",
+    "fp32_active_pct",
+    "fp16_active_pct",
+    "tflops_estimate",
+)
