@@ -56,6 +56,22 @@ def _ident(name: str) -> str:
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+class _Secret:
+    """Holds a token; its repr is ``'***'`` so dumps of an object's state (``vars()``, a
+    traceback with locals) do not show it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
 def _retryable(status: int | None) -> bool:
     return status is None or status == 0 or status == 429 or status >= 500
 
@@ -76,7 +92,7 @@ class InfluxStore:
         self.org = org
         self.bucket = bucket
         self.timeout_s = float(timeout_s)
-        self.__token = token or None
+        self._token = _Secret(token) if token else None
         self._encoder = LineEncoder()
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
@@ -92,7 +108,7 @@ class InfluxStore:
         return cls(settings.url, settings.org, settings.bucket, settings.token, timeout_s=timeout_s)
 
     def __repr__(self) -> str:
-        auth = "token" if self.__token else "no token"
+        auth = "token" if self._token else "no token"
         return f"InfluxStore(url={self.url!r}, org={self.org!r}, bucket={self.bucket!r}, {auth})"
 
     def close(self) -> None:
@@ -143,7 +159,7 @@ class InfluxStore:
 
             self._client = InfluxDBClient(
                 url=self.url,
-                token=self.__token,
+                token=self._token.reveal() if self._token else None,
                 org=self.org,
                 timeout=int(self.timeout_s * 1000),
                 debug=False,
@@ -155,8 +171,8 @@ class InfluxStore:
     def _raise_http(self, what: str, status: int | None, body: Any, exc: Exception) -> NoReturn:
         detail = _error_text(body)
         message = f"InfluxDB at {self.url} answered {what} with HTTP {status}: {detail}"
-        if self.__token:
-            message = message.replace(self.__token, "***")
+        if self._token:
+            message = message.replace(self._token.reveal(), "***")
         if _retryable(status):
             raise StoreUnavailable(message) from exc
         raise StoreRejected(message, status) from exc
@@ -166,8 +182,8 @@ class InfluxStore:
     def query(self, influxql: str) -> list[dict[str, Any]]:
         """Run one InfluxQL statement; the ``series`` of its result (empty when none)."""
         headers = {"Accept": "application/json"}
-        if self.__token:
-            headers["Authorization"] = f"Token {self.__token}"
+        if self._token:
+            headers["Authorization"] = f"Token {self._token.reveal()}"
         try:
             resp = self._http.request(
                 "GET",

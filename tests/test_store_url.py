@@ -1,0 +1,144 @@
+"""Store URLs, the default store, and InfluxDB settings from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwatt.errors import ConfigError
+from gpuwatt.store import Store, StoreUrlError, default_store_url, open_store
+from gpuwatt.store.influx import InfluxStore
+from gpuwatt.store.sqlite import SqliteStore
+from gpuwatt.store.url import (
+    InfluxSettings,
+    InfluxTarget,
+    SqliteTarget,
+    influx_settings_from_env,
+    parse_store_url,
+)
+
+TOKEN = "tok-ABC-123"
+
+
+def test_sqlite_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_store_url("sqlite:///abs/path.db", {}) == SqliteTarget(Path("/abs/path.db"))
+    monkeypatch.chdir(tmp_path)
+    assert parse_store_url("sqlite:rel/g.db", {}) == SqliteTarget(tmp_path / "rel" / "g.db")
+    for bad in ("sqlite://host/x.db", "sqlite:", "sqlite:///", "sqlite:///x.db?mode=ro"):
+        with pytest.raises(StoreUrlError):
+            parse_store_url(bad, {})
+
+
+def test_open_store_sqlite(tmp_path: Path) -> None:
+    store = open_store(f"sqlite://{tmp_path}/sub/g.db", {})
+    try:
+        assert isinstance(store, SqliteStore) and isinstance(store, Store)
+        assert store.path == tmp_path / "sub" / "g.db" and store.path.exists()
+    finally:
+        store.close()
+
+
+def test_default_store(tmp_path: Path) -> None:
+    assert default_store_url({"GPUWATT_HOME": str(tmp_path)}) == f"sqlite://{tmp_path}/gpuwatt.db"
+    home_default = default_store_url({})
+    assert home_default.startswith("sqlite:///")
+    assert home_default.endswith("/.local/share/gpuwatt/gpuwatt.db")
+    store = open_store(None, {"GPUWATT_HOME": str(tmp_path / "h")})
+    try:
+        assert isinstance(store, SqliteStore) and store.path == tmp_path / "h" / "gpuwatt.db"
+    finally:
+        store.close()
+
+
+def test_influx_urls() -> None:
+    env = {"INFLUXDB_V2_TOKEN": f"  {TOKEN}\n", "INFLUXDB_V2_ORG": "envorg"}
+    target = parse_store_url("influxdb://db.example:8086/metrics?org=acme", env)
+    assert target == InfluxTarget(
+        InfluxSettings("http://db.example:8086", "acme", "metrics", TOKEN)
+    )
+    target = parse_store_url("influxdbs://db.example/", env)
+    assert isinstance(target, InfluxTarget)
+    assert target.settings == InfluxSettings("https://db.example", "envorg", "gpuwatt", TOKEN)
+    assert TOKEN not in repr(target)
+
+
+def test_influx_url_from_environment_only() -> None:
+    env = {
+        "INFLUXDB_V2_URL": "https://influx.internal:8086/",
+        "INFLUXDB_V2_ORG": "o",
+        "INFLUXDB_V2_BUCKET": "b",
+    }
+    target = parse_store_url("influxdb://", env)
+    assert isinstance(target, InfluxTarget)
+    assert target.settings == InfluxSettings("https://influx.internal:8086", "o", "b", None)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"influxdb://admin:{TOKEN}@db:8086/b?org=o",
+        f"influxdbs://{TOKEN}@db/b",
+        f"influxdb://:{TOKEN}@db/b",
+    ],
+)
+def test_credentials_in_a_url_are_rejected_without_echoing_them(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store(url, {})
+    message = str(info.value)
+    assert TOKEN not in message
+    assert "INFLUXDB_V2_TOKEN" in message and "INFLUXDB_V2_TOKEN_FILE" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("postgres://db/x", "unknown store scheme"),
+        ("/tmp/x.db", "unknown store scheme"),
+        ("influxdb://db/b?token=x", "only org="),
+        ("influxdb://db/a/b", "just the bucket"),
+        ("influxdb://db:notaport/b", "malformed"),
+    ],
+)
+def test_bad_urls_are_explained(url: str, needle: str) -> None:
+    with pytest.raises(StoreUrlError, match=needle):
+        parse_store_url(url, {})
+
+
+def test_open_store_influx_does_not_connect() -> None:
+    store = open_store("influxdb://127.0.0.1:9/bkt?org=o", {"INFLUXDB_V2_TOKEN": TOKEN})
+    try:
+        assert isinstance(store, InfluxStore)
+        assert (store.url, store.org, store.bucket) == ("http://127.0.0.1:9", "o", "bkt")
+        assert TOKEN not in repr(store)
+    finally:
+        store.close()
+
+
+def test_settings_from_env(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(f"\n  {TOKEN}  \n")
+    env = {"INFLUXDB_V2_URL": "http://influxdb:8086", "INFLUXDB_V2_TOKEN_FILE": str(token_file)}
+    s = influx_settings_from_env(env)
+    assert s == InfluxSettings("http://influxdb:8086", "", "gpuwatt", TOKEN)
+    assert TOKEN not in repr(s)
+    # The variable wins over the file.
+    assert influx_settings_from_env({**env, "INFLUXDB_V2_TOKEN": "other"}).token == "other"
+
+
+def test_settings_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreUrlError, match="INFLUXDB_V2_URL is not set"):
+        influx_settings_from_env({})
+    with pytest.raises(StoreUrlError, match="http"):
+        influx_settings_from_env({"INFLUXDB_V2_URL": "influxdb:8086"})
+    with pytest.raises(StoreUrlError, match="credentials") as info:
+        influx_settings_from_env({"INFLUXDB_V2_URL": f"http://u:{TOKEN}@h:8086"})
+    assert TOKEN not in str(info.value)
+    missing = tmp_path / "nope"
+    env = {"INFLUXDB_V2_URL": "http://h:8086", "INFLUXDB_V2_TOKEN_FILE": str(missing)}
+    with pytest.raises(StoreUrlError, match="cannot read token file"):
+        influx_settings_from_env(env)
+    (tmp_path / "empty").write_text("\n")
+    env["INFLUXDB_V2_TOKEN_FILE"] = str(tmp_path / "empty")
+    with pytest.raises(StoreUrlError, match="is empty"):
+        influx_settings_from_env(env)
