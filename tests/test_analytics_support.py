@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 NS = 1_000_000_000
-T0_NS = 1_700_000_000 * NS  # a multiple of 60 s
+T0_NS = 1_700_000_040 * NS  # a multiple of 60 s
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
 

@@ -124,7 +124,6 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     g = work.groupby(["w", "grp"], sort=False)
     med = g[["clock", "temp", "ppu", "tensor", "util"]].transform("median")
     n_busy = g["busy"].transform("sum").to_numpy()
-    n_members = g["busy"].transform("size").to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         score = clock / med["clock"].to_numpy()
         power_score = ppu / med["ppu"].to_numpy()
@@ -141,25 +140,9 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     soft = score < cfg.soft_score
     anomalous = eligible & ((score < cfg.hard_score) | (soft & (faulty | inferred)))
 
-    # synchronous-training signature without a clock deficit: one GPU of a job far busier than
-    # peers that all wait alike (slow for a reason the clocks do not show)
-    util_s = pd.Series(util)
-    others_max = (
-        util_s.where(~np.isclose(util, g["util"].transform("max").to_numpy()))
-        .groupby([work["w"], work["grp"]], sort=False)
-        .transform("max")
-        .to_numpy()
-    )
-    others_min = g["util"].transform("min").to_numpy()
-    is_job = job.notna().to_numpy()
-    sync_slow = (
-        is_job
-        & eligible
-        & (n_members >= 4)
-        & np.isclose(util, g["util"].transform("max").to_numpy())
-        & (util - others_max >= 2 * cfg.sync_util_margin_pct)
-        & (others_max - others_min <= cfg.sync_util_margin_pct)
-    )
+    # synchronous-training signature without a clock deficit: in a job, exactly one busy GPU far
+    # busier than the other busy GPUs, which all wait alike (slow for a reason clocks do not show)
+    sync_slow = _sync_outlier(work, job.notna().to_numpy(), eligible, cfg)
     anomalous = anomalous | sync_slow
 
     runs = run_lengths(gw["gpu"].to_numpy(), anomalous)
@@ -182,6 +165,31 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
         flagged=runs >= cfg.persist_windows,
     )
     return out
+
+
+def _sync_outlier(
+    work: pd.DataFrame, is_job: np.ndarray, eligible: np.ndarray, cfg: StragglerConfig
+) -> np.ndarray:
+    util = work["util"].to_numpy(dtype=float)
+    busy = work["busy"].to_numpy(dtype=bool)
+    bu = pd.Series(np.where(busy, util, np.nan))
+    keys = [work["w"], work["grp"]]
+    top = bu.groupby(keys, sort=False).transform("max").to_numpy()
+    is_top = busy & (util >= top)
+    n_top = pd.Series(is_top.astype(np.int64)).groupby(keys, sort=False).transform("sum")
+    others = pd.Series(np.where(busy & ~is_top, util, np.nan))
+    o_max = others.groupby(keys, sort=False).transform("max").to_numpy()
+    o_min = others.groupby(keys, sort=False).transform("min").to_numpy()
+    n_busy = work.groupby(["w", "grp"], sort=False)["busy"].transform("sum").to_numpy()
+    return (
+        is_job
+        & eligible
+        & is_top
+        & (n_top.to_numpy() == 1)
+        & (n_busy >= 4)
+        & (util - o_max >= 2 * cfg.sync_util_margin_pct)
+        & (o_max - o_min <= cfg.sync_util_margin_pct)
+    )
 
 
 def _cause(run: pd.DataFrame, cfg: StragglerConfig) -> tuple[str, bool]:
