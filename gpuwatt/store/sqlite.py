@@ -29,6 +29,7 @@ the newest data time with it; the collector stamps samples with a synchronised c
 from __future__ import annotations
 
 import contextlib
+import json
 import operator
 import queue
 import sqlite3
@@ -37,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod
+from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, ProcessSample, TflopsMethod
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
     FIELDS,
@@ -149,13 +150,17 @@ def _agg_sql(step_ns: int, src: str, attrs: Sequence[str]) -> str:
     )
 
 
-def _raw_level_sql(attrs: Sequence[str], gpu_filter: str) -> str:
-    """Raw samples as level rows, over ``time_ns >= ? AND time_ns < ?``."""
+def _raw_agg_sql(step_ns: int, attrs: Sequence[str], gpu_filter: str) -> str:
+    """Aggregate raw samples in ``time_ns >= ? AND time_ns < ?`` into step buckets (level rows).
+
+    The same result as ``_agg_sql`` over raw rows of weight 1, with plain avg() (lost samples
+    have no metrics), which is cheaper.
+    """
+    cols = "".join(f", {a}" if a in LAST_VALUE_ATTRS else f", avg({a}) AS {a}" for a in attrs)
     return (
-        "SELECT time_ns, gpu_id, 1 AS n, 1 - lost AS n_ok, "
-        "CASE WHEN lost = 0 THEN time_ns END AS t_last_ns"
-        + "".join(f", {a}" for a in attrs)
-        + f" FROM samples WHERE time_ns >= ? AND time_ns < ?{gpu_filter}"
+        f"SELECT s.time_ns / {step_ns} * {step_ns} AS time_ns, gpu_id, count(*) AS n, "
+        f"sum(1 - lost) AS n_ok, max(CASE WHEN lost = 0 THEN s.time_ns END) AS t_last_ns{cols} "
+        f"FROM samples s WHERE s.time_ns >= ? AND s.time_ns < ?{gpu_filter} GROUP BY 1, gpu_id"
     )
 
 
@@ -183,6 +188,8 @@ class SqliteStore:
         self._connections: list[sqlite3.Connection] = []
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
         self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
+        # The same processes run on a GPU for hours: format each set once.
+        self._processes_text: dict[tuple[ProcessSample, ...], str] = {}
         self._closed = False
         self._writer = self._connect()
         # Rows are wide (~330 B): 16 KiB pages halve the insert cost of the clustered table.
@@ -278,10 +285,15 @@ class SqliteStore:
         with self._transaction(con):
             rows, last_by_gpu = self._rows(con, samples)
             con.executemany(_INSERT_SQL, rows)
+            # One statement per distinct time (a collector round has one): half the cost of
+            # one UPDATE per GPU.
+            by_time: dict[int, list[int]] = {}
+            for g, t in last_by_gpu.items():
+                by_time.setdefault(t, []).append(g)
             con.executemany(
-                "UPDATE gpus SET last_time_ns = ?1 WHERE id = ?2 "
+                "UPDATE gpus SET last_time_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
                 "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                [(t, g) for g, t in last_by_gpu.items()],
+                [(t, json.dumps(gids)) for t, gids in by_time.items()],
             )
             self._maintain(con, [s.time_ns for s in samples])
 
@@ -307,11 +319,20 @@ class SqliteStore:
         rows: list[tuple[Any, ...]] = []
         append = rows.append
         last: dict[int, int] = {}
+        proc_cache = self._processes_text
         for s in samples:
             gid = ids.get((s.host, s.gpu_index, s.uuid, s.name))
             if gid is None:
                 gid = self._gpu_id(con, s)
             xids, procs = s.xid_errors, s.processes
+            if procs:
+                procs_text = proc_cache.get(procs)
+                if procs_text is None:
+                    if len(proc_cache) >= 8192:
+                        proc_cache.clear()
+                    procs_text = proc_cache[procs] = format_processes(procs)
+            else:
+                procs_text = None if procs is None else ""
             # StrEnum members bind as their text value.
             append(
                 get(s)  # noqa: RUF005 (concatenation beats unpacking in this hot loop)
@@ -321,7 +342,7 @@ class SqliteStore:
                     s.tflops_method,
                     xids[-1] if xids else None,
                     len(xids) if xids else None,
-                    None if procs is None else format_processes(procs),
+                    procs_text,
                     s.job_id,
                 )
             )
@@ -392,18 +413,16 @@ class SqliteStore:
         table = _ROLLUP_TABLES[level_ns]
         lower = _LOWER_LEVEL[level_ns]
         if lower == 0:
-            src = _raw_level_sql(METRIC_ATTRS, "")
+            select = _raw_agg_sql(level_ns, METRIC_ATTRS, "")
         else:
             src = (
                 f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns, {', '.join(METRIC_ATTRS)} "
                 f"FROM {_ROLLUP_TABLES[lower]} WHERE time_ns >= ? AND time_ns < ?"
             )
+            select = _agg_sql(level_ns, src, METRIC_ATTRS)
         cols = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
         con.execute(f"DELETE FROM {table} WHERE time_ns >= ? AND time_ns < ?", (start_ns, end_ns))
-        con.execute(
-            f"INSERT INTO {table} ({cols}) {_agg_sql(level_ns, src, METRIC_ATTRS)}",
-            (start_ns, end_ns),
-        )
+        con.execute(f"INSERT INTO {table} ({cols}) {select}", (start_ns, end_ns))
 
     def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
         """Recompute the dirty buckets that end at or before ``before_ns``."""
@@ -497,11 +516,21 @@ class SqliteStore:
                 if step_ns <= 0:
                     raise ValueError("step_s must be positive")
                 level = _level_for(step_ns)
-                meta = self._meta(con)
-                src, params = self._level_src(
-                    con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
-                )
-                agg = _agg_sql(step_ns, src, attrs)
+                if level == 0:
+                    agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
+                    params = [start_ns, end_ns, *filter_params]
+                else:
+                    src, params = self._level_src(
+                        con,
+                        self._meta(con),
+                        level,
+                        start_ns,
+                        end_ns,
+                        attrs,
+                        gpu_filter,
+                        filter_params,
+                    )
+                    agg = _agg_sql(step_ns, src, attrs)
                 sql = (
                     "SELECT a.time_ns, g.host, g.gpu_index, g.uuid, g.name"
                     + "".join(f", a.{a}" for a in attrs)
@@ -524,8 +553,6 @@ class SqliteStore:
     ) -> tuple[str, list[Any]]:
         """SQL for level rows over ``[start_ns, end_ns)``: clean rolled-up buckets from the
         rollup table, everything else (not yet rolled, dirty) aggregated from the level below."""
-        if level_ns == 0:
-            return _raw_level_sql(attrs, gpu_filter), [start_ns, end_ns, *filter_params]
         up = meta.get(f"rolled_{level_ns // NS_PER_S}")
         parts: list[str] = []
         params: list[Any] = []
@@ -550,14 +577,17 @@ class SqliteStore:
         tail_start = start_ns if up is None else max(start_ns, up)
         if tail_start < end_ns:
             below.append((tail_start, end_ns))
+        lower = _LOWER_LEVEL[level_ns]
         for lo, hi in below:
-            src, p = self._level_src(
-                con, meta, _LOWER_LEVEL[level_ns], lo, hi, attrs, gpu_filter, filter_params
-            )
-            parts.append(_agg_sql(level_ns, src, attrs))
-            params += p
-        if not parts:
-            return _raw_level_sql(attrs, gpu_filter), [0, 0, *filter_params]
+            if lower == 0:
+                parts.append(_raw_agg_sql(level_ns, attrs, gpu_filter))
+                params += [lo, hi, *filter_params]
+            else:
+                src, p = self._level_src(con, meta, lower, lo, hi, attrs, gpu_filter, filter_params)
+                parts.append(_agg_sql(level_ns, src, attrs))
+                params += p
+        if not parts:  # an empty range
+            return _raw_agg_sql(level_ns, attrs, gpu_filter), [0, 0, *filter_params]
         return " UNION ALL ".join(parts), params
 
 
