@@ -119,10 +119,12 @@ def rollup(frame: pd.DataFrame, step_s: int = 60) -> pd.DataFrame:
     f = frame.copy()
     f["time_ns"] = (f["time_ns"] // (step_s * NS)) * step_s * NS
     keys = ["time_ns", "host", "gpu_index", "uuid", "name"]
-    gauges = [c for c in f.columns if c not in keys and c not in ("energy_j", "job_id")]
+    last = ("energy_j", "job_id", "clock_event_reasons")  # the SQLite store keeps these last
+    gauges = [c for c in f.columns if c not in keys and c not in last]
     g = f.groupby(keys, sort=True)
     out = g[gauges].mean()
     out["energy_j"] = g["energy_j"].last()
+    out["clock_event_reasons"] = g["clock_event_reasons"].last()
     if "job_id" in f.columns:
         out["job_id"] = g["job_id"].last()
     return out.reset_index()

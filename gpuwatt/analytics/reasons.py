@@ -4,9 +4,10 @@ HW slowdown (0x8), HW thermal slowdown (0x40) and HW power brake (0x80) are faul
 (0x4) is what a GPU at full load normally shows and is NOT a fault; SW thermal slowdown (0x20) is
 the driver keeping the GPU under its target temperature and is reported as evidence only.
 
-A 1-minute rollup stores the *mean* of the bitmask, which cannot be decoded into bits. Rows whose
-value is not a whole number are therefore "unknown" (NaN) rather than guessed; raw samples (or a
-bucket in which the mask never changed) decode exactly.
+Raw samples decode exactly, and a window's fraction is the share of its samples with the bit set.
+The SQLite store's rollups keep the *last* bitmask of each bucket: the fraction is then over those
+sampled instants (one per minute), which the explanations say. A store that averaged the bitmask
+would yield non-integers that cannot be decoded: such rows are "unknown" (NaN), never guessed.
 """
 
 from __future__ import annotations

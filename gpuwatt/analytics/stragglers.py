@@ -259,17 +259,31 @@ def _waiting_energy(sw: pd.DataFrame, run: pd.DataFrame) -> float:
 
 
 def explain(
-    host: str, idx: int, cause: str, ev: dict[str, float], signature: str, job: str | None
+    host: str,
+    idx: int,
+    cause: str,
+    ev: dict[str, float],
+    signature: str,
+    job: str | None,
+    *,
+    sampled: bool = False,
 ) -> str:
     """The one-line explanation of a straggler, numbers first, then what to do."""
     parts = [
         f"GPU {idx} on {host} runs at {ev['sm_clock_mhz']:.0f} MHz against a peer median of "
         f"{ev['peer_median_sm_clock_mhz']:.0f} MHz ({ev['clock_delta_pct']:+.0f} %)"
     ]
+    specific = False
     for frac in ("frac_power_brake", "frac_hw_thermal", "frac_hw_slowdown"):
         v = ev.get(frac, float("nan"))
+        if frac == "frac_hw_slowdown" and specific:
+            continue  # HW slowdown accompanies thermal and power brake: not worth repeating
         if math.isfinite(v) and v > 0:
-            parts.append(f"{LABELS[frac]} active {_fmt_pct(v)} of the window")
+            specific = True
+            if sampled:
+                parts.append(f"{LABELS[frac]} seen at {_fmt_pct(v)} of the sampled instants")
+            else:
+                parts.append(f"{LABELS[frac]} active {_fmt_pct(v)} of the window")
     if math.isfinite(ev.get("temperature_c", float("nan"))):
         t = f"{ev['temperature_c']:.0f} °C"
         d = ev.get("temperature_delta_c", float("nan"))
@@ -296,8 +310,14 @@ def explain(
     return f"{'; '.join(parts)} -> {label}: {ACTIONS[cause]}"
 
 
-def find_stragglers(sw: pd.DataFrame, cfg: StragglerConfig) -> list[Straggler]:
-    """One entry per GPU flagged in any window (its newest flagged run), ranked by severity."""
+def find_stragglers(
+    sw: pd.DataFrame, cfg: StragglerConfig, *, reasons_sampled: bool = False
+) -> list[Straggler]:
+    """One entry per GPU flagged in any window (its newest flagged run), ranked by severity.
+
+    ``reasons_sampled``: the rows are rollups whose bitmask is one sample per bucket, so reason
+    fractions are over sampled instants (the explanation says so), averaged over the run.
+    """
     flagged = sw.loc[sw["flagged"]]
     if flagged.empty:
         return []
@@ -338,7 +358,12 @@ def find_stragglers(sw: pd.DataFrame, cfg: StragglerConfig) -> list[Straggler]:
             "frac_hw_slowdown",
             "frac_sw_power_cap",
         ):
-            ev[frac] = float(latest.get(frac, np.nan))
+            if frac not in run.columns:
+                ev[frac] = float("nan")
+            elif reasons_sampled:
+                ev[frac] = float(run[frac].mean())
+            else:
+                ev[frac] = float(latest[frac])
         score = float(run["score"].median())
         severity = "critical" if (score < 0.7 or cause == "power_brake") else "warning"
         waiting = _waiting_energy(sw, run) if signature == "synchronous" else float("nan")
@@ -367,7 +392,13 @@ def find_stragglers(sw: pd.DataFrame, cfg: StragglerConfig) -> list[Straggler]:
                 evidence=ev,
                 peers_waiting_energy_j=waiting if math.isfinite(waiting) else None,
                 explanation=explain(
-                    str(latest["host"]), int(latest["gpu_index"]), cause, ev, signature, job
+                    str(latest["host"]),
+                    int(latest["gpu_index"]),
+                    cause,
+                    ev,
+                    signature,
+                    job,
+                    sampled=reasons_sampled,
                 ),
             )
         )

@@ -160,7 +160,7 @@ def analyze(
     balance = balance_over_time(gw)
     idle = idle_gpus(gw, min_windows=idle_windows, window_ns=window_ns)
     sw = score_windows(gw, cfg)
-    stragglers = find_stragglers(sw, cfg)
+    stragglers = find_stragglers(sw, cfg, reasons_sampled=step_ns >= 10 * NS_PER_S)
 
     # --- per GPU -----------------------------------------------------------------------------
     g = gw.groupby("gpu", sort=True)
