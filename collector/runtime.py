@@ -105,7 +105,7 @@ class Flusher:
         spool: Spool,
         store: Store,
         *,
-        batch_lines: int = 5000,
+        batch_lines: int = 2000,
         max_backoff_s: float = 30.0,
         monotonic_s: Callable[[], float] = time.monotonic,
         dead_letter_dir: Path | None = None,

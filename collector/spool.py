@@ -107,7 +107,7 @@ class Spool:
             )
 
     # --- reading and committing ------------------------------------------------------------------
-    def read_batch(self, max_lines: int = 5000, max_bytes: int = 4 * 1024 * 1024) -> SpoolBatch:
+    def read_batch(self, max_lines: int = 2000, max_bytes: int = 1024 * 1024) -> SpoolBatch:
         """The next undelivered lines (possibly none), oldest first."""
         with self._lock:
             while True:

@@ -10,8 +10,8 @@ Each sample carries the job its GPU belongs to, as the simulator's own job resol
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from collector.nvml_source import NvmlSampler
 from collector.sim.fake_nvml import FakeNvml

@@ -1,0 +1,164 @@
+"""The collector against a real store that goes away: nothing lost, memory bounded, no duplicates.
+
+These run the real command line (``python -m gpuwatt collect --simulate ...``) against Debian's
+victoria-metrics, which accepts InfluxDB's ``/api/v2/write``; the server is killed and restarted
+underneath it. Times here are how long the scenario lasts, not how fast anything must be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from servers import VictoriaMetricsServer
+
+pytestmark = pytest.mark.servers
+
+GPUS = 32  # the healthy scenario: 4 nodes x 8 GPUs
+OUTAGE_S = 30.0
+
+
+def _collector(vm: VictoriaMetricsServer, spool: Path, interval_s: float, duration_s: float):
+    env = {
+        **os.environ,
+        "INFLUXDB_V2_TOKEN": "test-token-not-checked-by-victoria-metrics",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuwatt",
+        "collect",
+        "--simulate",
+        "healthy",
+        "--interval",
+        str(interval_s),
+        "--duration",
+        str(duration_s),
+        "--spool",
+        str(spool),
+        "--store",
+        f"influxdb://{vm.url.removeprefix('http://')}/gpuwatt?org=test",
+    ]
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _timestamps_by_gpu(vm: VictoriaMetricsServer) -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for series in vm.export('{__name__="nvidia_smi_gpu_lost"}'):
+        labels = series["metric"]
+        out.setdefault((labels["host"], labels["index"]), []).extend(series["timestamps"])
+    return out
+
+
+def _undelivered_lines(spool: Path) -> int:
+    """Complete lines after the spool's cursor, read without opening (and repairing) the spool."""
+    try:
+        cursor = json.loads((spool / "cursor.json").read_text())
+    except FileNotFoundError:
+        cursor = {"segment": 0, "offset": 0}
+    total = 0
+    for path in sorted(spool.glob("*.lp")):
+        seq = int(path.stem)
+        if seq < cursor["segment"]:
+            continue
+        data = path.read_bytes()
+        total += data[cursor["offset"] if seq == cursor["segment"] else 0 :].count(b"\n")
+    return total
+
+
+def _wait_for(predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def test_store_killed_for_30s_loses_no_sample(
+    victoria_metrics: VictoriaMetricsServer, tmp_path: Path
+) -> None:
+    vm = victoria_metrics
+    spool = tmp_path / "spool"
+    interval_s = 0.1  # 320 GPU samples a second, so an in-memory backlog would show in RSS
+    proc = _collector(vm, spool, interval_s, duration_s=OUTAGE_S + 12)
+    try:
+        rss = psutil.Process(proc.pid)
+        time.sleep(4)  # running and delivering
+        rss_before = rss.memory_info().rss
+        vm.stop()
+        rss_peak = rss_before
+        spool_peak = 0
+        outage_end = time.monotonic() + OUTAGE_S
+        while time.monotonic() < outage_end:
+            rss_peak = max(rss_peak, rss.memory_info().rss)
+            spool_peak = max(spool_peak, _undelivered_lines(spool))
+            time.sleep(0.5)
+        vm.start()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    m = re.search(r"(\d+) GPU samples taken, (\d+) delivered, (\d+) kept", out)
+    assert m, out
+    taken, delivered, kept = map(int, m.groups())
+    assert kept == 0 and delivered == taken, out
+    # the outage really happened and the samples waited on disk, not in memory
+    assert "store unreachable" in out
+    assert spool_peak >= GPUS * 50
+    assert rss_peak - rss_before < 16 * 1024 * 1024, (rss_before, rss_peak)
+    # every sample is in the store exactly once
+    by_gpu = _timestamps_by_gpu(vm)
+    assert len(by_gpu) == GPUS
+    assert sum(len(ts) for ts in by_gpu.values()) == taken
+    for ts in by_gpu.values():
+        assert len(ts) == len(set(ts)) == taken // GPUS
+
+
+def test_sigkill_loses_at_most_one_tick_and_replays_the_spool(
+    victoria_metrics: VictoriaMetricsServer, tmp_path: Path
+) -> None:
+    vm = victoria_metrics
+    spool = tmp_path / "spool"
+    interval_s = 0.2
+    first = _collector(vm, spool, interval_s, duration_s=600)
+    try:
+        _wait_for(lambda: len(_timestamps_by_gpu(vm)) == GPUS, timeout_s=60)
+        vm.stop()  # from now on everything waits in the spool
+        _wait_for(lambda: _undelivered_lines(spool) >= 10 * GPUS, timeout_s=60)
+        # Freeze it (possibly in the middle of a write), count what it had made durable, kill it.
+        os.kill(first.pid, signal.SIGSTOP)
+        acknowledged = _undelivered_lines(spool)
+        killed_at_ms = time.time() * 1000
+        os.kill(first.pid, signal.SIGKILL)
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    vm.start()
+    delivered_before_outage = sum(len(ts) for ts in _timestamps_by_gpu(vm).values())
+    second = _collector(vm, spool, interval_s, duration_s=3)
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, out
+    by_gpu = _timestamps_by_gpu(vm)
+    for ts in by_gpu.values():
+        assert len(ts) == len(set(ts))  # nothing twice
+    first_run = sum(1 for ts in by_gpu.values() for t in ts if t < killed_at_ms)
+    # Everything the first collector had fsync'd reached the store; only the tick it was in the
+    # middle of when killed (at most one interval) is gone.
+    assert acknowledged >= 10 * GPUS
+    assert first_run == delivered_before_outage + acknowledged
+    assert second.returncode == 0
