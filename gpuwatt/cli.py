@@ -151,6 +151,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    from gpuwatt.analytics import ANALYSIS_FIELDS, analyze, render_text
+    from gpuwatt.store import open_store
+
+    store = open_store(_store_url(args, config))
+    now_ns = time.time_ns()
+    start_ns = now_ns - round(args.since * 1e9)
+    try:
+        # Long windows read the 1-minute rollups (fast at 1,000 GPUs); short ones read raw samples.
+        step_s = 60 if args.since >= 1800 else None
+        frame = store.series(start_ns, now_ns, ANALYSIS_FIELDS, step_s=step_s)
+        jobs = {s.uuid: s.job_id for s in store.latest(since_ns=start_ns) if s.job_id}
+    finally:
+        store.close()
+    summary = analyze(
+        frame,
+        now_ns=now_ns,
+        start_ns=start_ns,
+        window_s=args.window,
+        jobs=jobs,
+        job=args.job,
+        price_per_kwh=config.energy.price_per_kwh,
+        carbon_g_per_kwh=config.energy.carbon_g_per_kwh,
+        currency=config.energy.currency,
+        tensor_precision=config.collector.tensor_precision,
+    )
+    print(render_text(summary))
+    return EXIT_OK
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from gpuwatt.yamlfile import load_file
 
@@ -305,10 +336,28 @@ def _parser() -> argparse.ArgumentParser:
     common(s)
     s.set_defaults(func=cmd_status)
 
+    a = sub.add_parser("analyze", help="load balance, stragglers and efficiency for a window")
+    common(a)
+    a.add_argument(
+        "--since", type=_duration_s, default=3600.0, metavar="DURATION", help="e.g. 15m, 1h, 1d"
+    )
+    a.add_argument("--window", type=_duration_s, default=60.0, metavar="DURATION")
+    a.add_argument("--job", metavar="ID", help="only this job")
+    a.set_defaults(func=cmd_analyze)
+
     k = sub.add_parser("check-config", help="validate config and scenario files")
     k.add_argument("files", nargs="+", metavar="FILE")
     k.set_defaults(func=cmd_check_config)
     return p
+
+
+def _duration_s(text: str) -> float:
+    from gpuwatt.yamlfile import parse_duration_s
+
+    value = parse_duration_s(text)
+    if value is None or value <= 0:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 15m, 1h)")
+    return value
 
 
 def _positive_float(text: str) -> float:
