@@ -1,0 +1,35 @@
+"""The seam where the alert evaluator plugs in (the dashboard never imports ``alerts``).
+
+The command line passes an object with ``active()`` (and optionally ``history(start_ns,
+end_ns)``) to ``create_app(..., alerts=...)``; until then the overview and the alerts page say
+that no evaluator is connected rather than showing "0 alerts".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class AlertView:
+    """One alert as the dashboard shows it."""
+
+    name: str
+    severity: str  # "critical" | "warning" | "info"
+    summary: str
+    state: str = "firing"  # "pending" | "firing" | "resolved"
+    since_ns: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    runbook_url: str | None = None
+
+
+@runtime_checkable
+class AlertsSource(Protocol):
+    def active(self) -> list[AlertView]:
+        """Alerts pending or firing now."""
+        ...
+
+    def history(self, start_ns: int, end_ns: int) -> list[AlertView]:
+        """Alerts that fired or resolved in the range, newest first."""
+        ...

@@ -1,0 +1,233 @@
+"""``create_app(store)``: the Dash application, built from an injected store (and clock).
+
+Pages are registered with ``dash.register_page`` (layouts are static skeletons that read only the
+URL's query); the data arrives through thin callbacks registered on *this* app, which parse the
+range from the URL, fetch the cached ``WindowData`` and hand it to the page's ``render``.
+The view's state (range, refresh, grouping, node) lives in the URL, so a link reproduces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import dash
+import dash_mantine_components as dmc
+from dash import ALL, Dash, Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+
+from dashboard import csv_export
+from dashboard.alerts_hook import AlertsSource
+from dashboard.auth import Credentials, install_basic_auth
+from dashboard.components import DEFAULT_REFRESH, empty_state, error_state, range_line
+from dashboard.context import PageContext
+from dashboard.data import DashboardData, DataError
+from dashboard.pages import alerts, balance, efficiency, node, overview, reports, stragglers
+from dashboard.timerange import DEFAULT_RANGE, parse_range, query_dict, to_search
+from gpuwatt.analytics import Tariff
+from gpuwatt.config import Config
+from gpuwatt.store.base import Store
+
+log = logging.getLogger("gpuwatt.dashboard")
+
+PAGES: tuple[ModuleType, ...] = (overview, balance, stragglers, efficiency, node, reports, alerts)
+ASSETS = Path(__file__).parent / "assets"
+RANGE_KEYS = ("range", "from", "to", "end", "refresh")
+
+
+def _clock(now_ns: Callable[[], int] | int | None) -> Callable[[], int]:
+    if now_ns is None:
+        return time.time_ns
+    if isinstance(now_ns, int):
+        fixed = now_ns
+        return lambda: fixed
+    return now_ns
+
+
+def tariff_from(config: Config | None) -> Tariff:
+    if config is None:
+        return Tariff()
+    e = config.energy
+    return Tariff(e.price_per_kwh, e.carbon_g_per_kwh, e.currency)
+
+
+def render_page(
+    page: ModuleType,
+    args: dict[str, Any] | None,
+    data: DashboardData,
+    alerts_source: AlertsSource | None = None,
+) -> list[Any]:
+    """The content of one page for the query in ``args``; never raises.
+
+    A bad range is corrected and said; an unreachable store or an empty range becomes a
+    message on the page; anything unexpected is logged as one line and shown as an error state.
+    """
+    query = {str(k): str(v) for k, v in (args or {}).items() if v is not None}
+    now = data.now_ns()
+    tr, problem = parse_range(query, now)
+    head = range_line(tr, problem)
+    try:
+        win = data.window(tr)
+        if win.empty and getattr(page, "NEEDS_DATA", True):
+            return [*head, empty_state()]
+        ctx = PageContext(data, win, tr, query, now, alerts_source)
+        return [*head, *page.render(ctx)]
+    except DataError as exc:
+        return [*head, error_state(exc.message)]
+    except Exception as exc:  # a bug in one view must not take the page down
+        log.error("page %s failed: %s: %s", page.PAGE, type(exc).__name__, str(exc)[:200])
+        log.debug("page %s failed", page.PAGE, exc_info=True)
+        return [*head, error_state(f"this view failed ({type(exc).__name__}); see the log")]
+
+
+def _not_found(**_query: str) -> Any:
+    return dmc.Alert(
+        dcc.Link("Back to the overview", href="/"),
+        title="No such page",
+        color="yellow",
+        id="not-found",
+    )
+
+
+def _register_pages() -> None:
+    for page in PAGES:
+        dash.register_page(
+            page.__name__,
+            path=page.PATH,
+            name=page.NAME,
+            order=page.ORDER,
+            title=f"gpuwatt · {page.NAME}",
+            layout=page.layout,
+        )
+    dash.register_page("not_found_404", path="/404", layout=_not_found, title="gpuwatt")
+
+
+def _shell() -> Any:
+    nav = dmc.Group(
+        [
+            dcc.Link(p.NAME, href=p.PATH, id={"type": "nav", "page": p.PAGE}, className="gw-nav")
+            for p in PAGES
+        ],
+        gap="md",
+    )
+    header = dmc.Group(
+        [
+            dmc.Group([dmc.Title("gpuwatt", order=3), nav], gap="xl"),
+            dmc.Switch(id="dark-switch", label="dark", persistence=True, size="sm"),
+        ],
+        justify="space-between",
+        h="100%",
+        px="md",
+    )
+    return dmc.MantineProvider(
+        dmc.AppShell(
+            [
+                dmc.AppShellHeader(header),
+                dmc.AppShellMain(html.Div(dash.page_container, style={"padding": "0 16px"})),
+            ],
+            header={"height": 56},
+            padding="md",
+        ),
+        id="provider",
+        forceColorScheme="light",
+    )
+
+
+def _url_param(app: Dash, component: str, param: str, default: str | None = None) -> None:
+    """Changing ``component`` writes ``param`` into the URL (the page re-renders from it)."""
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input(component, "value"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _update(value: str | None, search: str | None) -> str:
+        if not value:
+            raise PreventUpdate
+        query = query_dict(search)
+        if param == "range":
+            for key in ("from", "to", "end"):
+                query.pop(key, None)
+        if query.get(param) == value or (param not in query and value == default):
+            raise PreventUpdate  # a control announcing its initial value changes nothing
+        query[param] = value
+        return to_search(query)
+
+
+def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSource | None) -> None:
+    for page in PAGES:
+
+        def make(page: ModuleType = page) -> None:
+            @app.callback(
+                Output(f"{page.PAGE}-content", "children"),
+                Input(f"{page.PAGE}-args", "data"),
+                Input(f"{page.PAGE}-refresh", "n_intervals"),
+            )
+            def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
+                return render_page(page, args, data, alerts_source)
+
+        make()
+
+    _url_param(app, "range-picker", "range", DEFAULT_RANGE)
+    _url_param(app, "refresh-picker", "refresh", DEFAULT_REFRESH)
+    _url_param(app, "report-by", "by", "gpu")
+    _url_param(app, "host-picker", "host")
+
+    @app.callback(
+        Output({"type": "nav", "page": ALL}, "href"),
+        Input("url", "search"),
+        State({"type": "nav", "page": ALL}, "id"),
+    )
+    def _nav(search: str | None, ids: list[dict[str, str]]) -> list[str]:
+        query = query_dict(search)
+        keep = to_search({k: v for k, v in query.items() if k in RANGE_KEYS})
+        paths = {p.PAGE: p.PATH for p in PAGES}
+        return [paths[i["page"]] + keep for i in ids]
+
+    app.clientside_callback(
+        "function(on) { return on ? 'dark' : 'light'; }",
+        Output("provider", "forceColorScheme"),
+        Input("dark-switch", "checked"),
+    )
+
+
+def create_app(
+    store: Store,
+    *,
+    now_ns: Callable[[], int] | int | None = None,
+    config: Config | None = None,
+    credentials: Credentials | None = None,
+    alerts: AlertsSource | None = None,
+    cache_ttl_s: float = 10.0,
+) -> Dash:
+    """The dashboard for ``store``. ``now_ns`` injects the clock (an int freezes it: tests).
+
+    With ``credentials`` every request (pages, callbacks, assets, CSV routes) needs HTTP Basic
+    authentication. ``alerts`` connects the alert evaluator (see ``dashboard.alerts_hook``).
+    """
+    data = DashboardData(
+        store, clock_ns=_clock(now_ns), tariff=tariff_from(config), ttl_s=cache_ttl_s
+    )
+    app = Dash(
+        __name__,
+        use_pages=True,
+        pages_folder="",
+        assets_folder=str(ASSETS),
+        title="gpuwatt",
+        update_title=None,
+        suppress_callback_exceptions=True,
+        serve_locally=True,
+    )
+    _register_pages()
+    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), _shell()])
+    _register_callbacks(app, data, alerts)
+    csv_export.register_routes(app.server, data)
+    if credentials is not None:
+        install_basic_auth(app.server, credentials)
+    app.server.config["GPUWATT_DATA"] = data
+    return app

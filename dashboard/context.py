@@ -1,0 +1,27 @@
+"""What a page's ``render`` gets: the data for the range plus the request's query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dashboard.alerts_hook import AlertsSource
+from dashboard.data import DashboardData, WindowData
+from dashboard.timerange import TimeRange
+
+
+@dataclass(frozen=True)
+class PageContext:
+    data: DashboardData
+    win: WindowData
+    range: TimeRange
+    query: dict[str, str]
+    now_ns: int
+    alerts: AlertsSource | None = None
+
+    def link(self, path: str, **params: str) -> str:
+        """A link to another page that keeps this view's time range."""
+        from dashboard.timerange import to_search
+
+        keep = {k: v for k, v in self.query.items() if k in ("range", "from", "to", "end")}
+        keep.update(params)
+        return path + to_search(keep)

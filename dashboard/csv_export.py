@@ -1,0 +1,275 @@
+"""CSV reports and series exports: built from the analytics summary, streamed by a server route.
+
+Reports (``build_report``) have one row per GPU, node or job with units in the column names
+(``energy_kwh``, ``utilization_mean_pct``, ``cost_EUR``...). Every text cell that a spreadsheet
+would run as a formula (starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return) is
+prefixed with ``'`` (OWASP's CSV-injection advice). Numbers are written as numbers: a negative
+number is data, not a formula.
+
+Exports stream from a Flask route (``/download/report.csv``, ``/download/series.csv``), chunk by
+chunk, instead of travelling inside one Dash callback response (``dcc.Download`` holds the whole
+file in the browser's memory and breaks past ~512 MB).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dashboard.data import DashboardData, DataError
+from dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
+from gpuwatt.analytics import AnalysisSummary
+from gpuwatt.schema import FIELD_BY_ATTR
+
+GROUPINGS: tuple[str, ...] = ("gpu", "node", "job")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+SERIES_CHUNK_S = 3600
+#: Fields of the series export (model attribute names: the unit is in the name).
+SERIES_FIELDS: tuple[str, ...] = (
+    "utilization_gpu_pct",
+    "utilization_memory_pct",
+    "memory_used_bytes",
+    "temperature_gpu_c",
+    "power_w",
+    "energy_j",
+    "sm_clock_mhz",
+    "clock_event_reasons",
+    "tensor_active_pct",
+    "tflops_estimate",
+)
+
+
+def neutralise(value: Any) -> Any:
+    """A text cell that would start a formula gets a leading apostrophe; others pass through."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float | np.floating):
+        return "" if not math.isfinite(value) else float(f"{float(value):.10g}")
+    if isinstance(value, np.integer):
+        return int(value)
+    return neutralise(str(value)) if not isinstance(value, int | float) else value
+
+
+def _window_counts(summary: AnalysisSummary) -> tuple[pd.Series, pd.Series]:
+    """Per GPU: windows with data, and windows in which it was a (persistent) straggler."""
+    gw = summary.gpu_windows
+    covered = gw.groupby("gpu")["window_start_ns"].nunique() if not gw.empty else pd.Series()
+    sw = summary.straggler_windows
+    if sw.empty or "flagged" not in sw.columns:
+        flagged = pd.Series(dtype=float)
+    else:
+        flagged = sw.loc[sw["flagged"].astype(bool)].groupby("gpu")["window_start_ns"].nunique()
+    return covered, flagged
+
+
+def _gpu_key(table: pd.DataFrame) -> pd.Series:
+    return table["gpu"] if "gpu" in table.columns else table["uuid"]
+
+
+def build_report(
+    summary: AnalysisSummary,
+    by: str,
+    *,
+    alert_counts: Callable[[str, str], int | None] | None = None,
+) -> pd.DataFrame:
+    """One row per GPU, node or job over the summary's range. Units are in the column names.
+
+    Energy, cost and CO2 are the analytics engine's own per-GPU/node/job figures; GPU-hours
+    count the analysis windows with data; straggler minutes count the windows in which the GPU
+    was flagged as a persistent straggler. ``alert_counts(by, key)`` fills ``alerts_count``
+    once an alert history exists (empty cells until then).
+    """
+    if by not in GROUPINGS:
+        raise ValueError(f"by must be one of {', '.join(GROUPINGS)}")
+    cur = summary.tariff.currency or "currency"
+    cost_col = f"cost_{cur}"
+    per_gpu = summary.energy_by_gpu
+    if per_gpu.empty:
+        return pd.DataFrame(columns=_columns(by, cost_col))
+    window_h = summary.window_s / 3600.0
+    covered, flagged = _window_counts(summary)
+    g = per_gpu.copy()
+    key = _gpu_key(g)
+    g["gpu_hours_h"] = key.map(covered).fillna(0).to_numpy() * window_h
+    g["straggler_minutes_min"] = key.map(flagged).fillna(0).to_numpy() * summary.window_s / 60
+    g["tf_power_w"] = np.where(g["tflops_mean"].notna(), g["power_mean_w"], np.nan)
+    if by == "gpu":
+        out = g.sort_values(["host", "gpu_index"], kind="stable")
+    else:
+        gkey = "host" if by == "node" else "job_id"
+        src = summary.energy_by_node if by == "node" else summary.energy_by_job
+        if by == "job":
+            g = g.loc[g["job_id"].notna()]
+        grp = g.groupby(gkey, sort=True)
+        agg = pd.DataFrame(
+            {
+                "gpu_hours_h": grp["gpu_hours_h"].sum(),
+                "straggler_minutes_min": grp["straggler_minutes_min"].sum(),
+                "tflops_sum": grp["tflops_mean"].sum(min_count=1),
+                "tf_power_w": grp["tf_power_w"].sum(min_count=1),
+            }
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            agg["tflops_per_w"] = agg["tflops_sum"] / agg["tf_power_w"].where(agg["tf_power_w"] > 0)
+        quality = grp["tflops_quality"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "mixed")
+        agg["tflops_quality"] = quality
+        out = src.set_index(gkey).join(agg, how="left").reset_index() if not src.empty else agg
+        if src.empty:
+            out = out.reset_index()
+    out = out.assign(
+        energy_kwh=out["energy_j"] / 3.6e6,
+        idle_energy_kwh=out["idle_energy_j"] / 3.6e6,
+        utilization_mean_pct=out["utilization_mean_pct"],
+    )
+    out[cost_col] = out["cost"] if "cost" in out.columns else np.nan
+    if alert_counts is not None:
+        keycol = {"gpu": "uuid", "node": "host", "job": "job_id"}[by]
+        out["alerts_count"] = [alert_counts(by, str(k)) for k in out[keycol]]
+    else:
+        out["alerts_count"] = None
+    return out[_columns(by, cost_col)].reset_index(drop=True)
+
+
+def _columns(by: str, cost_col: str) -> list[str]:
+    ident = {
+        "gpu": ["host", "gpu_index", "uuid", "name", "job_id"],
+        "node": ["host", "gpus"],
+        "job": ["job_id", "gpus"],
+    }[by]
+    return [
+        *ident,
+        "gpu_hours_h",
+        "utilization_mean_pct",
+        "energy_kwh",
+        "idle_energy_kwh",
+        "energy_quality",
+        cost_col,
+        "co2_kg",
+        "tflops_per_w",
+        "tflops_quality",
+        "straggler_minutes_min",
+        "alerts_count",
+    ]
+
+
+def csv_lines(
+    header: Sequence[str], rows: Iterable[Sequence[Any]], chunk: int = 500
+) -> Iterator[str]:
+    """CSV text in chunks: the header, then ``chunk`` rows at a time (cells neutralised)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([neutralise(h) for h in header])
+    for n, row in enumerate(rows, start=1):
+        w.writerow([_cell(v) for v in row])
+        if n % chunk == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+def report_csv(table: pd.DataFrame) -> Iterator[str]:
+    return csv_lines(list(table.columns), table.itertuples(index=False, name=None))
+
+
+def series_header(fields: Sequence[str]) -> list[str]:
+    return ["time_utc", "time_ns", "host", "gpu_index", "uuid", "name", *fields]
+
+
+def series_rows(
+    data: DashboardData, tr: TimeRange, step_s: int | None, fields: Sequence[str]
+) -> Iterator[tuple[Any, ...]]:
+    """Rows of the store's series over the range, read one hour at a time."""
+    chunk_ns = SERIES_CHUNK_S * NS_PER_S
+    t = tr.start_ns
+    while t < tr.end_ns:
+        hi = min(t + chunk_ns, tr.end_ns)
+        lo = t
+        frame = data.store.series(lo, hi, fields, step_s=step_s)
+        times = frame["time_ns"].to_numpy(dtype="int64")
+        iso = np.datetime_as_string(times.astype("datetime64[ns]"), unit="s")
+        cols = [frame[f].to_numpy() for f in fields]
+        for i in range(len(frame)):
+            yield (
+                str(iso[i]) + "Z",
+                int(times[i]),
+                frame["host"].iat[i],
+                int(frame["gpu_index"].iat[i]),
+                frame["uuid"].iat[i],
+                frame["name"].iat[i],
+                *(c[i] for c in cols),
+            )
+        t = hi
+
+
+def filename(kind: str, tr: TimeRange) -> str:
+    def stamp(ns: int) -> str:
+        return datetime.fromtimestamp(ns / NS_PER_S, tz=UTC).strftime("%Y%m%dT%H%M")
+
+    return f"gpuwatt-{kind}-{stamp(tr.start_ns)}-{stamp(tr.end_ns)}.csv"
+
+
+def register_routes(server: Any, data: DashboardData) -> None:
+    """``/download/report.csv?range=..&by=gpu|node|job`` and ``/download/series.csv?..&step=``."""
+    from flask import Response, request, stream_with_context
+
+    def bad(message: str, status: int = 400) -> Response:
+        return Response(message + "\n", status=status, mimetype="text/plain")
+
+    def parsed() -> tuple[TimeRange | None, str | None, dict[str, str]]:
+        query = query_dict(request.query_string.decode("latin-1"))
+        tr, problem = parse_range(query, data.now_ns())
+        return (None if problem else tr), problem, query
+
+    def attachment(chunks: Iterator[str], name: str) -> Response:
+        resp = Response(stream_with_context(chunks), mimetype="text/csv")
+        resp.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    @server.route("/download/report.csv")
+    def _report() -> Response:
+        tr, problem, query = parsed()
+        if tr is None:
+            return bad(f"bad time range: {problem}")
+        by = query.get("by", "gpu")
+        if by not in GROUPINGS:
+            return bad(f"by must be one of {', '.join(GROUPINGS)}")
+        try:
+            table = build_report(data.window(tr).summary, by)
+        except DataError as exc:
+            return bad(exc.message, 503 if exc.unreachable else 500)
+        return attachment(report_csv(table), filename(f"report-by-{by}", tr))
+
+    @server.route("/download/series.csv")
+    def _series() -> Response:
+        tr, problem, query = parsed()
+        if tr is None:
+            return bad(f"bad time range: {problem}")
+        step = query.get("step", "60")
+        if step == "raw":
+            step_s = None
+        elif step.isdigit() and int(step) >= 60 and int(step) % 60 == 0:
+            step_s = int(step)
+        else:
+            return bad("step must be raw or a multiple of 60 seconds")
+        try:
+            data.latest()  # fail with a clear status before the stream starts
+        except DataError as exc:
+            return bad(exc.message, 503 if exc.unreachable else 500)
+        fields = [f for f in SERIES_FIELDS if f in FIELD_BY_ATTR]
+        rows = series_rows(data, tr, step_s, fields)
+        return attachment(csv_lines(series_header(fields), rows), filename(f"series-{step}", tr))

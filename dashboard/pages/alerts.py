@@ -1,0 +1,53 @@
+"""Alerts: active, history (from the alert evaluator once one is connected)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash_mantine_components as dmc
+
+from dashboard.components import page_frame, section
+from dashboard.context import PageContext
+from dashboard.timerange import fmt_ns
+
+PAGE = "alerts"
+PATH = "/alerts"
+NAME = "Alerts"
+ORDER = 6
+NEEDS_DATA = False
+
+
+def layout(**query: str) -> Any:
+    return page_frame(PAGE, NAME, query)
+
+
+def _rows(alerts: list[Any]) -> Any:
+    if not alerts:
+        return dmc.Text("none", c="dimmed")
+    return dmc.Stack(
+        [
+            dmc.Text(
+                f"[{a.severity}] {a.state} since {fmt_ns(a.since_ns)} UTC: {a.name} - {a.summary}",
+                size="sm",
+            )
+            for a in alerts
+        ],
+        gap=2,
+    )
+
+
+def render(ctx: PageContext) -> list[Any]:
+    if ctx.alerts is None:
+        return [
+            dmc.Alert(
+                "No alert evaluator is connected to this dashboard. Run `gpuwatt alerts` "
+                "against the same store; its active alerts and history will show here.",
+                title="alerts not connected",
+                color="gray",
+                id="alerts-placeholder",
+            )
+        ]
+    return [
+        section("Active", _rows(ctx.alerts.active())),
+        section("History", _rows(ctx.alerts.history(ctx.range.start_ns, ctx.range.end_ns))),
+    ]

@@ -1,0 +1,163 @@
+"""Overview: is every GPU working, how busy, how much power and energy, and who is slow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash_mantine_components as dmc
+import pandas as pd
+from dash import dcc, html
+
+from dashboard.components import figure_kpi, graph, kpi, page_frame, section
+from dashboard.context import PageContext
+from dashboard.data import DataError
+from dashboard.figures import node_gpu_heatmap
+from gpuwatt.analytics import Straggler
+
+PAGE = "overview"
+PATH = "/"
+NAME = "Overview"
+ORDER = 0
+TOP_STRAGGLERS = 3
+
+
+def layout(**query: str) -> Any:
+    return page_frame(PAGE, NAME, query)
+
+
+def newest_per_gpu(gw: pd.DataFrame) -> pd.DataFrame:
+    """Each GPU's newest analysis window (what the heatmap shows as "now")."""
+    if gw.empty:
+        return gw
+    return gw.sort_values("window_start_ns").groupby("gpu", sort=False).tail(1)
+
+
+def cluster_mean_now(ctx: PageContext, metric: str = "utilization_gpu_pct") -> float | None:
+    b = ctx.win.summary.balance
+    if b.empty:
+        return None
+    sel = b.loc[(b["scope"] == "cluster") & (b["level"] == "gpu") & (b["metric"] == metric)]
+    if sel.empty:
+        return None
+    return float(sel.sort_values("window_start_ns")["mean"].iloc[-1])
+
+
+def straggler_card(s: Straggler, ctx: PageContext) -> Any:
+    state = "active" if s.active else "ended"
+    cause = s.cause.replace("_", " ") + (" (inferred)" if s.cause_inferred else "")
+    job = f"job {s.job_id}" if s.job_id else "no job"
+    return dmc.Paper(
+        [
+            dmc.Group(
+                [
+                    dmc.Badge(s.severity, color="red" if s.severity == "critical" else "orange"),
+                    dmc.Text(f"{s.host} GPU {s.gpu_index}", fw=700, className="straggler-name"),
+                    dmc.Text(f"{cause} · {job} · {state}", size="sm", c="dimmed"),
+                    dcc.Link(
+                        "drill down",
+                        href=ctx.link("/node", host=s.host, gpu=str(s.gpu_index)),
+                    ),
+                ],
+                gap="sm",
+            ),
+            dmc.Text(s.explanation, size="sm", className="straggler-explanation"),
+        ],
+        p="sm",
+        withBorder=True,
+        radius="md",
+        mb="xs",
+    )
+
+
+def alerts_kpi(ctx: PageContext) -> Any:
+    help_text = "Alerts pending or firing now (from the alert evaluator)."
+    if ctx.alerts is None:
+        return kpi("Firing alerts", "n/a", help_text + " No alert evaluator is connected.")
+    try:
+        firing = [a for a in ctx.alerts.active() if a.state == "firing"]
+    except Exception:  # an alerts backend failing must not take the overview down
+        return kpi("Firing alerts", "n/a", help_text + " The alert evaluator did not answer.")
+    color = "red" if firing else None
+    return kpi("Firing alerts", str(len(firing)), help_text, color=color)
+
+
+def render(ctx: PageContext) -> list[Any]:
+    s = ctx.win.summary
+    counts = ctx.win.counts(ctx.now_ns)
+    util = cluster_mean_now(ctx)
+    up_power = sum(x.power_w for x in ctx.win.latest if not x.lost and x.power_w is not None)
+    try:
+        today = ctx.data.energy_today(ctx.now_ns).cluster["energy_kwh"]
+        today_kpi = figure_kpi(
+            "Energy today", today, "Energy since 00:00 UTC, from energy-counter deltas."
+        )
+    except DataError as exc:
+        today_kpi = kpi("Energy today", "n/a", exc.message)
+    lost_color = "red" if counts.lost or counts.silent else None
+    kpis = dmc.SimpleGrid(
+        [
+            kpi(
+                "GPUs up",
+                f"{counts.up} / {counts.total}",
+                "GPUs whose newest sample is recent and not marked lost by NVML.",
+                id_="kpi-gpus-up",
+            ),
+            kpi(
+                "Lost / silent",
+                f"{counts.lost} / {counts.silent}",
+                "Lost: NVML reports the GPU lost. Silent: no sample for over 3 minutes "
+                "(collector or node down).",
+                color=lost_color,
+            ),
+            kpi(
+                "Idle",
+                str(counts.idle),
+                "GPUs below 5 % utilisation for the last 3 windows; allocated ones are waste.",
+            ),
+            kpi(
+                "Utilisation",
+                "n/a" if util is None else f"{util:.0f} %",
+                "Mean GPU utilisation of the cluster in the newest window.",
+            ),
+            kpi(
+                "Power now",
+                f"{up_power / 1000:.1f} kW",
+                "Sum of the newest power reading of every GPU that is up (measured).",
+            ),
+            today_kpi,
+            figure_kpi(
+                "TFLOPS/W",
+                s.cluster["tflops_per_w"],
+                "Achieved TFLOPS per watt over the range, GPUs with a GPM estimate only.",
+            ),
+            alerts_kpi(ctx),
+        ],
+        cols={"base": 2, "sm": 4, "lg": 8},
+        spacing="sm",
+        mb="md",
+    )
+    top = s.stragglers[:TOP_STRAGGLERS]
+    if top:
+        body: list[Any] = [straggler_card(x, ctx) for x in top]
+        if len(s.stragglers) > TOP_STRAGGLERS:
+            body.append(
+                dcc.Link(f"all {len(s.stragglers)} stragglers", href=ctx.link("/stragglers"))
+            )
+    else:
+        body = [dmc.Text("No straggler in this range.", c="dimmed", id="no-stragglers")]
+    worst = section(
+        "Worst stragglers",
+        *body,
+        help_text="GPUs persistently slower than their peers (same job, else same node), "
+        "ranked by severity, with the cause.",
+    )
+    now = newest_per_gpu(s.gpu_windows)
+    marked = [(x.host, x.gpu_index) for x in s.active_stragglers]
+    heat = section(
+        "Utilisation now, node x GPU",
+        graph(node_gpu_heatmap(now, "utilization_gpu_pct", marked), "overview-heatmap"),
+        help_text="Each cell is one GPU's mean utilisation in the newest window; "
+        "red rings are active stragglers.",
+    )
+    notes = [dmc.Text(f"note: {n}", size="xs", c="dimmed") for n in s.notes]
+    return [kpis, worst, heat, html.Div(notes)]

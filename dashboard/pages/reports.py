@@ -1,0 +1,78 @@
+"""Reports: CSV per GPU, node or job for the chosen range, and series exports (streamed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash_mantine_components as dmc
+from dash import html
+
+from dashboard.components import page_frame, section
+from dashboard.context import PageContext
+from dashboard.csv_export import GROUPINGS, build_report
+from dashboard.timerange import to_search
+
+PAGE = "reports"
+PATH = "/reports"
+NAME = "Reports"
+ORDER = 5
+PREVIEW_ROWS = 20
+
+
+def layout(**query: str) -> Any:
+    by = query.get("by") if query.get("by") in GROUPINGS else "gpu"
+    picker = dmc.SegmentedControl(id="report-by", data=list(GROUPINGS), value=by, mb="sm")
+    return page_frame(PAGE, NAME, query, dmc.Group([dmc.Text("group by", size="sm"), picker]))
+
+
+def _download_query(ctx: PageContext, **extra: str) -> str:
+    keep = {k: v for k, v in ctx.query.items() if k in ("range", "from", "to", "end")}
+    keep.update(extra)
+    return to_search(keep)
+
+
+def render(ctx: PageContext) -> list[Any]:
+    by = ctx.query.get("by") if ctx.query.get("by") in GROUPINGS else "gpu"
+    table = build_report(ctx.win.summary, by)
+    head = dmc.TableThead(dmc.TableTr([dmc.TableTh(c) for c in table.columns]))
+    body = dmc.TableTbody(
+        [
+            dmc.TableTr([dmc.TableTd("" if v is None else str(v)) for v in row])
+            for row in table.head(PREVIEW_ROWS).round(3).itertuples(index=False, name=None)
+        ]
+    )
+    links = dmc.Group(
+        [
+            html.A(
+                f"report by {by} (CSV)",
+                href="/download/report.csv" + _download_query(ctx, by=by),
+                id="download-report",
+                download="",
+            ),
+            html.A(
+                "series, 1-minute means (CSV)",
+                href="/download/series.csv" + _download_query(ctx, step="60"),
+                id="download-series",
+                download="",
+            ),
+            html.A(
+                "series, raw samples (CSV)",
+                href="/download/series.csv" + _download_query(ctx, step="raw"),
+                id="download-raw",
+                download="",
+            ),
+        ],
+        gap="lg",
+        mb="sm",
+    )
+    note = (
+        f"{len(table)} rows; showing {min(len(table), PREVIEW_ROWS)}. Units are in the column "
+        "names; text cells that a spreadsheet would run as a formula are prefixed with '."
+    )
+    return [
+        section("Download", links, dmc.Text(note, size="xs", c="dimmed")),
+        section(
+            f"Preview, by {by}",
+            dmc.ScrollArea(dmc.Table([head, body], fz="xs", striped=True, id="report-preview")),
+        ),
+    ]

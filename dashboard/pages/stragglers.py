@@ -1,0 +1,139 @@
+"""Stragglers: ranked, explained, and plotted against their peers on the convicting signals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash_mantine_components as dmc
+import numpy as np
+import pandas as pd
+from dash import dcc
+
+from dashboard.components import graph, page_frame, section
+from dashboard.context import PageContext
+from dashboard.figures import LABELS, band_figure
+from dashboard.timerange import fmt_ns
+from gpuwatt.analytics import Straggler
+
+PAGE = "stragglers"
+PATH = "/stragglers"
+NAME = "Stragglers"
+ORDER = 2
+MAX_PLOTTED = 5
+#: The signals a straggler is judged on, plotted against its peers.
+SIGNALS: tuple[str, ...] = ("sm_clock_mhz", "temperature_gpu_c", "utilization_gpu_pct", "power_w")
+
+
+def layout(**query: str) -> Any:
+    return page_frame(PAGE, NAME, query)
+
+
+def peer_bands(
+    sw: pd.DataFrame, s: Straggler, metric: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Windows, the GPU's own values, and its peers' median, p10 and p90 per window."""
+    group = sw.loc[sw["peer_group"] == s.peer_group]
+    own = group.loc[group["uuid"] == s.uuid].set_index("window_start_ns")[metric]
+    peers = group.loc[group["uuid"] != s.uuid].groupby("window_start_ns")[metric]
+    stats = pd.DataFrame(
+        {"median": peers.median(), "p10": peers.quantile(0.1), "p90": peers.quantile(0.9)}
+    )
+    stats = stats.join(own.rename("own"), how="outer").sort_index()
+    return (
+        stats.index.to_numpy(),
+        stats["own"].to_numpy(dtype=float),
+        stats["median"].to_numpy(dtype=float),
+        stats["p10"].to_numpy(dtype=float),
+        stats["p90"].to_numpy(dtype=float),
+    )
+
+
+def evidence_table(s: Straggler) -> Any:
+    rows = []
+    for key, value in s.evidence.items():
+        if value is None or not np.isfinite(value):
+            continue
+        rows.append(dmc.TableTr([dmc.TableTd(key.replace("_", " ")), dmc.TableTd(f"{value:.3g}")]))
+    return dmc.Table(dmc.TableTbody(rows), fz="xs", striped=True, withTableBorder=True)
+
+
+def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
+    cause = s.cause.replace("_", " ") + (
+        " (inferred from temperature/power)" if s.cause_inferred else ""
+    )
+    head = dmc.Group(
+        [
+            dmc.Badge(s.severity, color="red" if s.severity == "critical" else "orange"),
+            dmc.Title(f"{s.host} GPU {s.gpu_index}", order=4, className="straggler-name"),
+            dmc.Text(
+                f"{cause} · score {s.score:.2f} · {s.signature} · "
+                f"{'active' if s.active else 'ended'} · since {fmt_ns(s.onset_ns)} UTC · "
+                f"{s.windows_anomalous} windows · peers: {s.peer_group}",
+                size="sm",
+                c="dimmed",
+            ),
+            dcc.Link("drill down", href=ctx.link("/node", host=s.host, gpu=str(s.gpu_index))),
+        ],
+        gap="sm",
+    )
+    children: list[Any] = [
+        head,
+        dmc.Text(s.explanation, className="straggler-explanation", my="xs"),
+    ]
+    if s.peers_waiting_energy_j:
+        children.append(
+            dmc.Text(
+                f"Energy its peers spent waiting for it: {s.peers_waiting_energy_j / 3.6e6:.3f} "
+                "kWh (estimate)",
+                size="sm",
+            )
+        )
+    if plot:
+        sw = ctx.win.summary.straggler_windows
+        figs = []
+        for metric in SIGNALS:
+            if metric not in sw.columns:
+                continue
+            x, own, med, lo, hi = peer_bands(sw, s, metric)
+            name, unit = LABELS[metric]
+            figs.append(
+                graph(
+                    band_figure(
+                        x, own, med, lo, hi, title=name, own_name=f"GPU {s.gpu_index}", unit=unit
+                    )
+                )
+            )
+        children.append(dmc.SimpleGrid(figs, cols={"base": 1, "md": 2}, spacing="xs"))
+    children.append(
+        dmc.Accordion(
+            dmc.AccordionItem(
+                [dmc.AccordionControl("evidence"), dmc.AccordionPanel(evidence_table(s))],
+                value="evidence",
+            )
+        )
+    )
+    return section("", *children)
+
+
+def render(ctx: PageContext) -> list[Any]:
+    s = ctx.win.summary
+    if not s.stragglers:
+        return [
+            dmc.Alert(
+                "Every busy GPU kept pace with its peers in this range.",
+                title="No straggler in this range",
+                color="green",
+                id="no-stragglers",
+            )
+        ]
+    out: list[Any] = [
+        dmc.Text(
+            f"{len(s.active_stragglers)} active, {len(s.stragglers)} in range. A GPU is flagged "
+            "after several consecutive windows clearly slower than the median of its peers.",
+            size="sm",
+            mb="sm",
+        )
+    ]
+    for i, st in enumerate(s.stragglers):
+        out.append(straggler_block(st, ctx, plot=i < MAX_PLOTTED))
+    return out

@@ -1,0 +1,112 @@
+"""``gpuwatt dashboard`` and ``gpuwatt report``: the web dashboard and CSV reports.
+
+The core's CLI (``gpuwatt.cli``) registers these with ``add_dashboard_parser(sub)`` and
+``add_report_parser(sub)``; ``dashboard`` is imported lazily, so a collector-only install (no
+dash) still runs every other command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gpuwatt.config import load_config
+from gpuwatt.errors import GpuwattError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML config file")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="sqlite:///path.db or influxdb://host:8086/BUCKET?org=ORG (token from "
+        "INFLUXDB_V2_TOKEN or INFLUXDB_V2_TOKEN_FILE); default: $GPUWATT_STORE, the config, "
+        "else the embedded store",
+    )
+
+
+def add_dashboard_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("dashboard", help="serve the web dashboard")
+    _common(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    p.set_defaults(func=cmd_dashboard)
+    return p
+
+
+def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("report", help="write a CSV report per GPU, node or job")
+    _common(p)
+    p.add_argument(
+        "--from",
+        dest="start",
+        default="24h",
+        metavar="TIME",
+        help="ISO 8601 time (UTC unless an offset is given), epoch seconds, or a duration "
+        "before --to such as 24h or 7d (default 24h)",
+    )
+    p.add_argument("--to", dest="end", default="", metavar="TIME", help="default: now")
+    p.add_argument("--by", choices=("gpu", "node", "job"), default="gpu")
+    p.add_argument("--out", required=True, metavar="FILE.csv", help="output file, - for stdout")
+    p.set_defaults(func=cmd_report)
+    return p
+
+
+def _open(args: argparse.Namespace):
+    from gpuwatt.store import default_store_url, open_store
+
+    config = load_config(args.config)
+    return open_store(args.store or config.store_url or default_store_url()), config
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from dashboard.server import serve
+
+    store, config = _open(args)
+    try:
+        serve(store, args.host, args.port, config=config)
+    finally:
+        store.close()
+    return 0
+
+
+def report_query(start: str, end: str) -> dict[str, str]:
+    """``--from``/``--to`` as the dashboard's URL query (same parser, same rules)."""
+    from dashboard.timerange import parse_duration_s
+
+    if parse_duration_s(start) is not None:
+        return {"range": start, **({"end": end} if end else {})}
+    return {"from": start, **({"to": end} if end else {})}
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dashboard.app import tariff_from
+    from dashboard.csv_export import build_report, report_csv
+    from dashboard.data import DashboardData, DataError
+    from dashboard.timerange import parse_range
+
+    now = time.time_ns()
+    tr, problem = parse_range(report_query(args.start, args.end), now)
+    if problem:
+        raise GpuwattError(f"report: {problem.split(';')[0]}")
+    store, config = _open(args)
+    try:
+        data = DashboardData(store, clock_ns=lambda: now, tariff=tariff_from(config))
+        try:
+            table = build_report(data.window(tr).summary, args.by)
+        except DataError as exc:
+            raise GpuwattError(f"report: {exc.message}") from None
+    finally:
+        store.close()
+    chunks = report_csv(table)
+    if args.out == "-":
+        for chunk in chunks:
+            sys.stdout.write(chunk)
+    else:
+        with Path(args.out).open("w", encoding="utf-8", newline="") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        print(f"wrote {len(table)} rows by {args.by} ({tr.label}) to {args.out}", file=sys.stderr)
+    return 0
