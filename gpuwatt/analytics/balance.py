@@ -34,73 +34,80 @@ BALANCE_METRICS: tuple[str, ...] = ("utilization_gpu_pct", "power_w", "tensor_ac
 CLUSTER = "cluster"
 
 
-def _stats(long: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    long = long.assign(sq=long["value"] ** 2)
-    g = long.groupby(keys, sort=True, observed=True)
-    agg = g.agg(
-        n=("value", "count"),
-        total=("value", "sum"),
-        sumsq=("sq", "sum"),
-        min=("value", "min"),
-        max=("value", "max"),
-    )
-    n = agg["n"].to_numpy(dtype=float)
-    total = agg["total"].to_numpy(dtype=float)
-    sumsq = agg["sumsq"].to_numpy(dtype=float)
+def _stats(key: np.ndarray, v: np.ndarray, n_keys: int) -> dict[str, np.ndarray]:
+    """Per integer key: n, mean, min, max, cv, max_over_mean and Jain's index of ``v``."""
+    ok = np.isfinite(v)
+    k, x = key[ok], v[ok]
+    n = np.bincount(k, minlength=n_keys).astype(float)
+    total = np.bincount(k, weights=x, minlength=n_keys)
+    sumsq = np.bincount(k, weights=x * x, minlength=n_keys)
+    lo = np.full(n_keys, np.inf)
+    hi = np.full(n_keys, -np.inf)
+    np.minimum.at(lo, k, x)
+    np.maximum.at(hi, k, x)
     with np.errstate(divide="ignore", invalid="ignore"):
         mean = total / n
         var = np.maximum(sumsq / n - mean**2, 0.0)
         cv = np.where(mean > 0, np.sqrt(var) / mean, np.nan)
-        mom = np.where(mean > 0, agg["max"].to_numpy(dtype=float) / mean, np.nan)
+        mom = np.where(mean > 0, hi / mean, np.nan)
         jain = np.where(sumsq > 0, total**2 / (n * sumsq), np.nan)
-    out = pd.DataFrame(
-        {
-            "n": agg["n"].to_numpy(),
-            "mean": mean,
-            "min": agg["min"].to_numpy(),
-            "max": agg["max"].to_numpy(),
-            "cv": cv,
-            "max_over_mean": mom,
-            "jain": jain,
-        },
-        index=agg.index,
-    )
-    return out.reset_index()
+    return {
+        "n": n.astype(np.int64),
+        "mean": mean,
+        "min": np.where(n > 0, lo, np.nan),
+        "max": np.where(n > 0, hi, np.nan),
+        "cv": cv,
+        "max_over_mean": mom,
+        "jain": jain,
+    }
+
+
+_COLUMNS = ["window_start_ns", "scope", "level", "metric", "n", "mean", "min", "max", "cv"]
+_COLUMNS += ["max_over_mean", "jain"]
 
 
 def balance_over_time(gw: pd.DataFrame, metrics: tuple[str, ...] = BALANCE_METRICS) -> pd.DataFrame:
     """Imbalance indices per window, scope (``cluster`` or ``job:<id>``), level and metric."""
     present = [m for m in metrics if m in gw.columns and gw[m].notna().any()]
-    cols = ["window_start_ns", "scope", "level", "metric", "n", "mean", "min", "max", "cv"]
-    cols += ["max_over_mean", "jain"]
     if not present or gw.empty:
-        return pd.DataFrame(columns=cols)
-    base = gw[["window_start_ns", "host", "job_id", *present]]
-    cluster = base.assign(scope=CLUSTER)
-    jobbed = base.loc[base["job_id"].notna()]
-    jobbed = jobbed.assign(scope="job:" + jobbed["job_id"].astype(str))
-    scoped = pd.concat([cluster, jobbed], ignore_index=True)
-    long = scoped.melt(
-        id_vars=["window_start_ns", "scope", "host"],
-        value_vars=present,
-        var_name="metric",
-        value_name="value",
-    ).dropna(subset=["value"])
-    per_gpu = _stats(long, ["window_start_ns", "scope", "metric"]).assign(level="gpu")
-    node_means = (
-        long.groupby(["window_start_ns", "scope", "metric", "host"], sort=False, observed=True)[
-            "value"
-        ]
-        .mean()
-        .reset_index()
-    )
-    per_node = _stats(node_means, ["window_start_ns", "scope", "metric"]).assign(level="node")
-    out = pd.concat([per_gpu, per_node], ignore_index=True)
-    return (
-        out[cols]
-        .sort_values(["window_start_ns", "scope", "level", "metric"])
-        .reset_index(drop=True)
-    )
+        return pd.DataFrame(columns=_COLUMNS)
+    wcodes, wuniq = pd.factorize(gw["window_start_ns"].to_numpy(dtype=np.int64), sort=True)
+    hcodes, _ = pd.factorize(gw["host"], sort=False)
+    job = gw["job_id"]
+    has_job = job.notna().to_numpy()
+    jcodes, juniq = pd.factorize(job[has_job], sort=True)
+    scopes = [CLUSTER, *(f"job:{j}" for j in juniq)]
+    # every row counts for the cluster; rows with a job count for their job too
+    rows = np.concatenate([np.arange(len(gw)), np.flatnonzero(has_job)])
+    scope = np.concatenate([np.zeros(len(gw), dtype=np.int64), 1 + jcodes.astype(np.int64)])
+    n_w, n_s, n_h = len(wuniq), len(scopes), int(hcodes.max()) + 1
+    key = wcodes[rows].astype(np.int64) * n_s + scope
+    n_keys = n_w * n_s
+    node_key = key * n_h + hcodes[rows]
+    nk_uniq, nk_inv = np.unique(node_key, return_inverse=True)
+    parts = []
+    for metric in present:
+        v = gw[metric].to_numpy(dtype=float)[rows]
+        stats = {"gpu": _stats(key, v, n_keys)}
+        ok = np.isfinite(v)
+        cnt = np.bincount(nk_inv, weights=ok, minlength=len(nk_uniq))
+        tot = np.bincount(nk_inv, weights=np.where(ok, v, 0.0), minlength=len(nk_uniq))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            node_mean = np.where(cnt > 0, tot / cnt, np.nan)
+        stats["node"] = _stats(nk_uniq // n_h, node_mean, n_keys)
+        for level, st in stats.items():
+            keep = st["n"] > 0
+            idx = np.flatnonzero(keep)
+            part = pd.DataFrame({k: v[keep] for k, v in st.items()})
+            part.insert(0, "metric", metric)
+            part.insert(0, "level", level)
+            part.insert(0, "scope", np.asarray(scopes, dtype=object)[idx % n_s])
+            part.insert(0, "window_start_ns", np.asarray(wuniq, dtype=np.int64)[idx // n_s])
+            parts.append(part)
+    out = pd.concat(parts, ignore_index=True)[_COLUMNS]
+    return out.sort_values(
+        ["window_start_ns", "scope", "level", "metric"], kind="stable"
+    ).reset_index(drop=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,17 +140,19 @@ def idle_gpus(gw: pd.DataFrame, *, min_windows: int, window_ns: int) -> list[Idl
     """GPUs whose newest ``min_windows`` or more windows were all idle, allocated ones first."""
     if gw.empty or not gw["idle"].any():
         return []
-    gw = gw.sort_values(["gpu", "window_start_ns"], kind="stable")
-    cand_gpus = gw.loc[gw["idle"], "gpu"].unique()
-    sub = gw.loc[gw["gpu"].isin(cand_gpus)]
-    runs = pd.Series(run_lengths(sub["gpu"].to_numpy(), sub["idle"].to_numpy()), index=sub.index)
-    last = sub.groupby("gpu", sort=False).tail(1)
+    gw = gw.sort_values(["gpu_code", "window_start_ns"], kind="stable")
+    cand_gpus = gw.loc[gw["idle"], "gpu_code"].unique()
+    sub = gw.loc[gw["gpu_code"].isin(cand_gpus)]
+    runs = pd.Series(
+        run_lengths(sub["gpu_code"].to_numpy(), sub["idle"].to_numpy()), index=sub.index
+    )
+    last = sub.groupby("gpu_code", sort=False).tail(1)
     out: list[IdleGpu] = []
     for idx, row in last.iterrows():
         n = int(runs.loc[idx])
         if n < min_windows:
             continue
-        this = sub.loc[(sub["gpu"] == row["gpu"])].tail(n)
+        this = sub.loc[(sub["gpu_code"] == row["gpu_code"])].tail(n)
         job = row["job_id"]
         mem = row.get("memory_used_bytes")
         procs = row.get("process_count")

@@ -106,17 +106,16 @@ def add_row_tflops(rows: pd.DataFrame, *, tensor_precision: str = "bf16") -> pd.
 
 def gpu_tflops_quality(rows: pd.DataFrame) -> pd.DataFrame:
     """Per GPU: the quality of its TFLOPS figure and, when absent, why."""
-    df = pd.DataFrame(
-        {
-            "gpu": rows["gpu"].to_numpy(),
-            "name": rows["name"].astype(str).to_numpy(),
-            "g": rows["tflops_src"].to_numpy() == SRC_GPM,
-            "u": rows["tflops_src"].to_numpy() == SRC_UPPER_BOUND,
-        }
-    )
-    agg = df.groupby("gpu", sort=False).agg(name=("name", "last"), g=("g", "any"), u=("u", "any"))
+    codes = rows["gpu_code"].to_numpy()
+    n = int(codes.max()) + 1 if len(codes) else 0
+    src = rows["tflops_src"].to_numpy()
+    gpm = np.bincount(codes, weights=src == SRC_GPM, minlength=n) > 0
+    ub = np.bincount(codes, weights=src == SRC_UPPER_BOUND, minlength=n) > 0
+    last = np.zeros(n, dtype=np.int64)
+    np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
+    names = rows["name"].astype(str).to_numpy()[last]
     quality, reason = [], []
-    for name, g, u in zip(agg["name"], agg["g"], agg["u"], strict=True):
+    for name, g, u in zip(names, gpm, ub, strict=True):
         if g:
             quality.append(Quality.GPM_ESTIMATE.value)
             reason.append("")
@@ -126,7 +125,10 @@ def gpu_tflops_quality(rows: pd.DataFrame) -> pd.DataFrame:
         else:
             quality.append(Quality.NOT_AVAILABLE.value)
             reason.append(absent_reason(name, lookup(name)))
-    return pd.DataFrame({"tflops_quality": quality, "tflops_reason": reason}, index=agg.index)
+    return pd.DataFrame(
+        {"tflops_quality": quality, "tflops_reason": reason},
+        index=pd.Index(np.arange(n), name="gpu_code"),
+    )
 
 
 def _power(gw: pd.DataFrame) -> np.ndarray:

@@ -35,7 +35,7 @@ SRC_INTEGRATED = 2
 def median_step_ns(rows: pd.DataFrame) -> int:
     """The typical spacing of one GPU's rows (0 when no GPU has two rows)."""
     t = rows["time_ns"].to_numpy(dtype=np.int64)
-    g = rows["gpu"].to_numpy()
+    g = rows["gpu_code"].to_numpy()
     if len(t) < 2:
         return 0
     same = g[1:] == g[:-1]
@@ -47,7 +47,7 @@ def median_step_ns(rows: pd.DataFrame) -> int:
 def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
     """Add ``energy_delta_j`` and ``energy_src`` (SRC_*) to rows sorted by GPU then time."""
     n = len(rows)
-    g = rows["gpu"].to_numpy()
+    g = rows["gpu_code"].to_numpy()
     t = rows["time_ns"].to_numpy(dtype=np.int64)
     same_prev = np.zeros(n, dtype=bool)
     same_prev[1:] = g[1:] == g[:-1]
@@ -94,29 +94,28 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
 def gpu_energy_quality(rows: pd.DataFrame) -> pd.DataFrame:
     """Per GPU: the quality of its energy figure and, when not a plain counter, why."""
     src = rows["energy_src"].to_numpy()
-    df = pd.DataFrame(
-        {
-            "gpu": rows["gpu"].to_numpy(),
-            "c": src == SRC_COUNTER,
-            "i": src == SRC_INTEGRATED,
-        }
-    )
-    agg = df.groupby("gpu", sort=False).agg(c=("c", "any"), i=("i", "any"))
+    codes = rows["gpu_code"].to_numpy()
+    n = int(codes.max()) + 1 if len(codes) else 0
+    c = np.bincount(codes, weights=src == SRC_COUNTER, minlength=n) > 0
+    i = np.bincount(codes, weights=src == SRC_INTEGRATED, minlength=n) > 0
     quality = np.where(
-        agg["i"],
+        i,
         Quality.INTEGRATED_POWER.value,
-        np.where(agg["c"], Quality.MEASURED_COUNTER.value, Quality.NOT_AVAILABLE.value),
+        np.where(c, Quality.MEASURED_COUNTER.value, Quality.NOT_AVAILABLE.value),
     )
     reason = np.where(
-        agg["i"] & agg["c"],
+        i & c,
         "energy counter missing on some samples: power integrated there",
         np.where(
-            agg["i"],
+            i,
             "no energy counter: power integrated over time",
-            np.where(agg["c"], "", "no energy counter and no power readings"),
+            np.where(c, "", "no energy counter and no power readings"),
         ),
     )
-    return pd.DataFrame({"energy_quality": quality, "energy_reason": reason}, index=agg.index)
+    return pd.DataFrame(
+        {"energy_quality": quality, "energy_reason": reason},
+        index=pd.Index(np.arange(n), name="gpu_code"),
+    )
 
 
 @dataclass(frozen=True, slots=True)

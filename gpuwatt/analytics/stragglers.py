@@ -90,13 +90,21 @@ def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
     return np.full(len(gw), np.nan)
 
 
+def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Peer group per row as codes into labels: ``job:<id>``, else ``node:<host>``."""
+    has_job = gw["job_id"].notna().to_numpy()
+    jcodes, juniq = pd.factorize(gw["job_id"].where(has_job, None), sort=True)
+    hcodes, huniq = pd.factorize(gw["host"], sort=True)
+    codes = np.where(has_job, jcodes, len(juniq) + hcodes).astype(np.int64)
+    labels = [f"job:{j}" for j in juniq] + [f"node:{h}" for h in huniq]
+    return codes, labels
+
+
 def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     """Per (window, GPU): peer medians, ratios, ``anomalous`` and ``flagged`` (persistent)."""
-    gw = gw.sort_values(["gpu", "window_start_ns"], kind="stable").reset_index(drop=True)
+    gw = gw.sort_values(["gpu_code", "window_start_ns"], kind="stable").reset_index(drop=True)
     job = gw["job_id"]
-    group = np.where(
-        job.notna().to_numpy(), "job:" + job.astype(str), "node:" + gw["host"].astype(str)
-    )
+    gcodes, guniq = _peer_groups(gw)
     util = _col(gw, "utilization_gpu_pct")
     clock = _col(gw, "sm_clock_mhz")
     power = _col(gw, "power_w")
@@ -109,10 +117,10 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     def masked(v: np.ndarray) -> np.ndarray:
         return np.where(busy, v, np.nan)
 
+    wcodes, _ = pd.factorize(gw["window_start_ns"].to_numpy(dtype=np.int64))
     work = pd.DataFrame(
         {
-            "w": gw["window_start_ns"].to_numpy(),
-            "grp": group,
+            "k": wcodes.astype(np.int64) * max(len(guniq), 1) + gcodes,
             "busy": busy.astype(np.int64),
             "clock": masked(clock),
             "temp": masked(temp),
@@ -121,7 +129,7 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
             "util": util,
         }
     )
-    g = work.groupby(["w", "grp"], sort=False)
+    g = work.groupby("k", sort=False)
     med = g[["clock", "temp", "ppu", "tensor", "util"]].transform("median")
     n_busy = g["busy"].transform("sum").to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -145,9 +153,9 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     sync_slow = _sync_outlier(work, job.notna().to_numpy(), eligible, cfg)
     anomalous = anomalous | sync_slow
 
-    runs = run_lengths(gw["gpu"].to_numpy(), anomalous)
+    runs = run_lengths(gw["gpu_code"].to_numpy(), anomalous)
     out = gw.assign(
-        peer_group=group,
+        peer_group=pd.Categorical.from_codes(gcodes, categories=guniq),
         busy=busy,
         peers_busy=n_busy,
         peer_median_sm_clock_mhz=med["clock"].to_numpy(),
@@ -173,14 +181,14 @@ def _sync_outlier(
     util = work["util"].to_numpy(dtype=float)
     busy = work["busy"].to_numpy(dtype=bool)
     bu = pd.Series(np.where(busy, util, np.nan))
-    keys = [work["w"], work["grp"]]
+    keys = work["k"]
     top = bu.groupby(keys, sort=False).transform("max").to_numpy()
     is_top = busy & (util >= top)
     n_top = pd.Series(is_top.astype(np.int64)).groupby(keys, sort=False).transform("sum")
     others = pd.Series(np.where(busy & ~is_top, util, np.nan))
     o_max = others.groupby(keys, sort=False).transform("max").to_numpy()
     o_min = others.groupby(keys, sort=False).transform("min").to_numpy()
-    n_busy = work.groupby(["w", "grp"], sort=False)["busy"].transform("sum").to_numpy()
+    n_busy = work.groupby("k", sort=False)["busy"].transform("sum").to_numpy()
     return (
         is_job
         & eligible
@@ -323,9 +331,9 @@ def find_stragglers(
         return []
     newest_window = int(sw["window_start_ns"].max())
     out: list[Straggler] = []
-    for gpu, rows in flagged.groupby("gpu", sort=False):
+    for gpu, rows in flagged.groupby("gpu_code", sort=False):
         last_flag = rows.iloc[-1]
-        mine = sw.loc[sw["gpu"] == gpu]
+        mine = sw.loc[sw["gpu_code"] == gpu]
         # the anomalous run containing the newest flagged window
         pos = mine.index.get_loc(last_flag.name)
         start = pos - int(last_flag["run"]) + 1

@@ -163,8 +163,8 @@ def analyze(
     stragglers = find_stragglers(sw, cfg, reasons_sampled=step_ns >= 10 * NS_PER_S)
 
     # --- per GPU -----------------------------------------------------------------------------
-    g = gw.groupby("gpu", sort=True)
-    per_gpu = g[["host", "gpu_index", "uuid", "name", "job_id"]].last()
+    g = gw.groupby("gpu_code", sort=True)
+    per_gpu = g[["gpu", "host", "gpu_index", "uuid", "name", "job_id"]].last()
     per_gpu["energy_j"] = g["energy_delta_j"].sum(min_count=1)
     per_gpu["idle_energy_j"] = g["idle_energy_j"].sum(min_count=1)
     per_gpu["idle_windows"] = g["idle"].sum()
@@ -179,7 +179,7 @@ def analyze(
         )
     per_gpu = per_gpu.join(gpu_energy_quality(rows)).join(gpu_tflops_quality(rows))
     per_gpu.loc[per_gpu["energy_quality"] == Quality.NOT_AVAILABLE.value, "energy_j"] = np.nan
-    per_gpu = add_cost_columns(per_gpu, tariff).reset_index()
+    per_gpu = add_cost_columns(per_gpu, tariff).reset_index(drop=True)
 
     by_node = _by(gw, "host", per_gpu, tariff)
     by_job = _by(gw, "job_id", per_gpu, tariff)
@@ -242,13 +242,13 @@ def analyze(
             "from temperature and power"
         )
 
-    jobs_seen = sorted({j for j in gw["job_id"] if j is not None})
+    jobs_seen = sorted(str(j) for j in pd.unique(gw["job_id"].dropna()))
     return AnalysisSummary(
         now_ns=now_ns,
         start_ns=int(rows["time_ns"].min()) if start_ns is None else start_ns,
         window_s=window_s,
         windows=window_list(gw),
-        gpus=int(gw["gpu"].nunique()),
+        gpus=len(per_gpu),
         nodes=int(gw["host"].nunique()),
         jobs=jobs_seen,
         default_imbalance_index=DEFAULT_INDEX,

@@ -90,7 +90,9 @@ def prepare(
     for col in GAUGES:
         if col in out.columns:
             out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
-    out = out.sort_values(["gpu", "time_ns"], kind="stable").reset_index(drop=True)
+    codes, _ = pd.factorize(out["gpu"], sort=True)
+    out["gpu_code"] = codes.astype(np.int64)  # integer identity: cheap to sort and group by
+    out = out.sort_values(["gpu_code", "time_ns"], kind="stable").reset_index(drop=True)
     return out
 
 
@@ -100,19 +102,41 @@ def per_gpu_window(
     """One row per (window, GPU): gauge means, ``samples``, sums of ``sums`` columns, the job.
 
     Columns starting with ``frac_`` (per-row 0/1/NaN flags) are averaged into fractions, as are
-    the GAUGES and ``means`` present in the rows.
+    the GAUGES and ``means`` present in the rows. Means skip NaN; a sum with no value is NaN.
+    Rows must be sorted by GPU then time (as ``prepare`` leaves them); the identity and job of a
+    (window, GPU) are those of its newest row. Integer keys and ``bincount`` keep this fast.
     """
-    keys = ["window_start_ns", "gpu"]
-    means_ = [c for c in rows.columns if c in GAUGES or c in means or c.startswith("frac_")]
-    g = rows.groupby(keys, sort=True, observed=True)
-    out = g[means_].mean() if means_ else g.size().to_frame("samples")[[]]
-    out["samples"] = g.size()
+    n = len(rows)
+    gcodes = rows["gpu_code"].to_numpy(dtype=np.int64)
+    w = rows["window_start_ns"].to_numpy(dtype=np.int64)
+    wcodes, wuniq = pd.factorize(w, sort=True)
+    n_gpu = int(gcodes.max()) + 1 if n else 0
+    key = wcodes.astype(np.int64) * max(n_gpu, 1) + gcodes
+    uniq, inv = np.unique(key, return_inverse=True)
+    m = len(uniq)
+    last = np.zeros(m, dtype=np.int64)
+    np.maximum.at(last, inv, np.arange(n, dtype=np.int64))
+    out = rows[["gpu", "gpu_code", "host", "gpu_index", "uuid", "name", "job_id"]].iloc[last]
+    out = out.reset_index(drop=True)
+    out.insert(0, "window_start_ns", np.asarray(wuniq, dtype=np.int64)[uniq // max(n_gpu, 1)])
+    cols: dict[str, np.ndarray] = {}
+    mean_cols = [c for c in rows.columns if c in GAUGES or c in means or c.startswith("frac_")]
+    for col in mean_cols:
+        v = rows[col].to_numpy(dtype=float)
+        ok = np.isfinite(v)
+        cnt = np.bincount(inv, weights=ok, minlength=m)
+        tot = np.bincount(inv, weights=np.where(ok, v, 0.0), minlength=m)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cols[col] = np.where(cnt > 0, tot / cnt, np.nan)
+    cols["samples"] = np.bincount(inv, minlength=m)
     for col in sums:
         if col in rows.columns:
-            out[col] = g[col].sum(min_count=1)
-    ids = g[["host", "gpu_index", "uuid", "name", "job_id"]].last()
-    out = out.join(ids)
-    return out.reset_index()
+            v = rows[col].to_numpy(dtype=float)
+            ok = np.isfinite(v)
+            cnt = np.bincount(inv, weights=ok, minlength=m)
+            tot = np.bincount(inv, weights=np.where(ok, v, 0.0), minlength=m)
+            cols[col] = np.where(cnt > 0, tot, np.nan)
+    return pd.concat([out, pd.DataFrame(cols)], axis=1)
 
 
 def window_list(rows: pd.DataFrame) -> list[int]:
