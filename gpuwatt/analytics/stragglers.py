@@ -155,7 +155,7 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
 
     runs = run_lengths(gw["gpu_code"].to_numpy(), anomalous)
     out = gw.assign(
-        peer_group=pd.Categorical.from_codes(gcodes, categories=guniq),
+        peer_group=np.asarray(guniq, dtype=object)[gcodes],
         busy=busy,
         peers_busy=n_busy,
         peer_median_sm_clock_mhz=med["clock"].to_numpy(),
