@@ -123,7 +123,10 @@ class Policy:
     ) -> Notification | None:
         channel, key = ck
         new = [fp for fp in now_active if fp not in state.notified]
-        gone = [fp for fp in state.notified if fp not in now_active]
+        # an announced alert that is only muted (silence, node down) stays announced: no second
+        # firing notice when the mute ends; if it resolves while muted, it leaves quietly
+        held = [fp for fp in state.notified if fp not in now_active and _muted(alerts.get(fp))]
+        gone = [fp for fp in state.notified if fp not in now_active and fp not in held]
         resolved = [fp for fp in gone if _resolved(alerts.get(fp))]
         wants_resolved = self.send_resolved.get(channel, True)
         group_interval_ns = round((route.group_interval_s if route else 0) * NS_PER_S)
@@ -134,8 +137,8 @@ class Policy:
             return None  # batch changes: at most one message per group interval
         repeat = bool(now_active) and since is not None and repeat_ns > 0 and since >= repeat_ns
         if not changed and not repeat:
-            if gone:  # left quietly (silenced, suppressed, or resolved without notices)
-                self._save(ck, now_active, state.last_sent_ns, state.seq)
+            if gone:  # left quietly (resolved while muted, or resolved without notices)
+                self._save(ck, now_active + held, state.last_sent_ns, state.seq)
             return None
         seq = state.seq + 1
         items = [_item(alerts[fp], FIRING) for fp in now_active]
@@ -155,7 +158,7 @@ class Policy:
             external_url=self.external_url,
         )
         self.outbox.enqueue(n, f"{channel}|{key}|{seq}", now_ns)
-        self._save(ck, now_active, now_ns, seq)
+        self._save(ck, now_active + held, now_ns, seq)
         return n
 
     def _save(
@@ -169,6 +172,10 @@ class Policy:
             "VALUES (?, ?, ?, ?, ?)",
             (*ck, json.dumps(notified), last_ns, seq),
         )
+
+
+def _muted(a: Alert | None) -> bool:
+    return a is not None and a.state == STATE_FIRING and bool(a.suppressed)
 
 
 def _resolved(a: Alert | None) -> bool:

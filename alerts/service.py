@@ -25,7 +25,7 @@ from alerts.outbox import DeliveryReport, Outbox, RetryPolicy
 from alerts.policy import Policy, Route
 from alerts.rules import DeadmanQuery, Rule
 from alerts.silences import SilenceTable, silenced_by
-from alerts.state import FIRING, PENDING, Alert, AlertTable, step_rule
+from alerts.state import FIRING, PENDING, RESOLVED, Alert, AlertTable, step_rule
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.alerts")
@@ -85,32 +85,57 @@ class Evaluator:
                 except Exception as exc:  # a failing rule must not stop the others
                     log.exception("rule %s could not be evaluated", rule.name)
                     report.errors[rule.name] = f"{type(exc).__name__}: {exc}"
+            host_last = self._host_last_seen(report)
+            down = {
+                o.target.get("host", "")
+                for name in self._node_down_rules
+                for o in observed.get(name, [])
+                if o.breach
+            }
             with transaction(self._con):
                 existing = self.alerts.all()
                 for rule in self.rules:
                     if rule.name not in observed:
                         continue  # no data is not "resolved": leave its alerts as they are
+                    window_ns = round(getattr(rule.query, "window_s", 60.0) * NS_PER_S)
+                    stale = frozenset(h for h, t in host_last.items() if now_ns - t > window_ns)
                     for before, after in step_rule(
-                        self.alerts, existing, rule, observed[rule.name], now_ns, self.cluster
-                    ):
+                        self.alerts, existing, rule, observed[rule.name], now_ns, self.cluster,
+                        stale_hosts=stale,
+                    ):  # fmt: skip
                         if before is None or before.state != after.state:
                             old = before.state if before else "inactive"
                             report.transitions.append((after.fingerprint, old, after.state))
-                current = self._mark_suppressed(self.alerts.all(), now_ns)
+                current = self._mark_suppressed(self.alerts.all(), now_ns, down)
                 report.notifications = self.policy.plan(current, now_ns)
                 self.alerts.prune_resolved(now_ns - round(RESOLVED_KEEP_S * NS_PER_S))
             return report
 
-    def _mark_suppressed(self, alerts: dict[str, Alert], now_ns: int) -> dict[str, Alert]:
+    def _host_last_seen(self, report: EvaluationReport) -> dict[str, int]:
+        try:
+            samples = self.store.latest()
+        except Exception as exc:
+            report.errors["<latest>"] = f"{type(exc).__name__}: {exc}"
+            return {}
+        last: dict[str, int] = {}
+        for s in samples:
+            last[s.host] = max(last.get(s.host, s.time_ns), s.time_ns)
+        return last
+
+    def _mark_suppressed(
+        self, alerts: dict[str, Alert], now_ns: int, down_now: set[str]
+    ) -> dict[str, Alert]:
+        """Silenced alerts, and GPU alerts of a node whose collector is silent, send nothing."""
         silences = self.silences.current_and_future(now_ns)
-        down = {
+        down = set(down_now) | {
             a.labels.get("host", "")
             for a in alerts.values()
             if a.rule in self._node_down_rules and a.state in (PENDING, FIRING)
         }
         out = {}
         for fp, a in alerts.items():
-            if a.state not in (PENDING, FIRING):
+            just_resolved = a.state == RESOLVED and a.resolved_ns == now_ns
+            if a.state not in (PENDING, FIRING) and not just_resolved:
                 out[fp] = a
                 continue
             why = ""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from alerts.clock import NS_PER_S
 from alerts.evaluate import Observation
-from alerts.rules import Rule, ThresholdQuery, render_template
+from alerts.rules import IncreaseQuery, Rule, ThresholdQuery, render_template
 
 PENDING = "pending"
 FIRING = "firing"
@@ -99,7 +99,12 @@ def next_state(
     breach = obs is not None and obs.breach
     holding = obs is not None and obs.holding
     value = obs.value if obs is not None else None
-    notes = annotations(rule, labels, obs) if obs is not None else None
+    # a measured value is worth showing even once the condition lapses ("resolved at 74 °C");
+    # a deadman's or an event's text describes the fault, so it keeps its last firing wording
+    refresh = obs is not None and (
+        obs.holding or isinstance(rule.query, ThresholdQuery | IncreaseQuery)
+    )
+    notes = annotations(rule, labels, obs) if obs is not None and refresh else None
     active = current is not None and current.state in (PENDING, FIRING)
     if not active:
         if not breach:
@@ -199,8 +204,15 @@ def step_rule(
     observations: Iterable[Observation],
     now_ns: int,
     cluster: str,
+    stale_hosts: frozenset[str] = frozenset(),
 ) -> list[tuple[Alert | None, Alert]]:
-    """Apply one rule's observations to its alerts; returns the (before, after) of each change."""
+    """Apply one rule's observations to its alerts; returns the (before, after) of each change.
+
+    An alert with no observation has no data. No data is not "resolved" when the alert's whole
+    node sent nothing in the rule's window (``stale_hosts``): the alert keeps its state, and the
+    node-down alert speaks for it. Otherwise (the node reports, this target does not) the
+    condition counts as not holding.
+    """
     seen: set[str] = set()
     changes: list[tuple[Alert | None, Alert]] = []
     for obs in observations:
@@ -214,6 +226,8 @@ def step_rule(
             changes.append((before, after))
     for fp, before in existing.items():
         if before.rule != rule.name or fp in seen or before.state not in (PENDING, FIRING):
+            continue
+        if before.labels.get("host") in stale_hosts:
             continue
         after = next_state(before, rule, None, now_ns, before.labels)  # no data: not holding
         if after is not None and after != before:
