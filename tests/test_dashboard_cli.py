@@ -1,0 +1,69 @@
+"""``gpuwatt report`` and ``gpuwatt dashboard`` through their own parsers."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import pytest
+from test_dashboard_support import build_demo_store
+
+from gpuwatt.cli_dashboard import add_dashboard_parser, add_report_parser, report_query
+from gpuwatt.errors import ConfigError, GpuwattError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuwatt")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_dashboard_parser(sub)
+    add_report_parser(sub)
+    return p
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("cli") / "demo.db"
+    build_demo_store(path, minutes=10).close()
+    return f"sqlite://{path}"
+
+
+def test_dashboard_defaults() -> None:
+    args = parser().parse_args(["dashboard"])
+    assert (args.host, args.port, args.store, args.config) == ("127.0.0.1", 8050, None, None)
+
+
+@pytest.mark.parametrize("by", ["gpu", "node", "job"])
+def test_report_writes_csv(store_url: str, tmp_path: Path, by: str) -> None:
+    out = tmp_path / f"r-{by}.csv"
+    args = parser().parse_args(
+        ["report", "--store", store_url, "--from", "2026-01-01T00:10:00Z",
+         "--to", "2026-01-01T00:20:00Z", "--by", by, "--out", str(out)]
+    )  # fmt: skip
+    assert args.func(args) == 0
+    rows = list(csv.reader(out.read_text().splitlines()))
+    assert "energy_kwh" in rows[0]
+    assert len(rows) - 1 == {"gpu": 32, "node": 4, "job": 3}[by]
+
+
+def test_report_duration_and_bad_range(store_url: str, tmp_path: Path) -> None:
+    assert report_query("2h", "") == {"range": "2h"}
+    assert report_query("2026-01-01", "2026-01-02") == {"from": "2026-01-01", "to": "2026-01-02"}
+    args = parser().parse_args(
+        ["report", "--store", store_url, "--from", "2026-01-02", "--to", "2026-01-01",
+         "--out", str(tmp_path / "x.csv")]
+    )  # fmt: skip
+    with pytest.raises(GpuwattError, match="ends before it starts"):
+        args.func(args)
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_dashboard_refuses_public_bind_without_credentials(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("GPUWATT_DASHBOARD_USER", "GPUWATT_DASHBOARD_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("GPUWATT_DASHBOARD_PASSWORD_FILE", raising=False)
+    args = parser().parse_args(["dashboard", "--store", store_url, "--host", "0.0.0.0"])
+    with pytest.raises(ConfigError, match=r"refusing to serve the dashboard on 0\.0\.0\.0"):
+        args.func(args)
