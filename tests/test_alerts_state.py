@@ -195,3 +195,14 @@ def test_restart_resends_nothing_and_forgets_nothing(tmp_path: Path) -> None:
     assert [s.split("\n")[0] for s in sent] == ["[FIRING:1] Hot (cluster=c1)",
                                                 "[RESOLVED:1] Hot (cluster=c1)"]  # fmt: skip
     assert [(e.state, e.attempts) for e in rows] == [("sent", 1), ("sent", 1)]
+
+
+def test_scheduler_wiring_starts_and_stops_without_waiting(tmp_path: Path) -> None:
+    import threading
+
+    from alerts.service import run
+
+    with rig(tmp_path) as r:
+        stop = threading.Event()
+        stop.set()  # returns at once: checks the APScheduler wiring, never waits for a job
+        run(r.ev, evaluation_interval_s=15.0, stop=stop)
