@@ -143,6 +143,16 @@ def score(scenario: Scenario, s: AnalysisSummary, window_s: float) -> Result:
         r.lines.append(f"  FALSE    {h} GPU {i}: reported idle allocated")
     if not truth and not s.stragglers and not s.idle_allocated:
         r.lines.append("  healthy: nothing flagged")
+    sw = s.straggler_windows
+    if not sw.empty:
+        innocent = ~sw["uuid"].isin([st.uuid for st in s.stragglers])
+        busy = sw.loc[innocent & sw["busy"].astype(bool)]
+        if not busy.empty:
+            r.lines.append(
+                f"  margin: lowest clock score of any other busy GPU {busy['score'].min():.2f} "
+                f"(hard threshold 0.75); {int(busy['anomalous'].sum())} transient anomalous "
+                "GPU-windows, none persistent"
+            )
     return r
 
 
