@@ -200,13 +200,15 @@ class LineEncoder:
 
 
 class _FieldEncoder:
-    """Formats the field set of a sample as one generated f-string per presence pattern.
+    """Formats the field set of a sample as one generated format per presence pattern.
 
     Floats are written with three decimals: a milli-unit (mJ, mW, 0.001 %) is below every
     sensor's resolution, and fixed-point formatting costs half of Python's shortest repr.
     Which metrics a GPU supports is stable, so the set of ``None`` fields repeats tick after tick.
     For each such pattern a straight-line f-string over the present fields is compiled once; the
-    hot path is then one C-level attribute fetch, one mask, one dict lookup and one f-string.
+    hot path is then one C-level attribute fetch, one mask, one dict lookup and one C-level
+    ``%`` format. Integer fields are whole numbers already (NVML returns integers); memory is
+    floored to whole MiB.
     """
 
     __slots__ = ("_by_mask", "_getter")
@@ -221,14 +223,18 @@ class _FieldEncoder:
         fmt = self._by_mask.get(mask)
         if fmt is None:
             fmt = self._by_mask[mask] = _compile_numeric(mask)
-        body = fmt(values)
-        if "=nan" in body or "=inf" in body or "=-inf" in body:
+        try:
+            body = fmt(values)
+        except (ValueError, OverflowError):  # NaN or inf in an integer field
             body = _numeric_fields_slow(values)
+        else:
+            if "=nan" in body or "=inf" in body or "=-inf" in body:
+                body = _numeric_fields_slow(values)
         extra = []
         if s.energy_method is not None:
-            extra.append(f'{FIELD_ENERGY_METHOD}="{s.energy_method.value}"')
+            extra.append(_ENERGY_METHOD_FIELD[s.energy_method])
         if s.tflops_method is not None:
-            extra.append(f'{FIELD_TFLOPS_METHOD}="{s.tflops_method.value}"')
+            extra.append(_TFLOPS_METHOD_FIELD[s.tflops_method])
         if s.xid_errors:
             extra.append(f"{FIELD_XID_LAST}={s.xid_errors[-1]}i")
             extra.append(f"{FIELD_XID_COUNT}={len(s.xid_errors)}i")
@@ -244,23 +250,27 @@ class _FieldEncoder:
 
 
 _is_none = partial(operator.is_, None)
+_ENERGY_METHOD_FIELD = {m: f'{FIELD_ENERGY_METHOD}="{m.value}"' for m in EnergyMethod}
+_TFLOPS_METHOD_FIELD = {m: f'{FIELD_TFLOPS_METHOD}="{m.value}"' for m in TflopsMethod}
 
 
-def _field_expr(i: int, spec: FieldSpec) -> str:
-    key = spec.field
+def _field_piece(i: int, spec: FieldSpec) -> tuple[str, str]:
+    """The %-format piece and the argument expression of one present field."""
     if spec.kind is Kind.INT:
-        value = f"round(v[{i}])" if spec.scale == 1.0 else f"round(v[{i}] / {spec.scale!r})"
-        return f"{key}={{{value}}}i"
+        arg = f"v[{i}]" if spec.scale == 1.0 else f"v[{i}] // {spec.scale!r}"
+        return f"{spec.field}=%di", arg
     if spec.kind is Kind.FLOAT:
-        return f"{key}={{v[{i}]:.3f}}"
-    return f"{key}={{'true' if v[{i}] else 'false'}}"
+        return f"{spec.field}=%.3f", f"v[{i}]"
+    return f"{spec.field}=%s", f"('true' if v[{i}] else 'false')"
 
 
 def _compile_numeric(mask: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], str]:
-    parts = [f"{FIELD_LOST}=false"]
-    parts += [_field_expr(i, spec) for i, spec in enumerate(FIELDS) if not mask[i]]
-    source = 'def fmt(v):\n    return f"""' + ",".join(parts) + '"""\n'
-    namespace: dict[str, Any] = {}
+    """One ``FORMAT % (args)``: a single C-level formatting call for all present fields."""
+    pieces = [_field_piece(i, spec) for i, spec in enumerate(FIELDS) if not mask[i]]
+    fmt = ",".join([f"{FIELD_LOST}=false"] + [p.replace("%", "%%", 0) for p, _ in pieces])
+    args = "".join(f"{a}, " for _, a in pieces)
+    source = f"def fmt(v):\n    return FORMAT % ({args})\n"
+    namespace: dict[str, Any] = {"FORMAT": fmt}
     exec(compile(source, "<gpuwatt.schema field encoder>", "exec"), namespace)
     return namespace["fmt"]
 
@@ -272,7 +282,8 @@ def _numeric_fields_slow(values: tuple[Any, ...]) -> str:
         if v is None:
             continue
         if spec.kind is Kind.INT:
-            parts.append(f"{spec.field}={round(v / spec.scale)}i")
+            if math.isfinite(v):
+                parts.append(f"{spec.field}={int(v // spec.scale)}i")
         elif spec.kind is Kind.FLOAT:
             if math.isfinite(v):
                 parts.append(f"{spec.field}={v:.3f}")
