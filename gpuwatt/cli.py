@@ -195,10 +195,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
                 scenario = parse_scenario(doc)
                 print(f"{path}: ok (scenario {scenario.name!r})")
-            else:
-                from gpuwatt.config import parse_config
+            elif kind == "rules":
+                from gpuwatt.cli_alerts import validate_rules_file
 
-                parse_config(doc)
+                print(f"{path}: ok ({validate_rules_file(path)})")
+            else:
+                from gpuwatt.cli_alerts import load_settings
+
+                load_settings(path)  # the config proper and its alerts: section
                 print(f"{path}: ok (config)")
         except ConfigError as exc:
             print(f"gpuwatt: {exc}", file=sys.stderr)
@@ -207,8 +211,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _kind_of(value: object) -> str:
+    from gpuwatt.cli_alerts import looks_like_rules
+
     if isinstance(value, dict) and ({"cluster", "jobs", "faults"} & set(value)):
         return "scenario"
+    if looks_like_rules(value):
+        return "rules"
     return "config"
 
 
@@ -345,7 +353,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--job", metavar="ID", help="only this job")
     a.set_defaults(func=cmd_analyze)
 
-    k = sub.add_parser("check-config", help="validate config and scenario files")
+    from gpuwatt.cli_alerts import add_alerts_parser
+
+    add_alerts_parser(sub)
+
+    k = sub.add_parser("check-config", help="validate config, scenario and alert rules files")
     k.add_argument("files", nargs="+", metavar="FILE")
     k.set_defaults(func=cmd_check_config)
     return p

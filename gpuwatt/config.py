@@ -69,7 +69,8 @@ class Config:
     source: str | None = None  # the file it came from
 
 
-_TOP = {"collector", "store", "energy"}
+# ``alerts:`` belongs to the alert evaluator, which validates it (``alerts.settings``).
+_TOP = {"collector", "store", "energy", "alerts"}
 _COLLECTOR = {
     "interval",
     "slow_interval",

@@ -42,3 +42,30 @@ def test_no_secret_value_is_written_inline() -> None:
         assert not any("TOKEN=" in part for part in service.get("command", [])), name
     for secret in COMPOSE["secrets"].values():
         assert secret["file"].startswith("./secrets/")
+
+
+def test_alert_evaluator_reads_its_secrets_from_files() -> None:
+    alerts = COMPOSE["services"]["alerts"]
+    assert alerts["command"][:2] == ["gpuwatt", "alerts"]
+    assert {"slack-webhook-url", "smtp-password"} <= set(alerts["secrets"])
+    assert alerts["environment"]["INFLUXDB_V2_TOKEN_FILE"].startswith("/run/secrets/")
+    config_mount = next(v for v in alerts["volumes"] if v.endswith(":ro"))
+    host_path = Path(__file__).resolve().parents[1] / config_mount.split(":")[0]
+    text = host_path.read_text()
+    assert "/run/secrets/slack-webhook-url" in text and "/run/secrets/smtp-password" in text
+
+
+def test_the_shipped_deploy_config_is_valid(tmp_path: Path) -> None:
+    from gpuwatt.cli_alerts import load_settings
+
+    # the secrets the compose stack mounts, as files in a stand-in /run/secrets
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "slack-webhook-url").write_text("http://127.0.0.1:9/hook\n")
+    (secrets / "smtp-password").write_text("pw\n")
+    text = (Path(__file__).resolve().parents[1] / "deploy" / "gpuwatt.yaml").read_text()
+    config_file = tmp_path / "gpuwatt.yaml"
+    config_file.write_text(text.replace("/run/secrets/", f"{secrets}/"))
+    config, settings = load_settings(str(config_file), environ={})
+    assert set(settings.channels) == {"slack", "oncall-mail"}
+    assert config.energy.price_per_kwh == 0.25
