@@ -1,0 +1,245 @@
+"""Dashboard at scale: 1,024 GPUs (128 nodes x 8) x 24 h in the embedded store.
+
+    .venv/bin/python bench/dashboard.py [--gpus 1024] [--hours 24] [--interval-s 1] [--db FILE]
+                                        [--repeat 7] [--no-browser]
+
+1. Backfill. Samples are generated vectorised with numpy (utilisation, power, temperature, SM
+   clock, energy counter, clock-event reasons, tensor activity of a synchronous training job on
+   every node, with a thermal straggler on node-057 GPU 3 for the last 6 hours) and written
+   straight through ``SqliteStore.write_samples`` one round (every GPU at one instant) per
+   batch, so rollups are built exactly as in production. The per-sample NVML path (fake NVML ->
+   NvmlSampler) is skipped: it costs ~50 µs per GPU-sample, ~70 min for 88 M samples.
+   At ``--interval-s 1`` that is 88.5 M samples (~30 GB, ~15 min on one core); a larger
+   interval keeps the 1-minute rollups (what every page reads) the same size and only thins the
+   raw table, which no page reads. ``--db`` keeps the database for later runs.
+2. For each page, for the default range (1 h) and 24 h: the server time of the page's content
+   callback (a real POST to ``/_dash-update-component``; median and p95 over ``--repeat`` runs,
+   each with a cold cache, the worst case a refresh meets) and the size of its response.
+3. Time until the page is drawn in headless Chromium (content present and every plot's SVG in
+   place), from navigation start.
+4. The naive approach for comparison: raw points, one line per GPU, for 1 h of raw samples (the
+   24 h figure is scaled from it: it cannot be built in memory).
+
+Targets (issue 4): callback p95 <= 500 ms, no response over 2 MB, every page drawn within 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dashboard.app import PAGES, create_app
+from gpuwatt.model import EnergyMethod, GpuSample
+from gpuwatt.store.sqlite import SqliteStore
+
+NS = 1_000_000_000
+END_NS = 1_767_225_600 * NS  # 2026-01-01 00:00 UTC
+STRAGGLER = (57, 3)  # node-057 GPU 3
+NAME = "NVIDIA H100 80GB HBM3"
+
+
+def backfill(store: SqliteStore, gpus: int, hours: float, interval_s: float) -> int:
+    n_nodes = gpus // 8
+    hosts = [f"node-{h:03d}" for h in range(n_nodes) for _ in range(8)]
+    idx = [i for _ in range(n_nodes) for i in range(8)]
+    uuids = [f"GPU-{h:04d}-{i}" for h in range(n_nodes) for i in range(8)]
+    rng = np.random.default_rng(7)
+    energy = rng.uniform(1e8, 2e8, gpus)
+    base_util = rng.uniform(70, 95, gpus)
+    steps = int(hours * 3600 / interval_s)
+    start = END_NS - steps * round(interval_s * NS)
+    s_gpu = STRAGGLER[0] * 8 + STRAGGLER[1]
+    written = 0
+    t0 = time.perf_counter()
+    for k in range(steps):
+        t = start + k * round(interval_s * NS)
+        hour = (t - start) / 3.6e12
+        util = np.clip(base_util + rng.normal(0, 3, gpus) + 8 * np.sin(hour), 0, 100)
+        clock = np.full(gpus, 1980.0)
+        reasons = np.full(gpus, 4, dtype=np.int64)
+        temp = 45 + util * 0.3 + rng.normal(0, 1, gpus)
+        if hour >= hours - 6 and s_gpu < gpus:
+            clock[s_gpu], reasons[s_gpu], temp[s_gpu] = 1350.0, 0x48, 91.0
+            node = slice(STRAGGLER[0] * 8, STRAGGLER[0] * 8 + 8)
+            util[node] *= 0.75
+            util[s_gpu] = 99.0
+        power = 120 + util * 5.2 * clock / 1980
+        energy += power * interval_s
+        tensor = util * 0.6
+        batch = [
+            GpuSample(
+                time_ns=t, host=hosts[g], gpu_index=idx[g], uuid=uuids[g], name=NAME,
+                utilization_gpu_pct=float(util[g]), temperature_gpu_c=float(temp[g]),
+                power_w=float(power[g]), energy_j=float(energy[g]),
+                energy_method=EnergyMethod.COUNTER, sm_clock_mhz=float(clock[g]),
+                clock_event_reasons=int(reasons[g]), tensor_active_pct=float(tensor[g]),
+                tensor_hmma_active_pct=float(tensor[g]), memory_used_bytes=60 * 2**30,
+                job_id=f"train-{g // 64:02d}",
+            )
+            for g in range(gpus)
+        ]  # fmt: skip
+        store.write_samples(batch)
+        written += gpus
+        if k % max(1, steps // 20) == 0:
+            rate = written / (time.perf_counter() - t0)
+            print(f"  backfill {k / steps:5.0%}  {written:,} samples  {rate:,.0f}/s", flush=True)
+    store.flush_rollups()
+    return written
+
+
+def callback_body(page: Any, query: dict[str, str]) -> dict[str, Any]:
+    out = f"{page.PAGE}-content"
+    return {
+        "output": f"{out}.children",
+        "outputs": {"id": out, "property": "children"},
+        "inputs": [
+            {"id": f"{page.PAGE}-args", "property": "data", "value": query},
+            {"id": f"{page.PAGE}-refresh", "property": "n_intervals", "value": None},
+        ],
+        "changedPropIds": [f"{page.PAGE}-args.data"],
+        "state": [],
+    }
+
+
+def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, tuple]:
+    client = app.server.test_client()
+    data = app.server.config["GPUWATT_DATA"]
+    out = {}
+    for page in PAGES:
+        body = callback_body(page, {**query, "host": "node-057", "gpu": "3"})
+        times, size = [], 0
+        for _ in range(repeat):
+            data._cache.clear()  # cold: a refresh after the cache's TTL
+            t = time.perf_counter()
+            resp = client.post("/_dash-update-component", json=body)
+            times.append(time.perf_counter() - t)
+            assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
+            size = len(resp.data)
+        t = time.perf_counter()
+        client.post("/_dash-update-component", json=body)
+        warm = time.perf_counter() - t
+        p95 = float(np.percentile(times, 95))
+        out[page.PAGE] = (statistics.median(times), p95, warm, size)
+    return out
+
+
+def draw_times(app_url: str, query: str) -> dict[str, float]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_dashboard_support import chrome
+
+    driver = chrome()
+    out = {}
+    try:
+        driver.get(app_url)  # warm the browser cache of the JS bundles, as a returning user
+        WebDriverWait(driver, 60).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")
+        )
+        for page in PAGES:
+            path = page.PATH + query + ("&host=node-057&gpu=3" if page.PAGE == "node" else "")
+            driver.get("about:blank")
+            t = time.perf_counter()
+            driver.get(app_url.rstrip("/") + path)
+
+            def drawn(d: Any, page: Any = page) -> bool:
+                if not d.find_elements(By.CSS_SELECTOR, f"#{page.PAGE}-content > *"):
+                    return False
+                graphs = d.find_elements(By.CSS_SELECTOR, f"#{page.PAGE}-content .dash-graph")
+                svgs = d.find_elements(By.CSS_SELECTOR, f"#{page.PAGE}-content .main-svg")
+                return len(svgs) >= len(graphs)
+
+            WebDriverWait(driver, 120, poll_frequency=0.05).until(drawn)
+            out[page.PAGE] = time.perf_counter() - t
+    finally:
+        driver.quit()
+    return out
+
+
+def naive(store: SqliteStore, gpus: int, interval_s: float) -> tuple[float, int, int]:
+    """Raw utilisation of every GPU over the last hour as one line per GPU (plotly JSON)."""
+    t = time.perf_counter()
+    frame = store.series(END_NS - 3600 * NS, END_NS, ("utilization_gpu_pct",))
+    traces = [
+        {"type": "scatter", "mode": "lines", "name": uuid,
+         "x": rows["time_ns"].tolist(), "y": rows["utilization_gpu_pct"].tolist()}
+        for uuid, rows in frame.groupby("uuid", sort=False)
+    ]  # fmt: skip
+    size = len(json.dumps({"data": traces}))
+    return time.perf_counter() - t, size, len(frame)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=1024)
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--interval-s", type=float, default=1.0)
+    ap.add_argument("--db", type=Path, help="keep/reuse the database here")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--no-browser", action="store_true")
+    args = ap.parse_args()
+    tmp = None
+    if args.db is None:
+        tmp = tempfile.TemporaryDirectory()
+        args.db = Path(tmp.name) / "bench.db"
+    fresh = not args.db.exists()
+    store = SqliteStore(args.db, retention_raw_s=7 * 86_400)
+    if fresh:
+        print(f"backfill: {args.gpus} GPUs x {args.hours} h every {args.interval_s} s")
+        t = time.perf_counter()
+        n = backfill(store, args.gpus, args.hours, args.interval_s)
+        dt = time.perf_counter() - t
+        size = sum(p.stat().st_size for p in args.db.parent.glob(args.db.name + "*")) / 1e9
+        print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s), {size:.1f} GB on disk")
+    app = create_app(store, now_ns=END_NS)
+    ok = True
+    for label, query in (("default (1h)", {}), ("24h", {"range": "24h"})):
+        print(f"\ncallbacks, range {label}: cold median / cold p95 / warm, response size")
+        for page, (med, p95, warm, size) in time_callbacks(app, args.repeat, query).items():
+            flag = "" if p95 <= 0.5 and size <= 2e6 else "  <- MISSED target"
+            ok &= not flag
+            print(
+                f"  {page:11s} {med * 1e3:7.0f} ms {p95 * 1e3:7.0f} ms {warm * 1e3:6.0f} ms "
+                f"{size / 1e3:8.0f} kB{flag}"
+            )
+    if not args.no_browser:
+        from dashboard.server import start
+
+        running = start(store, "127.0.0.1", 0, environ={}, now_ns=END_NS)
+        try:
+            for label, q in (("default (1h)", "?range=1h"), ("24h", "?range=24h")):
+                print(f"\ndrawn in headless Chromium, range {label}")
+                for page, secs in draw_times(running.url, q).items():
+                    flag = "" if secs <= 3.0 else "  <- MISSED target (3 s)"
+                    ok &= not flag
+                    print(f"  {page:11s} {secs:6.2f} s{flag}")
+        finally:
+            running.stop()
+    dt, size, points = naive(store, args.gpus, args.interval_s)
+    scale = args.interval_s  # to 1-second samples
+    print(
+        f"\nnaive (raw points, one line per GPU), 1 h: {points:,} points, {size / 1e6:.1f} MB, "
+        f"{dt:.1f} s to build"
+    )
+    print(
+        f"  at 1-second samples: ~{size * scale / 1e6:.0f} MB for 1 h, "
+        f"~{size * scale * 24 / 1e9:.1f} GB for 24 h (scaled)"
+    )
+    store.close()
+    if tmp is not None:
+        tmp.cleanup()
+    print("\nall targets met" if ok else "\nsome targets missed (see above)")
+
+
+if __name__ == "__main__":
+    main()
