@@ -156,6 +156,7 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     runs = run_lengths(gw["gpu_code"].to_numpy(), anomalous)
     out = gw.assign(
         peer_group=np.asarray(guniq, dtype=object)[gcodes],
+        peer_code=gcodes,
         busy=busy,
         peers_busy=n_busy,
         peer_median_sm_clock_mhz=med["clock"].to_numpy(),
@@ -224,14 +225,20 @@ def _fmt_pct(x: float) -> str:
     return f"{x * 100:.0f} %"
 
 
+def _peers(sw: pd.DataFrame, row: pd.Series, windows: np.ndarray) -> np.ndarray:
+    """Positions in ``sw`` of the other members of ``row``'s peer group in ``windows``."""
+    mask = (
+        (sw["peer_code"].to_numpy() == row["peer_code"])
+        & (sw["gpu_code"].to_numpy() != row["gpu_code"])
+        & np.isin(sw["window_start_ns"].to_numpy(), windows)
+    )
+    return np.flatnonzero(mask)
+
+
 def _peer_util(sw: pd.DataFrame, row: pd.Series) -> float:
-    peers = sw.loc[
-        (sw["window_start_ns"] == row["window_start_ns"])
-        & (sw["peer_group"] == row["peer_group"])
-        & (sw["gpu"] != row["gpu"]),
-        "utilization_gpu_pct",
-    ]
-    return float(peers.median()) if len(peers) else float("nan")
+    pos = _peers(sw, row, np.array([row["window_start_ns"]]))
+    util = sw["utilization_gpu_pct"].to_numpy(dtype=float)[pos] if len(pos) else np.array([])
+    return float(np.nanmedian(util)) if np.isfinite(util).any() else float("nan")
 
 
 def _signature(own_util: float, peers_util: float, row: pd.Series, cfg: StragglerConfig) -> str:
@@ -248,22 +255,20 @@ def _signature(own_util: float, peers_util: float, row: pd.Series, cfg: Straggle
 
 def _waiting_energy(sw: pd.DataFrame, run: pd.DataFrame) -> float:
     """Energy peers spent waiting at the barrier: their energy x (1 - own util / straggler's)."""
-    total = 0.0
-    if "energy_delta_j" not in sw.columns:
+    if "energy_delta_j" not in sw.columns or run.empty:
         return float("nan")
-    for _, r in run.iterrows():
-        peers = sw.loc[
-            (sw["window_start_ns"] == r["window_start_ns"])
-            & (sw["peer_group"] == r["peer_group"])
-            & (sw["gpu"] != r["gpu"])
-        ]
-        su = r["utilization_gpu_pct"]
-        if not (su > 0) or peers.empty:
-            continue
-        wait = np.clip(1.0 - peers["utilization_gpu_pct"].to_numpy(dtype=float) / su, 0.0, 1.0)
-        e = peers["energy_delta_j"].to_numpy(dtype=float)
-        total += float(np.nansum(wait * e))
-    return total
+    windows = run["window_start_ns"].to_numpy(dtype=np.int64)
+    own = pd.Series(run["utilization_gpu_pct"].to_numpy(dtype=float), index=windows)
+    pos = _peers(sw, run.iloc[-1], windows)
+    if not len(pos):
+        return 0.0
+    peer_w = sw["window_start_ns"].to_numpy(dtype=np.int64)[pos]
+    su = own.reindex(peer_w).to_numpy()
+    pu = sw["utilization_gpu_pct"].to_numpy(dtype=float)[pos]
+    e = sw["energy_delta_j"].to_numpy(dtype=float)[pos]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wait = np.where(su > 0, np.clip(1.0 - pu / su, 0.0, 1.0), 0.0)
+    return float(np.nansum(wait * e))
 
 
 def explain(

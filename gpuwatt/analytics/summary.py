@@ -93,28 +93,59 @@ def _empty(now_ns: int, window_s: float, tariff: Tariff, note: str) -> AnalysisS
     )  # fmt: skip
 
 
+def _nanmean_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    ok = np.isfinite(v)
+    cnt = np.bincount(codes, weights=ok, minlength=n)
+    tot = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(cnt > 0, tot / cnt, np.nan)
+
+
+def _nansum_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    ok = np.isfinite(v)
+    cnt = np.bincount(codes, weights=ok, minlength=n)
+    tot = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=n)
+    return np.where(cnt > 0, tot, np.nan)
+
+
 def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd.DataFrame:
+    """Energy, power and utilisation per node (``host``) or per job, from the GPU windows."""
     sub = gw.loc[gw[key].notna()]
     if sub.empty:
         return pd.DataFrame(columns=[key, "gpus", "energy_j", "idle_energy_j", "energy_quality"])
-    g = sub.groupby(key, sort=True)
+    codes, uniq = pd.factorize(sub[key], sort=True)
+    n = len(uniq)
+    gcode = sub["gpu_code"].to_numpy(dtype=np.int64)
+    n_gpu = int(gw["gpu_code"].max()) + 1
+    pairs = np.unique(codes.astype(np.int64) * n_gpu + gcode)
+    col = {c: sub[c].to_numpy(dtype=float) for c in ("power_w", "utilization_gpu_pct") if c in sub}
     out = pd.DataFrame(
         {
-            "gpus": g["gpu"].nunique(),
-            "energy_j": g["energy_delta_j"].sum(min_count=1),
-            "idle_energy_j": g["idle_energy_j"].sum(min_count=1),
-            "power_mean_w": g["power_w"].mean() if "power_w" in sub else np.nan,
-            "utilization_mean_pct": g["utilization_gpu_pct"].mean()
-            if "utilization_gpu_pct" in sub
+            key: np.asarray(uniq, dtype=object),
+            "gpus": np.bincount(pairs // n_gpu, minlength=n),
+            "energy_j": _nansum_by(codes, sub["energy_delta_j"].to_numpy(dtype=float), n),
+            "idle_energy_j": _nansum_by(codes, sub["idle_energy_j"].to_numpy(dtype=float), n),
+            "power_mean_w": _nanmean_by(codes, col["power_w"], n) if "power_w" in col else np.nan,
+            "utilization_mean_pct": _nanmean_by(codes, col["utilization_gpu_pct"], n)
+            if "utilization_gpu_pct" in col
             else np.nan,
         }
     )
-    q = per_gpu.set_index("gpu")["energy_quality"]
-    quals = sub[[key, "gpu"]].drop_duplicates().assign(q=lambda d: d["gpu"].map(q))
-    out["energy_quality"] = quals.groupby(key)["q"].agg(
-        lambda s: worst([Quality(x) for x in s]).value
-    )
-    return add_cost_columns(out, tariff).reset_index()
+    rank = {q: i for i, q in enumerate(_QUALITY_ORDER)}
+    gpu_rank = np.full(n_gpu, len(_QUALITY_ORDER) - 1, dtype=np.int64)
+    gpu_rank[per_gpu["gpu_code"].to_numpy()] = [rank[q] for q in per_gpu["energy_quality"]]
+    worst_rank = np.full(n, len(_QUALITY_ORDER) - 1, dtype=np.int64)
+    np.minimum.at(worst_rank, pairs // n_gpu, gpu_rank[pairs % n_gpu])
+    out["energy_quality"] = [_QUALITY_ORDER[r] for r in worst_rank]
+    return add_cost_columns(out, tariff)
+
+
+#: Energy qualities, worst first: a node or job takes the worst of its GPUs.
+_QUALITY_ORDER: tuple[str, ...] = (
+    Quality.NOT_AVAILABLE.value,
+    Quality.INTEGRATED_POWER.value,
+    Quality.MEASURED_COUNTER.value,
+)
 
 
 def analyze(
@@ -165,6 +196,7 @@ def analyze(
     # --- per GPU -----------------------------------------------------------------------------
     g = gw.groupby("gpu_code", sort=True)
     per_gpu = g[["gpu", "host", "gpu_index", "uuid", "name", "job_id"]].last()
+    per_gpu.insert(0, "gpu_code", per_gpu.index.to_numpy())
     per_gpu["energy_j"] = g["energy_delta_j"].sum(min_count=1)
     per_gpu["idle_energy_j"] = g["idle_energy_j"].sum(min_count=1)
     per_gpu["idle_windows"] = g["idle"].sum()
