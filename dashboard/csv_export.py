@@ -113,6 +113,8 @@ def build_report(
         src = summary.energy_by_node if by == "node" else summary.energy_by_job
         if by == "job":
             g = g.loc[g["job_id"].notna()]
+        if g.empty or src.empty:
+            return pd.DataFrame(columns=_columns(by, cost_col))
         grp = g.groupby(gkey, sort=True)
         agg = pd.DataFrame(
             {
@@ -126,9 +128,7 @@ def build_report(
             agg["tflops_per_w"] = agg["tflops_sum"] / agg["tf_power_w"].where(agg["tf_power_w"] > 0)
         quality = grp["tflops_quality"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "mixed")
         agg["tflops_quality"] = quality
-        out = src.set_index(gkey).join(agg, how="left").reset_index() if not src.empty else agg
-        if src.empty:
-            out = out.reset_index()
+        out = src.set_index(gkey).join(agg, how="left").reset_index()
     out = out.assign(
         energy_kwh=out["energy_j"] / 3.6e6,
         idle_energy_kwh=out["idle_energy_j"] / 3.6e6,

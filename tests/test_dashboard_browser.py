@@ -163,3 +163,20 @@ def test_csv_download_link(browser: Any, server: RunningDashboard) -> None:
     assert [r[0] for r in rows[1:]] == ["node-0", "node-1", "node-2", "node-3"]
     minutes = {r[0]: float(r[rows[0].index("straggler_minutes_min")]) for r in rows[1:]}
     assert minutes["node-2"] > 0 and minutes["node-0"] == 0
+
+
+def test_dark_mode_switch(browser: Any, server: RunningDashboard) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    open_page(browser, server, "/efficiency?range=15m", "efficiency")
+    root = browser.find_element(By.TAG_NAME, "html")
+    assert root.get_attribute("data-mantine-color-scheme") == "light"
+    browser.find_element(By.CSS_SELECTOR, "#dark-switch").click()
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: (
+            d.find_element(By.TAG_NAME, "html").get_attribute("data-mantine-color-scheme") == "dark"
+        )
+    )
+    browser.find_element(By.CSS_SELECTOR, "#dark-switch").click()
+    assert console_errors(browser) == []

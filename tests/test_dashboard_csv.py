@@ -120,6 +120,9 @@ def test_malicious_gpu_name_is_neutralised(tmp_path: Path) -> None:
     hosts = {r[0] for r in rows[1:]}
     assert names == {"'" + EVIL}
     assert '\'=HYPERLINK("x")' in hosts
+    # no jobs in this store: the job report is just its header
+    jobs = client.get("/download/report.csv?range=10m&by=job").get_data(as_text=True)
+    assert jobs.startswith("job_id,gpus,") and len(jobs.splitlines()) == 1
     store.close()
 
 
