@@ -158,6 +158,7 @@ def main() -> None:
         f"analyze() on it:                      {t_an:6.3f} s  (CPU {cpu_an:.3f} s; "
         f"target <= 1 s: {verdict})"
     )
+    print(f"read + analyze:                       {t_read + t_an:6.3f} s")
     print(f"read the same hour raw:               {t_raw:6.3f} s  ({len(raw):,} rows)")
     print(
         f"found: {len(summary.stragglers)} stragglers "
