@@ -99,12 +99,16 @@ class _Server:
         )
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s); its data stays."""
+        """Stop the server gracefully (SIGTERM; SIGKILL only after 120 s); its data stays.
+
+        Patient on purpose: on a loaded machine a server flushing its buffers can take a while,
+        and killing it then would lose points it had acknowledged (use ``kill()`` for a crash).
+        """
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
