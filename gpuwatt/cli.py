@@ -70,17 +70,16 @@ def cmd_collect(args: argparse.Namespace) -> int:
             SimulatedClusterSource(scenario, tensor_precision=config.collector.tensor_precision)
         ]
     else:
+        from collector.jobs import JobAttributingSource, default_resolver
         from collector.nvml import init_real_nvml
         from collector.nvml_source import NvmlSampler
 
         nvml = init_real_nvml()  # fails fast, before anything is opened or written
-        sources = [
-            NvmlSampler(
-                nvml,
-                config.collector.hostname,
-                tensor_precision=config.collector.tensor_precision,
-            )
-        ]
+        sampler = NvmlSampler(
+            nvml, config.collector.hostname, tensor_precision=config.collector.tensor_precision
+        )
+        resolver = default_resolver(mapping_dir=config.collector.job_mapping_dir)
+        sources = [JobAttributingSource(sampler, resolver)]
     store = open_store(store_url)
     spool_dir = _spool_dir(args, config, "spool")
     return _run_collector(

@@ -13,6 +13,7 @@ Example::
       spool_max_mib: 256
       hostname: gpu-node-17   # default: this machine's host name
       tensor_precision: bf16  # which tensor peak the TFLOPS estimate uses: tf32|bf16|fp16|fp8
+      job_mapping_dir: /run/gpuwatt/jobs   # optional: files <gpu index|uuid> -> job id
     store:
       url: influxdb://influx.example.org:8086/gpuwatt?org=hpc
     energy:
@@ -52,6 +53,7 @@ class CollectorConfig:
     spool_max_bytes: int = 256 * 1024 * 1024
     hostname: str = field(default_factory=socket.gethostname)
     tensor_precision: str = "bf16"
+    job_mapping_dir: Path | None = None  # a scheduler prolog's GPU -> job files
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ _COLLECTOR = {
     "spool_max_mib",
     "hostname",
     "tensor_precision",
+    "job_mapping_dir",
 }
 _STORE = {"url"}
 _ENERGY = {"price_per_kwh", "currency", "carbon_g_per_kwh"}
@@ -102,6 +105,8 @@ def parse_config(doc: Located) -> Config:
             kw["hostname"] = v.string()
         if (v := c.get("tensor_precision")) is not None:
             kw["tensor_precision"] = v.choice(TENSOR_PRECISIONS)
+        if (v := c.get("job_mapping_dir")) is not None:
+            kw["job_mapping_dir"] = Path(v.string())
         collector = CollectorConfig(**kw)  # type: ignore[arg-type]
         if collector.slow_interval_s < collector.interval_s:
             raise (c.get("slow_interval") or c).error(
