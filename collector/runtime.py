@@ -47,6 +47,7 @@ class TickStats:
     lost_samples: int = 0
     last_tick_s: float = 0.0  # wall time the last tick took
     failed_sources: int = 0
+    skipped_ticks: int = 0  # too close behind a late one
 
 
 class Sampler:
@@ -60,8 +61,14 @@ class Sampler:
         slow_interval_s: float,
         monotonic_s: Callable[[], float] = time.monotonic,
         on_samples: Callable[[list[GpuSample]], None] | None = None,
+        min_spacing_s: float = 0.0,
     ) -> None:
+        """``min_spacing_s``: a tick that starts sooner than this after the previous one is
+        skipped. A late tick followed at once by the on-time next one would otherwise take two
+        snapshots a few microseconds apart (the run loop sets it to half the interval)."""
         self.sources = list(sources)
+        self.min_spacing_s = min_spacing_s
+        self._last_tick_s: float | None = None
         self.spool = spool
         self.slow_interval_s = slow_interval_s
         self._monotonic_s = monotonic_s
@@ -74,6 +81,10 @@ class Sampler:
     def tick(self) -> int:
         with self._lock:
             started = self._monotonic_s()
+            if self._last_tick_s is not None and started - self._last_tick_s < self.min_spacing_s:
+                self.stats.skipped_ticks += 1
+                return 0
+            self._last_tick_s = started
             include_slow = (
                 self._last_slow_s is None or started - self._last_slow_s >= self.slow_interval_s
             )
@@ -193,6 +204,7 @@ def run(
     shutdown_flush_s: float = 10.0,
 ) -> None:
     """Run until ``stop`` is set or ``duration_s`` has passed; then shut down cleanly."""
+    sampler.min_spacing_s = max(sampler.min_spacing_s, interval_s / 2)
     scheduler = BackgroundScheduler(timezone="UTC")
     common = {"coalesce": True, "max_instances": 1}
     scheduler.add_job(

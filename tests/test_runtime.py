@@ -183,3 +183,20 @@ def test_shutdown_with_store_down_leaves_samples_spooled(tmp_path: Path) -> None
     assert store.lines == []
     assert spool.pending_lines() >= 2
     spool.close()
+
+
+def test_a_tick_right_behind_a_late_one_is_skipped(tmp_path: Path) -> None:
+    clock = FakeClock()
+    spool = Spool(tmp_path)
+    source = CountingSource("a", 2)
+    sampler = Sampler([source], spool, slow_interval_s=60, monotonic_s=clock, min_spacing_s=0.5)
+    assert sampler.tick() == 2
+    clock.t += 0.999  # the first tick ran late; the next, on time, follows 1 ms later
+    assert sampler.tick() == 2
+    clock.t += 0.001
+    assert sampler.tick() == 0
+    assert sampler.stats.skipped_ticks == 1
+    clock.t += 1.0
+    assert sampler.tick() == 2
+    assert spool.pending_lines() == 6
+    spool.close()
