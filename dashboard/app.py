@@ -71,10 +71,13 @@ def render_page(
     tr, problem = parse_range(query, now)
     head = range_line(tr, problem)
     try:
-        win = data.window(tr)
-        if win.empty and getattr(page, "NEEDS_DATA", True):
-            return [*head, empty_state()]
-        ctx = PageContext(data, win, tr, query, now, alerts_source)
+        if getattr(page, "NEEDS_DATA", True):
+            win = data.window(tr)
+            if win.empty:
+                return [*head, empty_state()]
+        else:
+            win = None
+        ctx = PageContext(data, win, tr, query, now, alerts_source)  # type: ignore[arg-type]
         return [*head, *page.render(ctx)]
     except DataError as exc:
         return [*head, error_state(exc.message)]

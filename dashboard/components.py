@@ -104,11 +104,17 @@ def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> 
 
 def range_line(tr: TimeRange, problem: str | None) -> list[Any]:
     out: list[Any] = [
-        dmc.Text(f"{tr.label}, {tr.step_s // 60}-minute buckets", size="sm", c="dimmed", mb="xs")
+        dmc.Text(f"{tr.label}, {bucket_text(tr.step_s)} buckets", size="sm", c="dimmed", mb="xs")
     ]
     if problem:
         out.insert(0, notice(problem, "yellow", title="URL not understood", id_="range-problem"))
     return out
+
+
+def bucket_text(step_s: int) -> str:
+    if step_s % 3600 == 0:
+        return f"{step_s // 3600}-hour"
+    return f"{step_s // 60}-minute"
 
 
 def notice(message: str, color: str, *, title: str, id_: str | None = None) -> dmc.Alert:

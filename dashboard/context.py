@@ -12,7 +12,7 @@ from dashboard.timerange import TimeRange
 @dataclass(frozen=True)
 class PageContext:
     data: DashboardData
-    win: WindowData
+    win: WindowData  # None only for pages with NEEDS_DATA = False
     range: TimeRange
     query: dict[str, str]
     now_ns: int

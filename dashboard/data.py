@@ -2,9 +2,11 @@
 
 Every page of one time range shares the same ``WindowData``: the store's rollups for the range
 (never raw samples: the buckets come from ``TimeRange.step_s``, at most a few hundred per GPU) and
-the analytics engine's summary of them. Entries are keyed by the range and expire after
-``ttl_s``, so an auto-refresh re-reads the store while several callbacks of one page load, and
-several users looking at the same range, cost one read.
+the analytics engine's summary of them. Entries are keyed by the range; several callbacks of one
+page, and several users looking at the same range, cost one read. Past ``ttl_s`` an entry is
+served stale while a background thread re-reads it (stale-while-revalidate), so auto-refresh
+never waits on the store: at 1,024 GPUs a cold read plus analysis of one hour takes seconds on a
+small machine, a cached one tens of milliseconds.
 
 Store failures become ``DataError`` with a message meant for the page ("store not reachable:
 ..."); they are logged as one line, never as a traceback.
@@ -18,13 +20,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pandas as pd
 
 from dashboard.timerange import NS_PER_S, TimeRange
-from gpuwatt.analytics import ANALYSIS_FIELDS, AnalysisSummary, Tariff, analyze
+from gpuwatt.analytics import ANALYSIS_FIELDS, AnalysisSummary, Straggler, Tariff, analyze
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.store.base import Store
@@ -35,6 +38,8 @@ T = TypeVar("T")
 DAY_NS = 86_400 * NS_PER_S
 #: A GPU whose newest sample is older than this is "silent" (its collector or node is down).
 SILENT_AFTER_S = 180.0
+RECENT_SPAN_S = 3600
+RECENT_STEP_S = 60
 
 
 class DataError(Exception):
@@ -62,10 +67,34 @@ class WindowData:
     summary: AnalysisSummary
     latest: list[GpuSample]
     jobs: dict[str, str]  # uuid -> job id (from each GPU's newest sample)
+    #: The newest hour analysed in 1-minute windows, when the range's windows are coarser: a
+    #: straggler of the last minutes persists over several 1-minute windows long before it
+    #: does over several hourly ones.
+    recent: AnalysisSummary | None = None
 
     @property
     def empty(self) -> bool:
         return self.frame.empty
+
+    @property
+    def stragglers(self) -> list[Straggler]:
+        """The range's stragglers, plus those of the newest hour the range's windows miss."""
+        out = list(self.summary.stragglers)
+        if self.recent is not None:
+            seen = {s.uuid for s in out}
+            extra = [s for s in self.recent.stragglers if s.uuid not in seen]
+            out = [s for s in out if s.active] + extra + [s for s in out if not s.active]
+        return out
+
+    @property
+    def active_stragglers(self) -> list[Straggler]:
+        return [s for s in self.stragglers if s.active]
+
+    def straggler_windows(self, straggler: Straggler) -> pd.DataFrame:
+        """The per-window scores in which ``straggler`` was found (for the peer comparison)."""
+        if self.recent is not None and straggler not in self.summary.stragglers:
+            return self.recent.straggler_windows
+        return self.summary.straggler_windows
 
     def counts(self, now_ns: int) -> GpuCounts:
         lost = sum(1 for s in self.latest if s.lost)
@@ -93,13 +122,17 @@ class DashboardData:
         clock_ns: Callable[[], int] = time.time_ns,
         tariff: Tariff | None = None,
         ttl_s: float = 10.0,
+        max_stale_s: float = 300.0,
         max_entries: int = 16,
     ) -> None:
         self.store = store
         self.clock_ns = clock_ns
         self.tariff = tariff or Tariff()
         self.ttl_s = ttl_s
+        self.max_stale_s = max_stale_s
         self.max_entries = max_entries
+        self._refreshing: set[tuple[Any, ...]] = set()
+        self._executor: ThreadPoolExecutor | None = None
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
@@ -107,25 +140,63 @@ class DashboardData:
     # --- cache ------------------------------------------------------------------------------
 
     def _cached(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        """Stale-while-revalidate: a fresh entry is returned; an entry past ``ttl_s`` (but
+        younger than ``max_stale_s``) is returned at once while one background thread
+        recomputes it, so an auto-refreshing page never waits for the store; a missing or too
+        old entry is computed now (one computation per key, concurrent callers wait for it)."""
+        now = time.monotonic()
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
-                self._cache.move_to_end(key)
-                return hit[1]
+            if hit is not None:
+                age = now - hit[0]
+                if age < self.ttl_s:
+                    self._cache.move_to_end(key)
+                    return hit[1]
+                if age < self.max_stale_s:
+                    if key not in self._refreshing:
+                        self._refreshing.add(key)
+                        self._pool().submit(self._refresh, key, compute)
+                    return hit[1]
             key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:  # one computation per key; concurrent callers wait for it
+        with key_lock:
             with self._lock:
                 hit = self._cache.get(key)
                 if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
                     return hit[1]
             value = compute()
-            with self._lock:
-                self._cache[key] = (time.monotonic(), value)
-                self._cache.move_to_end(key)
-                while len(self._cache) > self.max_entries:
-                    old, _ = self._cache.popitem(last=False)
-                    self._key_locks.pop(old, None)
+            self._store(key, value)
             return value
+
+    def _store(self, key: tuple[Any, ...], value: Any) -> None:
+        with self._lock:
+            self._cache[key] = (time.monotonic(), value)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.max_entries:
+                old, _ = self._cache.popitem(last=False)
+                self._key_locks.pop(old, None)
+
+    def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> None:
+        try:
+            self._store(key, compute())
+        except DataError:
+            pass  # already logged as one line; the stale value stays until max_stale_s
+        finally:
+            with self._lock:
+                self._refreshing.discard(key)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuwatt-dashboard-cache")
+        return self._executor
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
 
     def _read(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -158,7 +229,15 @@ class DashboardData:
             lambda: self.store.series(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, step_s=tr.step_s),
         )
         summary = self._analyze(frame, tr.end_ns, tr.start_ns, tr.step_s, jobs)
-        return WindowData(tr, frame, summary, latest, jobs)
+        recent = None
+        if tr.step_s > RECENT_STEP_S and not frame.empty:
+            start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
+            recent_frame = self._read(
+                "recent samples",
+                lambda: self.store.series(start, tr.end_ns, ANALYSIS_FIELDS, step_s=RECENT_STEP_S),
+            )
+            recent = self._analyze(recent_frame, tr.end_ns, start, RECENT_STEP_S, jobs)
+        return WindowData(tr, frame, summary, latest, jobs, recent)
 
     def _analyze(
         self, frame: pd.DataFrame, end_ns: int, start_ns: int, step_s: int, jobs: dict[str, str]

@@ -31,7 +31,8 @@ def test_default_is_last_hour() -> None:
 
 
 @pytest.mark.parametrize(
-    ("span", "step"), [("15m", 60), ("1h", 60), ("6h", 60), ("24h", 300), ("7d", 1800)]
+    ("span", "step"),
+    [("15m", 60), ("1h", 60), ("2h", 60), ("6h", 300), ("24h", 3600), ("7d", 3600)],
 )
 def test_presets_pick_buckets_within_budget(span: str, step: int) -> None:
     tr, problem = parse_range({"range": span}, NOW)
@@ -86,3 +87,4 @@ def test_instants() -> None:
 def test_step_grows_with_span() -> None:
     assert choose_step_s(60) == 60
     assert choose_step_s(31 * 86_400) == 21_600
+    assert choose_step_s(10 * 3600) % 3600 == 0  # beyond 6 h: whole hours (1-hour rollups)

@@ -136,13 +136,12 @@ def render(ctx: PageContext) -> list[Any]:
         spacing="sm",
         mb="md",
     )
-    top = s.stragglers[:TOP_STRAGGLERS]
+    found = ctx.win.stragglers
+    top = found[:TOP_STRAGGLERS]
     if top:
         body: list[Any] = [straggler_card(x, ctx) for x in top]
-        if len(s.stragglers) > TOP_STRAGGLERS:
-            body.append(
-                dcc.Link(f"all {len(s.stragglers)} stragglers", href=ctx.link("/stragglers"))
-            )
+        if len(found) > TOP_STRAGGLERS:
+            body.append(dcc.Link(f"all {len(found)} stragglers", href=ctx.link("/stragglers")))
     else:
         body = [dmc.Text("No straggler in this range.", c="dimmed", id="no-stragglers")]
     worst = section(
@@ -152,7 +151,7 @@ def render(ctx: PageContext) -> list[Any]:
         "ranked by severity, with the cause.",
     )
     now = newest_per_gpu(s.gpu_windows)
-    marked = [(x.host, x.gpu_index) for x in s.active_stragglers]
+    marked = [(x.host, x.gpu_index) for x in ctx.win.active_stragglers]
     heat = section(
         "Utilisation now, node x GPU",
         graph(node_gpu_heatmap(now, "utilization_gpu_pct", marked), "overview-heatmap"),

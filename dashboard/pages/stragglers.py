@@ -89,7 +89,7 @@ def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
             )
         )
     if plot:
-        sw = ctx.win.summary.straggler_windows
+        sw = ctx.win.straggler_windows(s)
         figs = []
         for metric in SIGNALS:
             if metric not in sw.columns:
@@ -116,8 +116,8 @@ def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
 
 
 def render(ctx: PageContext) -> list[Any]:
-    s = ctx.win.summary
-    if not s.stragglers:
+    found = ctx.win.stragglers
+    if not found:
         return [
             dmc.Alert(
                 "Every busy GPU kept pace with its peers in this range.",
@@ -128,12 +128,12 @@ def render(ctx: PageContext) -> list[Any]:
         ]
     out: list[Any] = [
         dmc.Text(
-            f"{len(s.active_stragglers)} active, {len(s.stragglers)} in range. A GPU is flagged "
+            f"{len(ctx.win.active_stragglers)} active, {len(found)} in range. A GPU is flagged "
             "after several consecutive windows clearly slower than the median of its peers.",
             size="sm",
             mb="sm",
         )
     ]
-    for i, st in enumerate(s.stragglers):
+    for i, st in enumerate(found):
         out.append(straggler_block(st, ctx, plot=i < MAX_PLOTTED))
     return out
