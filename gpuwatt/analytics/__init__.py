@@ -7,6 +7,7 @@ from gpuwatt.analytics.balance import IdleGpu
 from gpuwatt.analytics.energy import Tariff
 from gpuwatt.analytics.quality import Figure, Quality
 from gpuwatt.analytics.render import render_text
+from gpuwatt.analytics.reported import JobWork, reported_work
 from gpuwatt.analytics.stragglers import Straggler, StragglerConfig
 from gpuwatt.analytics.summary import ANALYSIS_FIELDS, AnalysisSummary, analyze
 
@@ -15,10 +16,12 @@ __all__ = [
     "AnalysisSummary",
     "Figure",
     "IdleGpu",
+    "JobWork",
     "Quality",
     "Straggler",
     "StragglerConfig",
     "Tariff",
     "analyze",
     "render_text",
+    "reported_work",
 ]

@@ -15,6 +15,7 @@ class Quality(enum.StrEnum):
     GPM_ESTIMATE = "gpm_estimate"  # pipe activity (GPM) x the GPU table's peaks x clock ratio
     UPPER_BOUND = "upper_bound"  # SM activity x tensor peak: an upper bound, not an estimate
     MEASURED = "measured"  # a gauge read as is (utilisation, power, temperature)
+    REPORTED = "reported"  # reported by the application itself (step time, model FLOPs)
     NOT_AVAILABLE = "not_available"
 
 
@@ -25,6 +26,7 @@ _RANK: dict[Quality, int] = {
     Quality.INTEGRATED_POWER: 2,
     Quality.GPM_ESTIMATE: 3,
     Quality.MEASURED_COUNTER: 4,
+    Quality.REPORTED: 4,
     Quality.MEASURED: 5,
 }
 

@@ -101,6 +101,11 @@ def render_text(summary: AnalysisSummary, *, max_rows: int = 10) -> str:
                 f"    {r['job_id']}: {r['gpus']} GPUs, {_f(r['energy_kwh'], '.3f')} kWh "
                 f"[{r['energy_quality']}], util {_f(r['utilization_mean_pct'])} %"
             )
+    if s.job_work:
+        add("")
+        add("APPLICATION-REPORTED WORK (model FLOPs per step / step time; MFU against dense peak)")
+        for w in s.job_work[:max_rows]:
+            add(f"  {w.line()}")
     for n in s.notes:
         add(f"note: {n}")
     return "\n".join(out) + "\n"

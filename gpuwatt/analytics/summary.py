@@ -36,6 +36,7 @@ from gpuwatt.analytics.energy import (
 )
 from gpuwatt.analytics.quality import Figure, Quality, not_available, worst
 from gpuwatt.analytics.reasons import add_bit_columns
+from gpuwatt.analytics.reported import JobWork, reported_work
 from gpuwatt.analytics.stragglers import Straggler, StragglerConfig, find_stragglers, score_windows
 from gpuwatt.analytics.windows import NS_PER_S, per_gpu_window, prepare, window_list
 
@@ -62,6 +63,9 @@ class AnalysisSummary:
     cluster: dict[str, Figure]
     tariff: Tariff
     notes: list[str] = field(default_factory=list)
+    # application-reported work (``analyze(job_steps=...)``; see gpuwatt.analytics.reported)
+    job_work: list[JobWork] = field(default_factory=list)
+    job_work_windows: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def idle_allocated(self) -> list[IdleGpu]:
@@ -163,6 +167,7 @@ def analyze(
     idle_util_pct: float = 5.0,
     idle_windows: int = 3,
     straggler_config: StragglerConfig | None = None,
+    job_steps: pd.DataFrame | None = None,
 ) -> AnalysisSummary:
     """Load balance, stragglers and efficiency of the samples in ``[start_ns, now_ns)``.
 
@@ -170,6 +175,9 @@ def analyze(
     restricts the analysis to one job. ``price_per_kwh`` (in ``currency``) and
     ``carbon_g_per_kwh`` turn energy into cost and CO2; without them those figures are absent.
     ``tensor_precision`` picks the tensor peak for the GPM estimate (tf32, bf16, fp16, fp8).
+    ``job_steps`` (``schema.JOB_STEP_COLUMNS``, as ``JobStepStore.job_steps`` returns) adds the
+    jobs' own reported TFLOPS and MFU beside the counter estimate (``job_work``); without it the
+    result is unchanged.
     """
     cfg = straggler_config or StragglerConfig()
     tariff = Tariff(price_per_kwh, carbon_g_per_kwh, currency)
@@ -275,6 +283,15 @@ def analyze(
         )
 
     jobs_seen = sorted(str(j) for j in pd.unique(gw["job_id"].dropna()))
+    job_work_windows, job_work = _job_work(
+        job_steps,
+        gw,
+        start_ns=int(rows["time_ns"].min()) if start_ns is None else start_ns,
+        now_ns=now_ns,
+        job=job,
+        window_s=window_s,
+        tensor_precision=tensor_precision,
+    )
     return AnalysisSummary(
         now_ns=now_ns,
         start_ns=int(rows["time_ns"].min()) if start_ns is None else start_ns,
@@ -296,6 +313,35 @@ def analyze(
         cluster=cluster,
         tariff=tariff,
         notes=notes,
+        job_work=job_work,
+        job_work_windows=job_work_windows,
+    )
+
+
+def _job_work(
+    job_steps: pd.DataFrame | None,
+    gw: pd.DataFrame,
+    *,
+    start_ns: int,
+    now_ns: int,
+    job: str | None,
+    window_s: float,
+    tensor_precision: str,
+) -> tuple[pd.DataFrame, list[JobWork]]:
+    """The reported work of the steps in ``[start_ns, now_ns)`` (of ``job`` only, when given)."""
+    if job_steps is None or job_steps.empty:
+        return pd.DataFrame(), []
+    t = job_steps["time_ns"].to_numpy(dtype=np.int64)
+    keep = (t >= start_ns) & (t < now_ns)
+    if job is not None:
+        keep &= (job_steps["job_id"] == job).to_numpy()
+    return reported_work(
+        job_steps.loc[keep],
+        gw,
+        window_s=window_s,
+        tensor_precision=tensor_precision,
+        start_ns=start_ns,
+        now_ns=now_ns,
     )
 
 
