@@ -102,6 +102,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tensor_precision=config.collector.tensor_precision,
     )
     store = open_store(store_url)
+    _report_simulated_work(source, store_url, config)
     source.open()
     print(
         f"gpuwatt demo: scenario {scenario.name!r}, {source.gpu_count} simulated GPUs, "
@@ -131,6 +132,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
         quiet=True,
         summary_every_s=args.summary_every,
     )
+
+
+def _report_simulated_work(source: object, store_url: str, config: Config) -> None:
+    """The demo's training jobs report their steps, as a real job does with gpuwatt.work."""
+    from collector.sim.work import SimulatedWorkReporter
+    from gpuwatt.store.job_steps import open_job_step_store
+
+    steps_store = open_job_step_store(store_url)
+    work = SimulatedWorkReporter(
+        source.simulator,  # type: ignore[attr-defined]
+        start_ns=source.start_ns,  # type: ignore[attr-defined]
+        precision=config.collector.tensor_precision,
+    )
+    failed = False
+
+    def report() -> None:
+        nonlocal failed
+        try:
+            steps_store.write_job_steps(work.poll())
+        except GpuwattError as exc:  # the samples matter more than the job steps
+            if not failed:
+                log.warning("simulated job steps not written: %s", exc)
+            failed = True
+
+    source.after_sample = report  # type: ignore[attr-defined]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -165,6 +191,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         jobs = {s.uuid: s.job_id for s in store.latest(since_ns=start_ns) if s.job_id}
     finally:
         store.close()
+    from gpuwatt.store.job_steps import open_job_step_store
+
+    steps_store = open_job_step_store(_store_url(args, config))
+    try:
+        job_steps = steps_store.job_steps(
+            start_ns, now_ns, job_ids=[args.job] if args.job else None
+        )
+    finally:
+        steps_store.close()
     summary = analyze(
         frame,
         now_ns=now_ns,
@@ -176,6 +211,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         carbon_g_per_kwh=config.energy.carbon_g_per_kwh,
         currency=config.energy.currency,
         tensor_precision=config.collector.tensor_precision,
+        job_steps=job_steps,
     )
     print(render_text(summary))
     return EXIT_OK

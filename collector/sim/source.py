@@ -36,6 +36,9 @@ class SimulatedClusterSource:
         self.start_ns = clock_ns() if start_ns is None else start_ns
         self.simulator = Simulator(scenario)
         self._now_ns = self.start_ns
+        #: called after every snapshot, with the simulation at that instant (e.g. so that the
+        #: simulated jobs report their steps); it must not raise
+        self.after_sample: Callable[[], None] | None = None
         self.samplers = [
             NvmlSampler(
                 FakeNvml(self.simulator.cluster, host),
@@ -75,6 +78,8 @@ class SimulatedClusterSource:
             for s in sampler.sample(include_slow=include_slow):
                 job_id = None if s.lost else job_of(s.host, s.gpu_index)
                 out.append(s if job_id is None else replace(s, job_id=job_id))
+        if self.after_sample is not None:
+            self.after_sample()
         return out
 
     def sample(self, *, include_slow: bool) -> list[GpuSample]:
