@@ -5,10 +5,15 @@ Run: ``.venv/bin/python bench/collector_cost.py``
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
 line-protocol encoding (``gpuwatt.schema.LineEncoder``), per GPU-sample, median of several runs;
-the simulator's own step is outside the timed region. gpustat's ``GPUStatCollection.new_query()``
-runs with the ``pynvml`` module's functions replaced by the fake's for the duration (restored
-after). As shipped, gpustat sleeps 0.1 s in every query that finds processes (to measure their
-CPU %); that sleep is reported, then patched out so the comparison is of query work alone.
+the simulator's own step is outside the timed region. Times are CPU time of this process
+(``time.process_time``): the machines this runs on are often shared, and CPU time is what the
+collector costs its node. A breakdown line splits the figure into sampling (NVML calls on the fake
+plus the sampler's logic), of which ``GpuSample`` construction, and encoding; a calibration line
+gives the cost of one float ``repr`` on this machine, to compare figures across machines.
+gpustat's ``GPUStatCollection.new_query()`` runs with the ``pynvml`` module's functions replaced by
+the fake's for the duration (restored after). As shipped, gpustat sleeps 0.1 s in every query that
+finds processes (to measure their CPU %); that sleep is reported (wall time), then patched out so
+the comparison is of query work alone.
 
 On real hardware each NVML call is a driver ioctl of several microseconds, which neither side can
 avoid; this bench measures the Python work each tool adds on top.
@@ -16,12 +21,13 @@ avoid; this bench measures the Python work each tool adds on top.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,6 +40,7 @@ from nvml_fixtures import Activity, make_cluster, run_all
 from collector.nvml_source import NvmlSampler
 from collector.sim.fake_nvml import FakeNvml
 from collector.sim.state import SimCluster
+from gpuwatt.model import GpuSample, make_gpu_sample
 from gpuwatt.schema import LineEncoder
 
 HOST = "node-1"
@@ -42,6 +49,8 @@ RUNS = 7
 TICKS_PER_RUN = 250
 GPUSTAT_QUERIES_PER_RUN = 40
 TARGET_US = 30.0
+#: a float repr on a typical current server core (CPython 3.11), for the calibration line
+REFERENCE_REPR_US = 0.13
 BUSY = Activity(
     sm_clock_mhz=1980.0,
     power_w=650.0,
@@ -61,30 +70,81 @@ def build_cluster() -> SimCluster:
     return cluster
 
 
-def collector_us_per_gpu(include_slow: bool) -> tuple[float, list[float]]:
+@dataclasses.dataclass(frozen=True)
+class CollectorCost:
+    us_per_gpu: float  # median over runs of sampling + encoding
+    runs: list[float]
+    sampling_us: float  # medians over runs of each phase
+    encoding_us: float
+    construction_us: float  # GpuSample construction alone (part of sampling), min of repeats
+    keyword_construction_us: float  # the same sample built with GpuSample(**fields)
+
+
+def collector_us_per_gpu(include_slow: bool) -> CollectorCost:
     cluster = build_cluster()
     sampler = NvmlSampler(FakeNvml(cluster, HOST), HOST)
     encoder = LineEncoder()
     encode_many = encoder.encode_many
     sample = sampler.sample
+    clock = time.process_time
     sampler.open()
     try:
         for _ in range(20):  # warm up (GPM primed, encoder caches filled)
             run_all(cluster, 1.0, BUSY)
             encode_many(sample(include_slow))
-        runs = []
+        runs, sampling, encoding = [], [], []
+        per_run = TICKS_PER_RUN * GPUS / 1e6
         for _ in range(RUNS):
-            spent_s = 0.0
+            sample_s = encode_s = 0.0
             for _ in range(TICKS_PER_RUN):
                 run_all(cluster, 1.0, BUSY)
-                t0 = time.perf_counter()
-                lines = encode_many(sample(include_slow))
-                spent_s += time.perf_counter() - t0
+                t0 = clock()
+                samples = sample(include_slow)
+                t1 = clock()
+                lines = encode_many(samples)
+                t2 = clock()
+                sample_s += t1 - t0
+                encode_s += t2 - t1
             assert len(lines) == GPUS and "tflops_estimate=" in lines[0]
-            runs.append(spent_s / (TICKS_PER_RUN * GPUS) * 1e6)
+            runs.append((sample_s + encode_s) / per_run)
+            sampling.append(sample_s / per_run)
+            encoding.append(encode_s / per_run)
     finally:
         sampler.close()
-    return statistics.median(runs), runs
+    fast_us, keyword_us = construction_us(samples[0])
+    return CollectorCost(
+        statistics.median(runs),
+        runs,
+        statistics.median(sampling),
+        statistics.median(encoding),
+        fast_us,
+        keyword_us,
+    )
+
+
+def _min_us(fn: Callable[[], object], number: int = 2000, repeat: int = 15) -> float:
+    """Minimum CPU time of one ``fn()`` over ``repeat`` batches of ``number`` calls."""
+    clock, best = time.process_time, float("inf")
+    for _ in range(repeat):
+        t0 = clock()
+        for _ in range(number):
+            fn()
+        best = min(best, clock() - t0)
+    return best / number * 1e6
+
+
+def construction_us(s: GpuSample) -> tuple[float, float]:
+    """What the sampler's ``make_gpu_sample`` and the keyword constructor cost for sample ``s``."""
+    values = [getattr(s, f.name) for f in dataclasses.fields(s)]
+    by_name = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+    assert make_gpu_sample(*values) == GpuSample(**by_name) == s
+    return _min_us(lambda: make_gpu_sample(*values)), _min_us(lambda: GpuSample(**by_name))
+
+
+def repr_us() -> float:
+    """The machine calibration: CPU time of one float repr."""
+    x = 1234.5678901
+    return _min_us(lambda: repr(x), number=20000) - _min_us(lambda: x, number=20000)
 
 
 @contextmanager
@@ -117,7 +177,9 @@ def gpustat_sleep_removed() -> Iterator[None]:
         core.time = real_time
 
 
-def gpustat_us_per_gpu(queries: int, runs: int) -> float:
+def gpustat_us_per_gpu(
+    queries: int, runs: int, clock: Callable[[], float] = time.process_time
+) -> float:
     from gpustat.core import GPUStatCollection
 
     cluster = build_cluster()
@@ -128,28 +190,46 @@ def gpustat_us_per_gpu(queries: int, runs: int) -> float:
             spent_s = 0.0
             for _ in range(queries):
                 run_all(cluster, 1.0, BUSY)
-                t0 = time.perf_counter()
+                t0 = clock()
                 stats = GPUStatCollection.new_query()
-                spent_s += time.perf_counter() - t0
+                spent_s += clock() - t0
                 assert len(stats) == GPUS and stats[0].power_draw is not None
             results.append(spent_s / (queries * GPUS) * 1e6)
     return statistics.median(results)
 
 
 def main() -> None:
-    print(f"fake NVML: {GPUS} x H100 SXM, 1 process per GPU; median of {RUNS} runs")
-    fast_us, fast_runs = collector_us_per_gpu(include_slow=False)
-    slow_us, _ = collector_us_per_gpu(include_slow=True)
+    print(f"fake NVML: {GPUS} x H100 SXM, 1 process per GPU; median of {RUNS} runs, CPU time")
+    calibration_us = repr_us()
+    fast = collector_us_per_gpu(include_slow=False)
+    slow = collector_us_per_gpu(include_slow=True)
+    fast_us = fast.us_per_gpu
     print(
-        "  runs (fast cadence): " + ", ".join(f"{r:.1f}" for r in fast_runs) + " us per GPU-sample"
+        "  runs (fast cadence): " + ", ".join(f"{r:.1f}" for r in fast.runs) + " us per GPU-sample"
     )
-    print(f"  collector, slow-cadence tick (adds ECC + remapped rows): {slow_us:.1f} us per GPU")
-    shipped_us = gpustat_us_per_gpu(queries=2, runs=1)
+    print(
+        f"  breakdown: sampling {fast.sampling_us:.1f} us (of which GpuSample construction "
+        f"{fast.construction_us:.1f} us; keyword constructor would be "
+        f"{fast.keyword_construction_us:.1f} us) + encoding {fast.encoding_us:.1f} us"
+    )
+    print(
+        "  collector, slow-cadence tick (adds ECC + remapped rows): "
+        f"{slow.us_per_gpu:.1f} us per GPU"
+    )
+    shipped_us = gpustat_us_per_gpu(queries=2, runs=1, clock=time.perf_counter)  # wall: sleeps
     print(f"  gpustat new_query as shipped (sleeps 0.1 s per query): {shipped_us:.0f} us per GPU")
     with gpustat_sleep_removed():
         gpustat_us = gpustat_us_per_gpu(GPUSTAT_QUERIES_PER_RUN, RUNS)
     print()
-    print(f"collector: {fast_us:.1f} us per GPU-sample (target <= {TARGET_US:.0f} us)")
+    factor = calibration_us / REFERENCE_REPR_US
+    print(
+        f"calibration: a float repr costs {calibration_us:.3f} us here "
+        f"(~{REFERENCE_REPR_US} us on a typical server core: this machine is ~{factor:.1f}x slower)"
+    )
+    print(
+        f"collector: {fast_us:.1f} us per GPU-sample (target <= {TARGET_US:.0f} us; "
+        f"~{fast_us / factor:.1f} us scaled to a typical server core)"
+    )
     print(f"gpustat new_query: {gpustat_us:.1f} us per GPU (its 0.1 s sleep removed)")
     print(f"ratio Y/X: {gpustat_us / fast_us:.2f}")
 

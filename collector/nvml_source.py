@@ -13,25 +13,28 @@ The NVML module is an argument (the real ``pynvml`` from ``collector.nvml``, or 
   allows it.
 
 Handles and static facts are read once in ``open()``. The per-GPU hot path uses pre-bound NVML
-functions and builds no dictionaries.
+functions, inlines each field's call in its own try/except (errors, fallbacks and refused fields
+go to helpers off that path), decodes ctypes structs with one ``struct`` call each, and builds the
+sample with ``make_gpu_sample`` (positional, no frozen-dataclass ``__init__``). Budget and
+breakdown: ``bench/collector_cost.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import operator
 import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from collector.xid_events import XidListener
 from gpuwatt.errors import NvmlUnavailable
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
-from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
-from gpuwatt.tflops import estimate_tflops_from_pipes
+from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod, make_gpu_sample
 
 _log = logging.getLogger(__name__)
 
@@ -60,6 +63,68 @@ _N_GPM = len(GPM_METRICS)
 _NO_GPM: tuple[None, ...] = (None,) * _N_GPM
 _GPM_SCALES: tuple[float, ...] = tuple(scale for _const, _attr, scale in GPM_METRICS)
 _GPM_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION; checked against the module in open()
+_mul = operator.mul
+_COUNTER = EnergyMethod.COUNTER
+_GPM_METHOD = TflopsMethod.GPM
+
+#: GpuSample's leading fields, in the order ``NvmlSampler._sample_gpu`` passes them positionally
+#: to ``make_gpu_sample`` (the fields after them keep their defaults).
+_SAMPLE_FIELDS: tuple[str, ...] = (
+    "time_ns",
+    "host",
+    "gpu_index",
+    "uuid",
+    "name",
+    "lost",
+    "utilization_gpu_pct",
+    "utilization_memory_pct",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "memory_free_bytes",
+    "memory_reserved_bytes",
+    "temperature_gpu_c",
+    "temperature_memory_c",
+    "fan_speed_pct",
+    "power_w",
+    "power_limit_w",
+    "energy_j",
+    "energy_method",
+    "sm_clock_mhz",
+    "memory_clock_mhz",
+    "graphics_clock_mhz",
+    "sm_clock_max_mhz",
+    "clock_event_reasons",
+    "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "tensor_hmma_active_pct",
+    "tensor_imma_active_pct",
+    "tensor_dfma_active_pct",
+    "fp64_active_pct",
+    "fp32_active_pct",
+    "fp16_active_pct",
+    "dram_active_pct",
+    "tflops_estimate",
+    "tflops_method",
+    "xid_errors",
+    "ecc_sbe_volatile_count",
+    "ecc_dbe_volatile_count",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "mig_enabled",
+    "processes",
+)
+if tuple(f.name for f in fields(GpuSample))[: len(_SAMPLE_FIELDS)] != _SAMPLE_FIELDS:
+    raise ImportError(
+        "GpuSample's fields changed: update _SAMPLE_FIELDS and the positional make_gpu_sample "
+        "call in NvmlSampler._sample_gpu"
+    )
 
 
 # --- reading ctypes structs without pynvml's per-field Python hook ----------------------------
@@ -79,14 +144,17 @@ def _code(ctype: Any) -> str:
     return code.lower() if isinstance(t, str) and t.islower() else code
 
 
-def _layout(items: Sequence[tuple[int, Any]], total_size: int | None) -> struct.Struct:
+def _layout(
+    items: Sequence[tuple[int, Any]], total_size: int | None, origin: int = 0
+) -> struct.Struct:
     """A standard-size, unaligned Struct over ``(offset, ctype)`` items in offset order.
 
     Gaps become pad bytes, which ``pack_into`` writes as zeros: a codec used for writing into a
     live structure must only have gaps that may be zeroed. ``total_size`` pads the end (for
-    ``from_buffer_copy``); None stops at the last item (safe for ``pack_into``).
+    ``from_buffer_copy``); None stops at the last item (safe for ``pack_into``). ``origin`` is
+    the offset the codec starts at (give it to ``pack_into``/``unpack_from``).
     """
-    fmt, pos = ["="], 0
+    fmt, pos = ["="], origin
     for offset, ctype in sorted(items, key=lambda item: item[0]):
         if offset < pos:
             raise ValueError("overlapping fields")
@@ -119,6 +187,8 @@ class GpmCodecs(NamedTuple):
     ids: struct.Struct  # metricId of each metric; read only
     results: struct.Struct  # (nvmlReturn, value) of each metric; read only
     fill: struct.Struct  # (metricId, nvmlReturn, value) of each, metricInfo zeroed; pack_into
+    # at metrics_offset: the header before it is left as it is
+    metrics_offset: int
 
 
 def gpm_codecs(nv: Any, count: int) -> GpmCodecs:
@@ -139,7 +209,8 @@ def gpm_codecs(nv: Any, count: int) -> GpmCodecs:
         ),
         ids=_layout(per_metric(("metricId",)), None),
         results=_layout(per_metric(("nvmlReturn", "value")), None),
-        fill=_layout(per_metric(("metricId", "nvmlReturn", "value")), None),
+        fill=_layout(per_metric(("metricId", "nvmlReturn", "value")), None, origin=base),
+        metrics_offset=base,
     )
 
 
@@ -201,6 +272,7 @@ class _Gpu:
         "sm_clock_max_mhz",
         "spec",
         "temp_v",
+        "tflops_peaks",
         "uuid",
         "xids",
     )
@@ -212,6 +284,8 @@ class _Gpu:
         self.uuid = ""
         self.name = ""
         self.spec: GpuSpec | None = None
+        # (HMMA peak at the configured precision, DFMA, FP64, FP32, FP16, peak clock MHz)
+        self.tflops_peaks: tuple[float, float, float, float, float, float] | None = None
         self.sm_clock_max_mhz: float | None = None
         self.mig_enabled: bool | None = None
         self.lost = False
@@ -333,6 +407,8 @@ class NvmlSampler:
         self._opened = True
         self._gpus = [_Gpu(i) for i in range(count)]
         for g in self._gpus:
+            g.mem_v2 = self._mem_v2 is not None
+            g.temp_v = self._f_temp_v is not None
             self._open_gpu(g)
         if self._want_xids:
             handles = {g.index: g.handle for g in self._gpus if g.handle is not None}
@@ -444,7 +520,19 @@ class NvmlSampler:
         name = q1(g, "name", nv.nvmlDeviceGetName, h)
         g.uuid = _text(uuid) if uuid is not None else ""
         g.name = _text(name) if name is not None else ""
-        g.spec = lookup(g.name) if g.name else None
+        g.spec = spec = lookup(g.name) if g.name else None
+        g.tflops_peaks = (
+            (
+                spec.tensor_peak_tflops(self._precision) or 0.0,
+                spec.fp64_tensor_tflops or 0.0,
+                spec.fp64_tflops or 0.0,
+                spec.fp32_tflops or 0.0,
+                spec.fp16_tflops or 0.0,
+                spec.peak_clock_mhz,
+            )
+            if spec is not None
+            else None
+        )
         mem = q1(g, "memory_total_bytes", nv.nvmlDeviceGetMemoryInfo, h)
         sm_max = q2(g, "sm_clock_max_mhz", nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
         g.sm_clock_max_mhz = float(sm_max) if sm_max is not None else None
@@ -494,7 +582,7 @@ class NvmlSampler:
         # each buffer with its address: the request is written raw (see struct_codec)
         g.gpm_prev = (first, ctypes.cast(first, ctypes.c_void_p).value)
         g.gpm_cur = (second, ctypes.cast(second, ctypes.c_void_p).value)
-        header, ids, results, _fill = gpm_codecs(nv, _N_GPM)
+        header, ids, results, _fill, _base = gpm_codecs(nv, _N_GPM)
         get = nv.c_nvmlGpmMetricsGet_t()
         get.version = nv.NVML_GPM_METRICS_GET_VERSION
         get.numMetrics = _N_GPM
@@ -556,143 +644,254 @@ class NvmlSampler:
         self._read_static(g)
 
     def _sample_gpu(self, g: _Gpu, t_ns: int, mono_s: float, include_slow: bool) -> GpuSample:
-        h, q1, q2 = g.handle, self._q1, self._q2
+        # The hot path: every field's NVML call is inlined with its own try/except (free when
+        # nothing is raised), so a healthy field costs its NVML call and a set lookup. Whatever
+        # goes wrong (an error, a fallback, a refused field) is handled by the helpers below.
+        h, off, errors, failed = g.handle, g.off, self._errors, self._failed
 
-        util = q1(g, "utilization", self._f_util, h)
-        if util is None:
+        if "utilization" in off:
             util_gpu = util_mem = None
-        elif type(util) is self._t_util:
-            u_gpu, u_mem = self._rd_util(util)
-            util_gpu, util_mem = float(u_gpu), float(u_mem)
         else:
-            util_gpu, util_mem = float(util.gpu), float(util.memory)
+            try:
+                util = self._f_util(h)
+            except errors as exc:
+                util = failed(g, "utilization", exc)
+            if util is None:
+                util_gpu = util_mem = None
+            elif type(util) is self._t_util:
+                u_gpu, u_mem = self._rd_util(util)
+                util_gpu, util_mem = float(u_gpu), float(u_mem)
+            else:
+                util_gpu, util_mem = float(util.gpu), float(util.memory)
 
-        mem_used, mem_total, mem_free, mem_reserved = self._memory(g, h)
-        temp = self._temperature(g, h)
-        power_mw = q1(g, "power_w", self._f_power, h)
-        power_w = power_mw / 1000.0 if power_mw is not None else None
-        limit_mw = q1(g, "power_limit_w", self._f_limit, h)
-        energy_j, energy_method = self._energy(g, h, mono_s, power_w)
+        if "memory" in off:
+            mem_used = mem_total = mem_free = mem_reserved = None
+        elif g.mem_v2:
+            try:
+                m = self._f_mem(h, version=self._mem_v2)
+            except errors as exc:
+                mem_used, mem_total, mem_free, mem_reserved = self._memory_v2_failed(g, h, exc)
+            else:
+                if type(m) is self._t_mem2:
+                    mem_total, mem_reserved, mem_free, mem_used = self._rd_mem2(m)
+                else:
+                    mem_used, mem_total = int(m.used), int(m.total)
+                    mem_free, mem_reserved = int(m.free), int(m.reserved)
+        else:
+            mem_used, mem_total, mem_free, mem_reserved = self._memory_v1(g, h)
+
+        if "temperature_gpu_c" in off:
+            temp = None
+        elif g.temp_v:
+            try:
+                temp = float(self._f_temp_v(h, self._temp_gpu))
+            except errors as exc:
+                temp = self._temperature_v_failed(g, h, exc)
+        else:
+            temp = self._temperature_legacy(g, h)
+
+        if "power_w" in off:
+            power_w = None
+        else:
+            try:
+                power_w = self._f_power(h) / 1000.0
+            except errors as exc:
+                power_w = failed(g, "power_w", exc)
+
+        if "power_limit_w" in off:
+            limit_w = None
+        else:
+            try:
+                limit_w = self._f_limit(h) / 1000.0
+            except errors as exc:
+                limit_w = failed(g, "power_limit_w", exc)
+
+        if g.energy_counter:
+            try:
+                raw_j = self._f_energy(h) / 1000.0
+            except errors as exc:
+                energy_j, energy_method = self._energy_counter_failed(g, exc, mono_s, power_w)
+            else:
+                last = g.energy_last_raw_j
+                if last is not None and raw_j < last:
+                    self._energy_counter_reset(g, last, raw_j)
+                g.energy_last_raw_j = raw_j
+                energy_j, energy_method = g.energy_offset_j + raw_j, _COUNTER
+        else:
+            energy_j, energy_method = self._energy_integrated(g, mono_s, power_w)
 
         f_clock = self._f_clock
-        sm_mhz = q2(g, "sm_clock_mhz", f_clock, h, self._clk_sm)
-        mem_mhz = q2(g, "memory_clock_mhz", f_clock, h, self._clk_mem)
-        gfx_mhz = q2(g, "graphics_clock_mhz", f_clock, h, self._clk_gfx)
-        reasons = self._reasons(g, h)
-        fan = q1(g, "fan_speed_pct", self._f_fan, h)
+        if "sm_clock_mhz" in off:
+            sm_mhz = None
+        else:
+            try:
+                sm_mhz = float(f_clock(h, self._clk_sm))
+            except errors as exc:
+                sm_mhz = failed(g, "sm_clock_mhz", exc)
+        if "memory_clock_mhz" in off:
+            mem_mhz = None
+        else:
+            try:
+                mem_mhz = float(f_clock(h, self._clk_mem))
+            except errors as exc:
+                mem_mhz = failed(g, "memory_clock_mhz", exc)
+        if "graphics_clock_mhz" in off:
+            gfx_mhz = None
+        else:
+            try:
+                gfx_mhz = float(f_clock(h, self._clk_gfx))
+            except errors as exc:
+                gfx_mhz = failed(g, "graphics_clock_mhz", exc)
 
-        gpm = self._gpm(g, h) if g.gpm else _NO_GPM
-        (sm_act, sm_occ, tensor, hmma, imma, dfma, fp64, fp32, fp16, dram, nvl_rx, nvl_tx) = gpm[
-            :12
-        ]
-        pcie_tx, pcie_rx = gpm[12], gpm[13]
-        if not g.gpm:
-            tx_kib = q2(g, "pcie_tx_bytes_per_s", self._f_pcie, h, self._pcie_tx)
-            rx_kib = q2(g, "pcie_rx_bytes_per_s", self._f_pcie, h, self._pcie_rx)
-            pcie_tx = tx_kib * _KIB if tx_kib is not None else None
-            pcie_rx = rx_kib * _KIB if rx_kib is not None else None
+        f_reasons = self._f_reasons
+        if f_reasons is None or "clock_event_reasons" in off:
+            reasons = self._reasons_old(g, h)
+        else:
+            try:
+                reasons = int(f_reasons(h))
+            except errors as exc:
+                reasons = self._reasons_failed(g, h, exc)
+
+        if "fan_speed_pct" in off:
+            fan = None
+        else:
+            try:
+                fan = float(self._f_fan(h))
+            except errors as exc:
+                fan = failed(g, "fan_speed_pct", exc)
 
         tflops = None
-        if g.gpm and g.spec is not None:
-            tflops = estimate_tflops_from_pipes(
-                g.spec,
-                sm_clock_mhz=sm_mhz,
-                tensor_hmma_active_pct=hmma,
-                tensor_dfma_active_pct=dfma,
-                fp64_active_pct=fp64,
-                fp32_active_pct=fp32,
-                fp16_active_pct=fp16,
-                tensor_precision=self._precision,
-            )
+        if g.gpm:
+            (
+                sm_act,
+                sm_occ,
+                tensor,
+                hmma,
+                imma,
+                dfma,
+                fp64,
+                fp32,
+                fp16,
+                dram,
+                nvl_rx,
+                nvl_tx,
+                pcie_tx,
+                pcie_rx,
+            ) = self._gpm(g, h) if g.gpm_primed else self._gpm_unprimed(g, h)
+            peaks = g.tflops_peaks
+            if peaks is not None and not (
+                hmma is None and dfma is None and fp64 is None and fp32 is None and fp16 is None
+            ):
+                # gpuwatt.tflops.estimate_tflops_from_pipes, term for term and in its order (a
+                # test holds the two equal); the peaks were looked up once in open()
+                p_hmma, p_dfma, p_fp64, p_fp32, p_fp16, peak_clock_mhz = peaks
+                tflops = (
+                    0.0
+                    + (hmma or 0.0) / 100.0 * p_hmma
+                    + (dfma or 0.0) / 100.0 * p_dfma
+                    + (fp64 or 0.0) / 100.0 * p_fp64
+                    + (fp32 or 0.0) / 100.0 * p_fp32
+                    + (fp16 or 0.0) / 100.0 * p_fp16
+                )
+                tflops *= 1.0 if sm_mhz is None else sm_mhz / peak_clock_mhz
+        else:
+            sm_act = sm_occ = tensor = hmma = imma = dfma = fp64 = fp32 = fp16 = dram = None
+            nvl_rx = nvl_tx = pcie_tx = pcie_rx = None
+        if not g.gpm:  # no GPM, or it was refused for good just now
+            pcie_tx, pcie_rx = self._pcie(g, h)
 
-        procs = q1(g, "processes", self._f_procs, h)
-        processes = _processes(procs) if procs is not None else None
+        if "processes" in off:
+            processes = None
+        else:
+            try:
+                procs = self._f_procs(h)
+            except errors as exc:
+                processes = failed(g, "processes", exc)
+            else:
+                processes = _processes(procs)
 
         sbe = dbe = rr_corr = rr_unc = rr_pending = rr_failure = None
         if include_slow:
             f_ecc, vol = self._f_ecc, self._ecc_volatile
-            if "ecc_sbe_volatile_count" not in g.off:
+            if "ecc_sbe_volatile_count" not in off:
                 sbe = self._ecc(g, "ecc_sbe_volatile_count", f_ecc, h, self._ecc_corr, vol)
-            if "ecc_dbe_volatile_count" not in g.off:
+            if "ecc_dbe_volatile_count" not in off:
                 dbe = self._ecc(g, "ecc_dbe_volatile_count", f_ecc, h, self._ecc_unc, vol)
-            rows = q1(g, "remapped_rows", self._f_remap, h)
+            rows = self._q1(g, "remapped_rows", self._f_remap, h)
             if rows is not None:
                 rr_corr, rr_unc = int(rows[0]), int(rows[1])
                 rr_pending, rr_failure = bool(rows[2]), bool(rows[3])
 
-        return GpuSample(
-            time_ns=t_ns,
-            host=self._host,
-            gpu_index=g.index,
-            uuid=g.uuid,
-            name=g.name,
-            utilization_gpu_pct=util_gpu,
-            utilization_memory_pct=util_mem,
-            memory_used_bytes=mem_used,
-            memory_total_bytes=mem_total,
-            memory_free_bytes=mem_free,
-            memory_reserved_bytes=mem_reserved,
-            temperature_gpu_c=temp,
-            fan_speed_pct=float(fan) if fan is not None else None,
-            power_w=power_w,
-            power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
-            energy_j=energy_j,
-            energy_method=energy_method,
-            sm_clock_mhz=float(sm_mhz) if sm_mhz is not None else None,
-            memory_clock_mhz=float(mem_mhz) if mem_mhz is not None else None,
-            graphics_clock_mhz=float(gfx_mhz) if gfx_mhz is not None else None,
-            sm_clock_max_mhz=g.sm_clock_max_mhz,
-            clock_event_reasons=reasons,
-            pcie_tx_bytes_per_s=pcie_tx,
-            pcie_rx_bytes_per_s=pcie_rx,
-            nvlink_tx_bytes_per_s=nvl_tx,
-            nvlink_rx_bytes_per_s=nvl_rx,
-            sm_active_pct=sm_act,
-            sm_occupancy_pct=sm_occ,
-            tensor_active_pct=tensor,
-            tensor_hmma_active_pct=hmma,
-            tensor_imma_active_pct=imma,
-            tensor_dfma_active_pct=dfma,
-            fp64_active_pct=fp64,
-            fp32_active_pct=fp32,
-            fp16_active_pct=fp16,
-            dram_active_pct=dram,
-            tflops_estimate=tflops,
-            tflops_method=TflopsMethod.GPM if tflops is not None else None,
-            xid_errors=_drain(g.xids) if g.xids else (),
-            ecc_sbe_volatile_count=sbe,
-            ecc_dbe_volatile_count=dbe,
-            remapped_rows_correctable=rr_corr,
-            remapped_rows_uncorrectable=rr_unc,
-            remapped_rows_pending=rr_pending,
-            remapped_rows_failure=rr_failure,
-            mig_enabled=g.mig_enabled,
-            processes=processes,
+        # positionally, in GpuSample's field order (_SAMPLE_FIELDS, checked at import)
+        return make_gpu_sample(
+            t_ns,  # time_ns
+            self._host,  # host
+            g.index,  # gpu_index
+            g.uuid,  # uuid
+            g.name,  # name
+            False,  # lost
+            util_gpu,  # utilization_gpu_pct
+            util_mem,  # utilization_memory_pct
+            mem_used,  # memory_used_bytes
+            mem_total,  # memory_total_bytes
+            mem_free,  # memory_free_bytes
+            mem_reserved,  # memory_reserved_bytes
+            temp,  # temperature_gpu_c
+            None,  # temperature_memory_c
+            fan,  # fan_speed_pct
+            power_w,  # power_w
+            limit_w,  # power_limit_w
+            energy_j,  # energy_j
+            energy_method,  # energy_method
+            sm_mhz,  # sm_clock_mhz
+            mem_mhz,  # memory_clock_mhz
+            gfx_mhz,  # graphics_clock_mhz
+            g.sm_clock_max_mhz,  # sm_clock_max_mhz
+            reasons,  # clock_event_reasons
+            pcie_tx,  # pcie_tx_bytes_per_s
+            pcie_rx,  # pcie_rx_bytes_per_s
+            nvl_tx,  # nvlink_tx_bytes_per_s
+            nvl_rx,  # nvlink_rx_bytes_per_s
+            sm_act,  # sm_active_pct
+            sm_occ,  # sm_occupancy_pct
+            tensor,  # tensor_active_pct
+            hmma,  # tensor_hmma_active_pct
+            imma,  # tensor_imma_active_pct
+            dfma,  # tensor_dfma_active_pct
+            fp64,  # fp64_active_pct
+            fp32,  # fp32_active_pct
+            fp16,  # fp16_active_pct
+            dram,  # dram_active_pct
+            tflops,  # tflops_estimate
+            _GPM_METHOD if tflops is not None else None,  # tflops_method
+            _drain(g.xids) if g.xids else (),  # xid_errors
+            sbe,  # ecc_sbe_volatile_count
+            dbe,  # ecc_dbe_volatile_count
+            rr_corr,  # remapped_rows_correctable
+            rr_unc,  # remapped_rows_uncorrectable
+            rr_pending,  # remapped_rows_pending
+            rr_failure,  # remapped_rows_failure
+            g.mig_enabled,  # mig_enabled
+            processes,  # processes
         )
 
-    # --- per-field helpers ----------------------------------------------------------------------
+    # --- per-field helpers: fallbacks and failures, off the hot path ---------------------------
 
-    def _memory(self, g: _Gpu, h: Any) -> tuple[int | None, int | None, int | None, int | None]:
-        if "memory" in g.off:
+    def _memory_v2_failed(
+        self, g: _Gpu, h: Any, exc: BaseException
+    ) -> tuple[int | None, int | None, int | None, int | None]:
+        if getattr(exc, "value", None) not in self._fallback_codes:
+            self._failed(g, "memory", exc)
             return None, None, None, None
-        f_mem = self._f_mem
-        if g.mem_v2 and self._mem_v2 is not None:
-            try:
-                m = f_mem(h, version=self._mem_v2)
-                if type(m) is self._t_mem2:
-                    total, reserved, free, used = self._rd_mem2(m)
-                    return used, total, free, reserved
-                return int(m.used), int(m.total), int(m.free), int(m.reserved)
-            except self._errors as exc:
-                if getattr(exc, "value", None) not in self._fallback_codes:
-                    self._failed(g, "memory", exc)
-                    return None, None, None, None
-                g.mem_v2 = False
-                self._unsupported[f"gpu{g.index}/memory_reserved_bytes"] = (
-                    f"{type(exc).__name__} (memory v2; using v1)"
-                )
-                self._log_once(g, "memory", "v2", "%s: falling back to v1", type(exc).__name__)
-        m = self._q1(g, "memory", f_mem, h)
+        g.mem_v2 = False
+        self._unsupported[f"gpu{g.index}/memory_reserved_bytes"] = (
+            f"{type(exc).__name__} (memory v2; using v1)"
+        )
+        self._log_once(g, "memory", "v2", "%s: falling back to v1", type(exc).__name__)
+        return self._memory_v1(g, h)
+
+    def _memory_v1(self, g: _Gpu, h: Any) -> tuple[int | None, int | None, int | None, None]:
+        m = self._q1(g, "memory", self._f_mem, h)
         if m is None:
             return None, None, None, None
         if type(m) is self._t_mem1:
@@ -700,66 +899,66 @@ class NvmlSampler:
             return used, total, free, None
         return int(m.used), int(m.total), int(m.free), None
 
-    def _temperature(self, g: _Gpu, h: Any) -> float | None:
-        if "temperature_gpu_c" in g.off:
+    def _temperature_v_failed(self, g: _Gpu, h: Any, exc: BaseException) -> float | None:
+        if getattr(exc, "value", None) not in self._fallback_codes:
+            self._failed(g, "temperature_gpu_c", exc)
             return None
-        f_temp_v = self._f_temp_v
-        if g.temp_v and f_temp_v is not None:
-            try:
-                return float(f_temp_v(h, self._temp_gpu))
-            except self._errors as exc:
-                if getattr(exc, "value", None) not in self._fallback_codes:
-                    self._failed(g, "temperature_gpu_c", exc)
-                    return None
-                g.temp_v = False
-                self._log_once(g, "temperature_gpu_c", "TemperatureV", "%s: legacy call", exc)
+        g.temp_v = False
+        self._log_once(g, "temperature_gpu_c", "TemperatureV", "%s: legacy call", exc)
+        return self._temperature_legacy(g, h)
+
+    def _temperature_legacy(self, g: _Gpu, h: Any) -> float | None:
         t = self._q2(g, "temperature_gpu_c", self._f_temp, h, self._temp_gpu)
         return float(t) if t is not None else None
 
-    def _reasons(self, g: _Gpu, h: Any) -> int | None:
-        fn = self._f_reasons
-        if fn is not None and "clock_event_reasons" not in g.off:
-            try:
-                return int(fn(h))
-            except self._errors as exc:
-                if getattr(exc, "value", None) != self._nv.NVML_ERROR_FUNCTION_NOT_FOUND:
-                    self._failed(g, "clock_event_reasons", exc)
-                    return None
-                self._f_reasons = None  # the driver predates the new name: use the old one
+    def _reasons_failed(self, g: _Gpu, h: Any, exc: BaseException) -> int | None:
+        if getattr(exc, "value", None) != self._nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+            self._failed(g, "clock_event_reasons", exc)
+            return None
+        self._f_reasons = None  # the driver predates the new name: use the old one
+        return self._reasons_old(g, h)
+
+    def _reasons_old(self, g: _Gpu, h: Any) -> int | None:
         if self._f_reasons_old is None:
             return None
         r = self._q1(g, "clock_throttle_reasons", self._f_reasons_old, h)
         return int(r) if r is not None else None
 
-    def _energy(
-        self, g: _Gpu, h: Any, mono_s: float, power_w: float | None
+    def _pcie(self, g: _Gpu, h: Any) -> tuple[float | None, float | None]:
+        """PCIe throughput from nvmlDeviceGetPcieThroughput (KiB/s) on a GPU without GPM."""
+        tx_kib = self._q2(g, "pcie_tx_bytes_per_s", self._f_pcie, h, self._pcie_tx)
+        rx_kib = self._q2(g, "pcie_rx_bytes_per_s", self._f_pcie, h, self._pcie_rx)
+        return (
+            tx_kib * _KIB if tx_kib is not None else None,
+            rx_kib * _KIB if rx_kib is not None else None,
+        )
+
+    def _energy_counter_failed(
+        self, g: _Gpu, exc: BaseException, mono_s: float, power_w: float | None
     ) -> tuple[float | None, EnergyMethod | None]:
-        """Reset-safe energy counter, or power integrated over monotonic time without one."""
-        if g.energy_counter:
-            try:
-                raw_j = self._f_energy(h) / 1000.0
-            except self._errors as exc:
-                code = getattr(exc, "value", None)
-                if code in self._lost_codes or code not in self._for_good_codes:
-                    self._failed(g, "energy_j", exc)
-                    return None, None
-                g.energy_counter = False
-                # integration continues from what the counter had counted: never a step down
-                g.energy_integrated_j = g.energy_offset_j + (g.energy_last_raw_j or 0.0)
-                self._unsupported[f"gpu{g.index}/energy_counter"] = (
-                    f"{type(exc).__name__} (integrating power instead)"
-                )
-                self._log_once(g, "energy_j", "counter", "%s: integrating power", exc)
-            else:
-                last = g.energy_last_raw_j
-                if last is not None and raw_j < last:
-                    # the counter restarted (driver reload, GPU reset): keep what was counted
-                    g.energy_offset_j += last
-                    self._log.info(
-                        "GPU %d energy counter reset (%.0f J -> %.0f J)", g.index, last, raw_j
-                    )
-                g.energy_last_raw_j = raw_j
-                return g.energy_offset_j + raw_j, EnergyMethod.COUNTER
+        """The energy counter raised: None this tick, or integrate power from now on."""
+        code = getattr(exc, "value", None)
+        if code in self._lost_codes or code not in self._for_good_codes:
+            self._failed(g, "energy_j", exc)
+            return None, None
+        g.energy_counter = False
+        # integration continues from what the counter had counted: never a step down
+        g.energy_integrated_j = g.energy_offset_j + (g.energy_last_raw_j or 0.0)
+        self._unsupported[f"gpu{g.index}/energy_counter"] = (
+            f"{type(exc).__name__} (integrating power instead)"
+        )
+        self._log_once(g, "energy_j", "counter", "%s: integrating power", exc)
+        return self._energy_integrated(g, mono_s, power_w)
+
+    def _energy_counter_reset(self, g: _Gpu, last_j: float, raw_j: float) -> None:
+        # the counter restarted (driver reload, GPU reset): keep what was counted
+        g.energy_offset_j += last_j
+        self._log.info("GPU %d energy counter reset (%.0f J -> %.0f J)", g.index, last_j, raw_j)
+
+    def _energy_integrated(
+        self, g: _Gpu, mono_s: float, power_w: float | None
+    ) -> tuple[float | None, EnergyMethod | None]:
+        """Power integrated over monotonic time (trapezoids): energy without a counter."""
         if power_w is None:
             g.energy_last_mono_s = None  # an unknown gap is not integrated
             return None, None
@@ -778,21 +977,14 @@ class NvmlSampler:
             return None
 
     def _gpm(self, g: _Gpu, h: Any) -> tuple[float | None, ...]:
-        """GPM metrics between the previous and this tick's GPM sample (None on the first tick)."""
+        """GPM metrics between the previous and this tick's GPM sample (``g.gpm_primed``)."""
         cur = g.gpm_cur
         try:
             self._f_gpm_get(h, cur[0])
         except self._errors as exc:
-            g.gpm_primed = False
-            self._failed(g, "gpm", exc)
-            if "gpm" in g.off:
-                g.gpm = False
-            return _NO_GPM
+            return self._gpm_sample_failed(g, exc)
         prev = g.gpm_prev
         g.gpm_cur, g.gpm_prev = prev, cur
-        if not g.gpm_primed:
-            g.gpm_primed = True
-            return _NO_GPM
         get = g.gpm_get
         g.gpm_header.pack_into(get, 0, _GPM_GET_VERSION, _N_GPM, prev[1], cur[1])
         try:
@@ -800,10 +992,31 @@ class NvmlSampler:
         except self._errors as exc:
             self._failed(g, "gpm_metrics", exc)
             return _NO_GPM
-        raw = g.gpm_results.unpack_from(get)
-        return tuple(
-            None if raw[2 * i] else raw[2 * i + 1] * scale for i, scale in enumerate(_GPM_SCALES)
-        )
+        raw = g.gpm_results.unpack_from(get)  # (nvmlReturn, value) per metric
+        if any(raw[0::2]):  # some metric failed: it alone is None
+            return tuple(
+                None if raw[2 * i] else raw[2 * i + 1] * scale
+                for i, scale in enumerate(_GPM_SCALES)
+            )
+        return tuple(map(_mul, raw[1::2], _GPM_SCALES))
+
+    def _gpm_unprimed(self, g: _Gpu, h: Any) -> tuple[None, ...]:
+        """The first GPM sample (after open, a failure or a lost GPU): no interval yet."""
+        cur = g.gpm_cur
+        try:
+            self._f_gpm_get(h, cur[0])
+        except self._errors as exc:
+            return self._gpm_sample_failed(g, exc)
+        g.gpm_cur, g.gpm_prev = g.gpm_prev, cur
+        g.gpm_primed = True
+        return _NO_GPM
+
+    def _gpm_sample_failed(self, g: _Gpu, exc: BaseException) -> tuple[None, ...]:
+        g.gpm_primed = False
+        self._failed(g, "gpm", exc)
+        if "gpm" in g.off:
+            g.gpm = False
+        return _NO_GPM
 
 
 def _absent(_handle: Any) -> Any:

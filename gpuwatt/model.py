@@ -8,7 +8,9 @@ A GPU that NVML reports as lost is a sample with ``lost=True`` and no metrics, n
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 
 class EnergyMethod(enum.StrEnum):
@@ -115,3 +117,60 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     and f.name not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra"}
     and f.name not in {"mig_enabled", "job_id"}
 )
+
+
+def _compile_positional_constructor(cls: type) -> Callable[..., Any]:
+    """A function building ``cls`` instances from positional arguments, without its ``__init__``.
+
+    A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__`` (a global
+    lookup, an attribute lookup and a call per field): about 10 µs for GpuSample's 51 fields.
+    Here the fields are stored into an instance of a private twin class with exactly the same
+    ``__slots__`` (so the same memory layout), one plain slot store each, and the instance's
+    class is then switched to ``cls``. CPython allows ``__class__`` assignment between classes
+    whose layouts and slot names are identical; what comes out is an ordinary frozen ``cls``
+    instance (``type(x) is cls``; equality, hashing, ``dataclasses.replace``, pickling as usual).
+    If the interpreter refuses the switch, the dataclass itself is returned: it takes the same
+    positional arguments.
+    """
+    flds = fields(cls)
+    if hasattr(cls, "__post_init__") or tuple(sorted(f.name for f in flds)) != tuple(
+        sorted(getattr(cls, "__slots__", ()))
+    ):
+        return cls
+    twin = type(f"_{cls.__name__}Twin", (), {"__slots__": cls.__slots__})
+    namespace: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
+    params, body = [], []
+    for i, f in enumerate(flds):
+        if f.default is not MISSING:
+            namespace[f"_d{i}"] = f.default
+            params.append(f"{f.name}=_d{i}")
+            body.append(f"o.{f.name} = {f.name}")
+        elif f.default_factory is not MISSING:
+            namespace[f"_f{i}"] = f.default_factory
+            params.append(f"{f.name}=_missing")
+            body.append(f"o.{f.name} = _f{i}() if {f.name} is _missing else {f.name}")
+        else:
+            params.append(f.name)
+            body.append(f"o.{f.name} = {f.name}")
+    namespace["_missing"] = MISSING
+    source = (
+        f"def make({', '.join(params)}):\n    o = _new(_twin)\n"
+        + "".join(f"    {line}\n" for line in body)
+        + "    o.__class__ = _cls\n    return o\n"
+    )
+    exec(compile(source, f"<{cls.__name__} positional constructor>", "exec"), namespace)
+    make: Callable[..., Any] = namespace["make"]
+    try:
+        probe = make(*(None for f in flds if f.default is MISSING and f.default_factory is MISSING))
+    except TypeError:  # __class__ assignment refused by this interpreter
+        return cls
+    if type(probe) is not cls:
+        return cls
+    return make
+
+
+#: ``make_gpu_sample(time_ns, host, gpu_index, uuid, name, lost, ...)``: a ``GpuSample`` from
+#: positional arguments in field declaration order, with the same defaults as ``GpuSample(...)``
+#: and an identical result, in about a tenth of the time (see ``_compile_positional_constructor``).
+#: Meant for the collector's hot path; anywhere else, the keyword constructor reads better.
+make_gpu_sample: Callable[..., GpuSample] = _compile_positional_constructor(GpuSample)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from nvml_fixtures import (
@@ -21,11 +23,13 @@ from nvml_fixtures import (
     scenario_unknown_error_one_gpu,
 )
 
-from collector.nvml_source import NvmlSampler
+from collector.nvml_source import _SAMPLE_FIELDS, NvmlSampler
 from collector.sim.fake_nvml import FakeNvml
 from collector.sim.state import SimCluster
+from gpuwatt.gpu_specs import SPECS
 from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod
 from gpuwatt.schema import LineEncoder, parse_line
+from gpuwatt.tflops import estimate_tflops_from_pipes
 
 HOST = "node-1"
 BUSY = Activity()  # 500 W, 50 % HMMA at 1980 MHz
@@ -299,6 +303,94 @@ def test_mig_mode_does_not_crash_and_refused_fields_are_none(clock: Clock) -> No
     assert mig.utilization_gpu_pct is None and mig.tflops_estimate is None
     assert mig.power_w == 500.0 and mig.memory_used_bytes is not None
     assert samples[1].tflops_estimate is not None
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16", "fp8"])
+def test_the_inlined_tflops_estimate_is_the_shared_formula(clock: Clock, precision: str) -> None:
+    cluster = make_cluster(1)
+    mixed = Activity(
+        sm_clock_mhz=1755.0,
+        tensor_hmma_pct=37.5,
+        tensor_dfma_pct=4.25,
+        fp64_pct=3.0,
+        fp32_pct=11.0,
+        fp16_pct=6.5,
+    )
+    with NvmlSampler(
+        FakeNvml(cluster, HOST), HOST, tensor_precision=precision, xid_events=False
+    ) as s:
+        tick(cluster, clock, s)
+        sample = tick(cluster, clock, s, activity=mixed)[0]
+    expected = estimate_tflops_from_pipes(
+        SPECS["H100 SXM"],
+        sm_clock_mhz=sample.sm_clock_mhz,
+        tensor_hmma_active_pct=sample.tensor_hmma_active_pct,
+        tensor_dfma_active_pct=sample.tensor_dfma_active_pct,
+        fp64_active_pct=sample.fp64_active_pct,
+        fp32_active_pct=sample.fp32_active_pct,
+        fp16_active_pct=sample.fp16_active_pct,
+        tensor_precision=precision,
+    )
+    assert expected is not None and sample.tflops_estimate == pytest.approx(expected, rel=1e-12)
+
+
+class _OneGpmMetricFails(FakeNvml):
+    """NVML answering one metric of a GPM request with an error (the others succeed)."""
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        out = super().nvmlGpmMetricsGet(metricsGet)
+        metricsGet.metrics[2].nvmlReturn = NV.NVML_ERROR_NOT_SUPPORTED  # ANY_TENSOR_UTIL
+        return out
+
+
+def test_a_gpm_metric_that_fails_alone_is_none_alone(clock: Clock) -> None:
+    cluster = make_cluster(1)
+    with NvmlSampler(_OneGpmMetricFails(cluster, HOST), HOST, xid_events=False) as s:
+        tick(cluster, clock, s)
+        sample = tick(cluster, clock, s)[0]
+    assert sample.tensor_active_pct is None
+    assert sample.tensor_hmma_active_pct == pytest.approx(50.0)
+    assert sample.sm_active_pct == pytest.approx(90.0)
+    assert sample.tflops_estimate == pytest.approx(494.7)
+
+
+def test_fake_gpm_request_answers_like_nvml() -> None:
+    """Results per metric id; no data over a zero interval; the request's header kept."""
+    cluster = make_cluster(1)
+    nv = FakeNvml(cluster, HOST)
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    first, second = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
+    get = NV.c_nvmlGpmMetricsGet_t()
+    get.version = NV.NVML_GPM_METRICS_GET_VERSION
+    get.numMetrics = 3
+    get.sample1, get.sample2 = first, second
+    ids = (NV.NVML_GPM_METRIC_FP32_UTIL, 9999, NV.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC)
+    for i, metric_id in enumerate(ids):
+        get.metrics[i].metricId = metric_id
+
+    def answers() -> list[tuple[int, int, float]]:
+        nv.nvmlGpmMetricsGet(get)
+        assert (get.version, get.numMetrics) == (NV.NVML_GPM_METRICS_GET_VERSION, 3)
+        return [(m.metricId, m.nvmlReturn, m.value) for m in get.metrics[:3]]
+
+    nv.nvmlGpmSampleGet(h, first)
+    nv.nvmlGpmSampleGet(h, second)
+    nodata, unsupported = NV.NVML_ERROR_NO_DATA, NV.NVML_ERROR_NOT_SUPPORTED
+    assert answers() == [(ids[0], nodata, 0.0), (9999, unsupported, 0.0), (ids[2], nodata, 0.0)]
+    run_for(cluster.gpus[0], 2.0, Activity(fp32_pct=25.0, nvlink_rx_bytes_per_s=3 * 1024**2))
+    nv.nvmlGpmSampleGet(h, second)
+    (fp32, ok1, fp32_pct), unknown, (rx, ok2, rx_mib_s) = answers()
+    assert (fp32, ok1, rx, ok2) == (ids[0], NV.NVML_SUCCESS, ids[2], NV.NVML_SUCCESS)
+    assert fp32_pct == pytest.approx(25.0) and rx_mib_s == pytest.approx(3.0)
+    assert unknown == (9999, unsupported, 0.0)
+
+
+def test_every_sample_field_the_hot_path_leaves_out_has_a_default() -> None:
+    names = [f.name for f in dataclasses.fields(GpuSample)]
+    assert tuple(names[: len(_SAMPLE_FIELDS)]) == _SAMPLE_FIELDS
+    for f in dataclasses.fields(GpuSample)[len(_SAMPLE_FIELDS) :]:
+        assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
 # --- slow cadence and XIDs ---------------------------------------------------------------------

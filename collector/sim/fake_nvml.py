@@ -27,6 +27,7 @@ import ctypes
 import inspect
 import itertools
 import operator
+import struct
 import time
 from typing import Any
 
@@ -60,7 +61,9 @@ _MEM1_CODEC = struct_codec(_MEM1, ("total", "free", "used"))
 _MEM2 = _NV.c_nvmlMemory_v2_t
 _MEM2_CODEC = struct_codec(_MEM2, ("version", "total", "reserved", "free", "used"))
 _GPM_HEADER = gpm_codecs(_NV, 0).header
-_GPM_CODECS: dict[int, tuple[Any, Any]] = {}  # numMetrics -> (ids codec, fill codec)
+_GPM_CODECS: dict[int, tuple[Any, Any, int]] = {}  # numMetrics -> (ids, fill, fill offset)
+_POINTERS = (ctypes._Pointer, ctypes.c_void_p)
+_POINTER_VALUE = struct.Struct("P")  # a ctypes pointer's buffer is the address it holds
 
 # Fake addresses for handles, GPM samples and event sets: unique across FakeNvml instances.
 _ADDRESSES = itertools.count(0x10000, 0x10)
@@ -109,11 +112,79 @@ def _error(code: int) -> Exception:
 
 
 def _address(ptr: Any) -> int:
+    if isinstance(ptr, _POINTERS):
+        return _POINTER_VALUE.unpack_from(ptr)[0]
     return ctypes.cast(ptr, _VOID_P).value or 0
+
+
+#: metric ids of a request -> function(first snapshot, second snapshot, dt_s) -> the
+#: (metricId, nvmlReturn, value) of each metric, in request order
+_GPM_RESULTS: dict[tuple[int, ...], Any] = {}
+
+
+def _gpm_results(ids: tuple[int, ...]) -> Any:
+    """Compile, for one list of metric ids, what ``nvmlGpmMetricsGet`` computes for them.
+
+    Straight-line arithmetic over the two snapshots (NVML does this in C; a per-metric Python
+    loop here would make the fake, not the sampler, dominate the collector's cost benchmark).
+    """
+    fn = _GPM_RESULTS.get(ids)
+    if fn is not None:
+        return fn
+    ok, no_data = _NV.NVML_SUCCESS, _NV.NVML_ERROR_NO_DATA
+    unsupported = _NV.NVML_ERROR_NOT_SUPPORTED
+    computed, empty = [], []  # the results when time has passed / when it has not
+    for metric_id in ids:
+        how = _GPM_METRICS.get(metric_id)
+        if how is None:
+            computed.append(f"{metric_id}, {unsupported}, 0.0")
+            empty.append(f"{metric_id}, {unsupported}, 0.0")
+            continue
+        pos, kind = how
+        if kind == _PCT:
+            value = f"(b[{pos}] - a[{pos}]) / dt_s * 100.0"
+        elif kind == _BYTES_RATE:
+            value = f"(b[{pos}] - a[{pos}]) / dt_s / {_MIB}"
+        else:
+            value = f"(b[{pos}] + a[{pos}]) / 2.0 / 1024.0"
+        computed.append(f"{metric_id}, {ok}, {value}")
+        empty.append(f"{metric_id}, {no_data}, 0.0")
+    source = (
+        "def results(a, b, dt_s):\n"
+        f"    if dt_s == 0:\n        return ({''.join(e + ', ' for e in empty)})\n"
+        f"    return ({''.join(c + ', ' for c in computed)})\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<fake nvmlGpmMetricsGet>", "exec"), namespace)
+    fn = namespace["results"]
+    if len(_GPM_RESULTS) < 256:
+        _GPM_RESULTS[ids] = fn
+    return fn
 
 
 def _fake_pointer(ptr_type: Any) -> Any:
     return ctypes.cast(_VOID_P(next(_ADDRESSES)), ptr_type)
+
+
+def _misbehave(g: SimGpuState, fn: str) -> None:
+    if g.lost:
+        raise _error(_NV.NVML_ERROR_GPU_IS_LOST)
+    if fn in g.unsupported:
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+    code = g.failing.get(fn)
+    if code is not None:
+        raise _error(code)
+
+
+def _gpu(handle: Any, fn: str) -> SimGpuState:
+    """The simulated GPU behind ``handle``, or the error NVML would raise for ``fn`` on it."""
+    try:
+        g: SimGpuState = handle._sim
+    except AttributeError:
+        raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT) from None
+    if g.lost or (g.unsupported and fn in g.unsupported) or (g.failing and fn in g.failing):
+        _misbehave(g, fn)
+    return g
 
 
 class FakeNvml:
@@ -142,26 +213,6 @@ class FakeNvml:
             handle._sim = state  # the state rides on the handle: no lookup on the hot path
             self._handles.append(handle)
 
-    @staticmethod
-    def _misbehave(g: SimGpuState, fn: str) -> None:
-        if g.lost:
-            raise _error(_NV.NVML_ERROR_GPU_IS_LOST)
-        if fn in g.unsupported:
-            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
-        code = g.failing.get(fn)
-        if code is not None:
-            raise _error(code)
-
-    @staticmethod
-    def _gpu(handle: Any, fn: str) -> SimGpuState:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT) from None
-        if g.lost or (g.unsupported and fn in g.unsupported) or (g.failing and fn in g.failing):
-            FakeNvml._misbehave(g, fn)
-        return g
-
     # --- init, system, enumeration -------------------------------------------------------------
 
     def nvmlInit(self) -> None:
@@ -187,18 +238,18 @@ class FakeNvml:
         return self._handles[index]
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
-        return self._gpu(handle, "nvmlDeviceGetIndex").index
+        return _gpu(handle, "nvmlDeviceGetIndex").index
 
     # --- static facts ---------------------------------------------------------------------------
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+        return _gpu(handle, "nvmlDeviceGetUUID").uuid
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
-        return self._gpu(handle, "nvmlDeviceGetName").name
+        return _gpu(handle, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetMaxClockInfo")
+        g = _gpu(handle, "nvmlDeviceGetMaxClockInfo")
         if type == _NV.NVML_CLOCK_MEM:
             return round(g.memory_clock_max_mhz)
         if type in (_NV.NVML_CLOCK_SM, _NV.NVML_CLOCK_GRAPHICS):
@@ -206,17 +257,17 @@ class FakeNvml:
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        g = _gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
         return round(g.spec.tdp_w * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        return round(self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_w * 1000)
+        return round(_gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_w * 1000)
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
-        return round(self._gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_w * 1000)
+        return round(_gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_w * 1000)
 
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetTemperatureThreshold")
+        g = _gpu(handle, "nvmlDeviceGetTemperatureThreshold")
         if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
             return round(g.slowdown_temp_c)
         if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
@@ -224,11 +275,11 @@ class FakeNvml:
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
-        mode = int(self._gpu(device, "nvmlDeviceGetMigMode").mig_enabled)
+        mode = int(_gpu(device, "nvmlDeviceGetMigMode").mig_enabled)
         return [mode, mode]
 
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
-        g = self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        g = _gpu(device, "nvmlGpmQueryDeviceSupport")
         support = _NV.c_nvmlGpmSupport_t()
         support.version = _NV.NVML_GPM_SUPPORT_VERSION
         support.isSupportedDevice = int(g.gpm_supported)
@@ -237,7 +288,7 @@ class FakeNvml:
     # --- per-tick metrics -----------------------------------------------------------------------
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        g = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        g = _gpu(handle, "nvmlDeviceGetUtilizationRates")
         if g.mig_enabled:
             raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
         return _UTIL.from_buffer_copy(
@@ -245,22 +296,22 @@ class FakeNvml:
         )
 
     def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
-        self._gpu(handle, "nvmlDeviceGetEncoderUtilization")
+        _gpu(handle, "nvmlDeviceGetEncoderUtilization")
         return [0, 167000]
 
     def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
-        self._gpu(handle, "nvmlDeviceGetDecoderUtilization")
+        _gpu(handle, "nvmlDeviceGetDecoderUtilization")
         return [0, 167000]
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
-        g = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        g = _gpu(handle, "nvmlDeviceGetMemoryInfo")
         total, used, reserved = g.memory_total_bytes, g.memory_used_bytes, g.memory_reserved_bytes
         if not version:
             # v1 counts the driver's reservation as used
             free = max(total - used - reserved, 0)
             return _MEM1.from_buffer_copy(_MEM1_CODEC.pack(total, free, used + reserved))
         if g.unsupported or g.failing:
-            self._misbehave(g, "nvmlDeviceGetMemoryInfo_v2")
+            _misbehave(g, "nvmlDeviceGetMemoryInfo_v2")
         if version != _NV.nvmlMemory_v2:
             raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         free = max(total - used - reserved, 0)
@@ -269,7 +320,7 @@ class FakeNvml:
     def nvmlDeviceGetTemperatureV(
         self, handle: Any, sensor: int, version: int = _NV.nvmlTemperature_v1
     ) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetTemperatureV")
+        g = _gpu(handle, "nvmlDeviceGetTemperatureV")
         if version != _NV.nvmlTemperature_v1:
             raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         if sensor != _NV.NVML_TEMPERATURE_GPU:
@@ -277,22 +328,22 @@ class FakeNvml:
         return round(g.temperature_c)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetTemperature")
+        g = _gpu(handle, "nvmlDeviceGetTemperature")
         if sensor != _NV.NVML_TEMPERATURE_GPU:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         return round(g.temperature_c)
 
     def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
-        return round(self._gpu(handle, "nvmlDeviceGetFanSpeed").fan_speed_pct)
+        return round(_gpu(handle, "nvmlDeviceGetFanSpeed").fan_speed_pct)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        return round(self._gpu(handle, "nvmlDeviceGetPowerUsage").power_w * 1000)
+        return round(_gpu(handle, "nvmlDeviceGetPowerUsage").power_w * 1000)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        return self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+        return _gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
 
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        g = _gpu(handle, "nvmlDeviceGetClockInfo")
         if type == _NV.NVML_CLOCK_SM:
             return round(g.sm_clock_mhz)
         if type == _NV.NVML_CLOCK_MEM:
@@ -302,13 +353,13 @@ class FakeNvml:
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
+        return _gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
-        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
+        return _gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
 
     def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
-        g = self._gpu(device, "nvmlDeviceGetPcieThroughput")
+        g = _gpu(device, "nvmlDeviceGetPcieThroughput")
         if counter == _NV.NVML_PCIE_UTIL_TX_BYTES:
             return round(g.pcie_tx_kib_per_s)
         if counter == _NV.NVML_PCIE_UTIL_RX_BYTES:
@@ -331,16 +382,16 @@ class FakeNvml:
         ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        return self._processes(self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses"))
+        return self._processes(_gpu(handle, "nvmlDeviceGetComputeRunningProcesses"))
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
-        self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+        _gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
         return []
 
     # --- slow counters --------------------------------------------------------------------------
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
-        g = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        g = _gpu(handle, "nvmlDeviceGetTotalEccErrors")
         if errorType == _NV.NVML_MEMORY_ERROR_TYPE_CORRECTED:
             return g.ecc_sbe_volatile
         if errorType == _NV.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
@@ -348,7 +399,7 @@ class FakeNvml:
         raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
-        g = self._gpu(device, "nvmlDeviceGetRemappedRows")
+        g = _gpu(device, "nvmlDeviceGetRemappedRows")
         return (
             g.remapped_rows_correctable,
             g.remapped_rows_uncorrectable,
@@ -368,7 +419,7 @@ class FakeNvml:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
-        g = self._gpu(device, "nvmlGpmSampleGet")
+        g = _gpu(device, "nvmlGpmSampleGet")
         if not g.gpm_supported or g.mig_enabled:
             raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
         key = _address(gpmSample)
@@ -391,26 +442,10 @@ class FakeNvml:
         codecs = _GPM_CODECS.get(count)
         if codecs is None:
             full = gpm_codecs(_NV, count)
-            codecs = _GPM_CODECS[count] = (full.ids, full.fill)
-        ids_codec, fill_codec = codecs
-        results: list[int | float] = []
-        for metric_id in ids_codec.unpack_from(metricsGet):
-            how = _GPM_METRICS.get(metric_id)
-            if how is None:
-                results += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
-                continue
-            if dt_s == 0:
-                results += (metric_id, _NV.NVML_ERROR_NO_DATA, 0.0)
-                continue
-            pos, kind = how
-            if kind == _PCT:
-                value = (second[pos] - first[pos]) / dt_s * 100.0
-            elif kind == _BYTES_RATE:
-                value = (second[pos] - first[pos]) / dt_s / _MIB
-            else:
-                value = (second[pos] + first[pos]) / 2.0 / 1024.0
-            results += (metric_id, _NV.NVML_SUCCESS, value)
-        fill_codec.pack_into(metricsGet, 0, *results)  # metricInfo left NULL
+            codecs = _GPM_CODECS[count] = (full.ids, full.fill, full.metrics_offset)
+        ids_codec, fill_codec, offset = codecs
+        results = _gpm_results(ids_codec.unpack_from(metricsGet))(first, second, dt_s)
+        fill_codec.pack_into(metricsGet, offset, *results)  # metricInfo left NULL
         return metricsGet
 
     # --- events ---------------------------------------------------------------------------------
@@ -422,7 +457,7 @@ class FakeNvml:
         return event_set
 
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
-        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        _gpu(handle, "nvmlDeviceRegisterEvents")
         registered = self._event_sets.get(_address(eventSet))
         if registered is None:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
@@ -430,7 +465,7 @@ class FakeNvml:
             registered.append(handle)
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
-        self._gpu(handle, "nvmlDeviceGetSupportedEventTypes")
+        _gpu(handle, "nvmlDeviceGetSupportedEventTypes")
         return _XID
 
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
