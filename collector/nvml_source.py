@@ -35,6 +35,7 @@ from collector.xid_events import XidListener
 from gpuwatt.errors import NvmlUnavailable
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
 from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod, make_gpu_sample
+from gpuwatt.tflops import PipePeaks, tflops_from_pipes
 
 _log = logging.getLogger(__name__)
 
@@ -284,8 +285,7 @@ class _Gpu:
         self.uuid = ""
         self.name = ""
         self.spec: GpuSpec | None = None
-        # (HMMA peak at the configured precision, DFMA, FP64, FP32, FP16, peak clock MHz)
-        self.tflops_peaks: tuple[float, float, float, float, float, float] | None = None
+        self.tflops_peaks: PipePeaks | None = None  # at the configured tensor precision
         self.sm_clock_max_mhz: float | None = None
         self.mig_enabled: bool | None = None
         self.lost = False
@@ -521,18 +521,7 @@ class NvmlSampler:
         g.uuid = _text(uuid) if uuid is not None else ""
         g.name = _text(name) if name is not None else ""
         g.spec = spec = lookup(g.name) if g.name else None
-        g.tflops_peaks = (
-            (
-                spec.tensor_peak_tflops(self._precision) or 0.0,
-                spec.fp64_tensor_tflops or 0.0,
-                spec.fp64_tflops or 0.0,
-                spec.fp32_tflops or 0.0,
-                spec.fp16_tflops or 0.0,
-                spec.peak_clock_mhz,
-            )
-            if spec is not None
-            else None
-        )
+        g.tflops_peaks = PipePeaks.of(spec, self._precision) if spec is not None else None
         mem = q1(g, "memory_total_bytes", nv.nvmlDeviceGetMemoryInfo, h)
         sm_max = q2(g, "sm_clock_max_mhz", nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
         g.sm_clock_max_mhz = float(sm_max) if sm_max is not None else None
@@ -778,22 +767,8 @@ class NvmlSampler:
                 pcie_tx,
                 pcie_rx,
             ) = self._gpm(g, h) if g.gpm_primed else self._gpm_unprimed(g, h)
-            peaks = g.tflops_peaks
-            if peaks is not None and not (
-                hmma is None and dfma is None and fp64 is None and fp32 is None and fp16 is None
-            ):
-                # gpuwatt.tflops.estimate_tflops_from_pipes, term for term and in its order (a
-                # test holds the two equal); the peaks were looked up once in open()
-                p_hmma, p_dfma, p_fp64, p_fp32, p_fp16, peak_clock_mhz = peaks
-                tflops = (
-                    0.0
-                    + (hmma or 0.0) / 100.0 * p_hmma
-                    + (dfma or 0.0) / 100.0 * p_dfma
-                    + (fp64 or 0.0) / 100.0 * p_fp64
-                    + (fp32 or 0.0) / 100.0 * p_fp32
-                    + (fp16 or 0.0) / 100.0 * p_fp16
-                )
-                tflops *= 1.0 if sm_mhz is None else sm_mhz / peak_clock_mhz
+            if g.tflops_peaks is not None:
+                tflops = tflops_from_pipes(g.tflops_peaks, sm_mhz, hmma, dfma, fp64, fp32, fp16)
         else:
             sm_act = sm_occ = tensor = hmma = imma = dfma = fp64 = fp32 = fp16 = dram = None
             nvl_rx = nvl_tx = pcie_tx = pcie_rx = None

@@ -8,7 +8,55 @@ site configures (``tensor_precision``, default bf16). Integer (IMMA) work is not
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from gpuwatt.gpu_specs import GpuSpec
+
+
+class PipePeaks(NamedTuple):
+    """A GPU's dense peaks per pipe for one tensor precision, looked up once (missing pipe: 0)."""
+
+    hmma_tflops: float
+    dfma_tflops: float
+    fp64_tflops: float
+    fp32_tflops: float
+    fp16_tflops: float
+    peak_clock_mhz: float
+
+    @classmethod
+    def of(cls, spec: GpuSpec, tensor_precision: str = "bf16") -> PipePeaks:
+        return cls(
+            spec.tensor_peak_tflops(tensor_precision) or 0.0,
+            spec.fp64_tensor_tflops or 0.0,
+            spec.fp64_tflops or 0.0,
+            spec.fp32_tflops or 0.0,
+            spec.fp16_tflops or 0.0,
+            spec.peak_clock_mhz,
+        )
+
+
+def tflops_from_pipes(
+    peaks: PipePeaks,
+    sm_clock_mhz: float | None,
+    hmma_pct: float | None,
+    dfma_pct: float | None,
+    fp64_pct: float | None,
+    fp32_pct: float | None,
+    fp16_pct: float | None,
+) -> float | None:
+    """The estimate from precomputed peaks (the collector's per-tick path); None if no pipe
+    activity was measured."""
+    measured = (hmma_pct, dfma_pct, fp64_pct, fp32_pct, fp16_pct)
+    if measured.count(None) == len(measured):
+        return None
+    total = (
+        (hmma_pct or 0.0) * peaks.hmma_tflops
+        + (dfma_pct or 0.0) * peaks.dfma_tflops
+        + (fp64_pct or 0.0) * peaks.fp64_tflops
+        + (fp32_pct or 0.0) * peaks.fp32_tflops
+        + (fp16_pct or 0.0) * peaks.fp16_tflops
+    ) / 100.0
+    return total if sm_clock_mhz is None else total * (sm_clock_mhz / peaks.peak_clock_mhz)
 
 
 def estimate_tflops_from_pipes(
@@ -23,18 +71,15 @@ def estimate_tflops_from_pipes(
     tensor_precision: str = "bf16",
 ) -> float | None:
     """The estimate, or None when no pipe activity was measured."""
-    terms = (
-        (tensor_hmma_active_pct, spec.tensor_peak_tflops(tensor_precision)),
-        (tensor_dfma_active_pct, spec.fp64_tensor_tflops),
-        (fp64_active_pct, spec.fp64_tflops),
-        (fp32_active_pct, spec.fp32_tflops),
-        (fp16_active_pct, spec.fp16_tflops),
+    return tflops_from_pipes(
+        PipePeaks.of(spec, tensor_precision),
+        sm_clock_mhz,
+        tensor_hmma_active_pct,
+        tensor_dfma_active_pct,
+        fp64_active_pct,
+        fp32_active_pct,
+        fp16_active_pct,
     )
-    if all(pct is None for pct, _ in terms):
-        return None
-    total = sum((pct or 0.0) / 100.0 * (peak or 0.0) for pct, peak in terms)
-    clock_ratio = 1.0 if sm_clock_mhz is None else sm_clock_mhz / spec.peak_clock_mhz
-    return total * clock_ratio
 
 
 def upper_bound_tflops_from_sm_activity(
