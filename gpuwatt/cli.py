@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -34,7 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # a late or coalesced tick is expected under load and handled; only errors are worth a line
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     try:
         return int(args.func(args) or 0)
     except NvmlUnavailable as exc:
@@ -120,18 +122,75 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"backfilled {args.backfill:.0f} s of history ({n} GPU samples) "
             f"in {time.monotonic() - started:.1f} s"
         )
-    print("sampling live; run `gpuwatt status` in another terminal. Ctrl-C stops.")
-    spool_dir = _spool_dir(args, config, "demo-spool")
-    return _run_collector(
-        [source],
-        store,
-        spool_dir,
-        config,
-        interval_s,
-        duration_s=args.duration,
-        quiet=True,
-        summary_every_s=args.summary_every,
-    )
+    services = _DemoServices()
+    try:
+        if not args.no_alerts:
+            services.start_alerts(args, store_url)
+        if not args.no_dashboard:
+            services.start_dashboard(store, args, config)
+        print("sampling live; run `gpuwatt status` in another terminal. Ctrl-C stops.")
+        spool_dir = _spool_dir(args, config, "demo-spool")
+        return _run_collector(
+            [source],
+            store,
+            spool_dir,
+            config,
+            interval_s,
+            duration_s=args.duration,
+            quiet=True,
+            summary_every_s=args.summary_every,
+        )
+    finally:
+        services.stop()
+
+
+class _DemoServices:
+    """The demo's alert evaluator (its own process, as in production) and dashboard."""
+
+    def __init__(self) -> None:
+        self.alerts: subprocess.Popen[bytes] | None = None
+        self.dashboard: object | None = None
+
+    def start_alerts(self, args: argparse.Namespace, store_url: str) -> None:
+        argv = [sys.executable, "-m", "gpuwatt", "alerts", "--store", store_url]
+        if args.config:
+            argv += ["--config", args.config]
+        self.alerts = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        print("alert evaluator: running (alerts are recorded; add channels in the config)")
+
+    def start_dashboard(self, store: object, args: argparse.Namespace, config: Config) -> None:
+        try:
+            from dashboard.server import start
+        except ImportError:
+            print("dashboard: not installed (pip install 'gpuwatt[dashboard]'); skipping it")
+            return
+        from gpuwatt.cli_compose import AlertsDbView, alerts_db_path
+
+        try:
+            self.dashboard = start(
+                store,  # type: ignore[arg-type]
+                "127.0.0.1",
+                args.port,
+                config=config,
+                alerts=AlertsDbView(alerts_db_path(args.config)),
+            )
+        except OSError as exc:
+            raise GpuwattError(
+                f"cannot serve the dashboard on 127.0.0.1:{args.port} ({exc.strerror}); "
+                "pass --port PORT or --no-dashboard"
+            ) from None
+        print(f"dashboard: {self.dashboard.url}")  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.stop()  # type: ignore[attr-defined]
+        if self.alerts is not None and self.alerts.poll() is None:
+            self.alerts.terminate()
+            try:
+                self.alerts.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.alerts.kill()
+                self.alerts.wait()
 
 
 def _report_simulated_work(source: object, store_url: str, config: Config) -> None:
@@ -366,13 +425,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--spool", metavar="DIR", help="the durable spool directory")
     c.set_defaults(func=cmd_collect)
 
-    d = sub.add_parser("demo", help="run a simulated cluster into the embedded store")
+    d = sub.add_parser(
+        "demo", help="a simulated cluster into the embedded store, with alerts and the dashboard"
+    )
     common(d)
     d.add_argument("--scenario", default="demo", metavar="NAME|FILE")
     d.add_argument("--backfill", type=float, default=1800.0, metavar="S", help="history to fill")
     d.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
     d.add_argument("--summary-every", type=_positive_float, default=5.0, metavar="S")
     d.add_argument("--spool", metavar="DIR")
+    d.add_argument("--port", type=int, default=8050, help="dashboard port (default 8050)")
+    d.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard")
+    d.add_argument("--no-alerts", action="store_true", help="do not run the alert evaluator")
     d.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("status", help="the latest sample of every GPU")
@@ -389,8 +453,11 @@ def _parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_analyze)
 
     from gpuwatt.cli_alerts import add_alerts_parser
+    from gpuwatt.cli_dashboard import add_dashboard_parser, add_report_parser
 
     add_alerts_parser(sub)
+    add_dashboard_parser(sub)
+    add_report_parser(sub)
 
     k = sub.add_parser("check-config", help="validate config, scenario and alert rules files")
     k.add_argument("files", nargs="+", metavar="FILE")

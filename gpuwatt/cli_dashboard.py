@@ -63,10 +63,12 @@ def _open(args: argparse.Namespace):
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from dashboard.server import serve
+    from gpuwatt.cli_compose import AlertsDbView, alerts_db_path
 
+    alerts = AlertsDbView(alerts_db_path(args.config))
     store, config = _open(args)
     try:
-        serve(store, args.host, args.port, config=config)
+        serve(store, args.host, args.port, config=config, alerts=alerts)
     finally:
         store.close()
     return 0

@@ -69,3 +69,13 @@ def test_the_shipped_deploy_config_is_valid(tmp_path: Path) -> None:
     config, settings = load_settings(str(config_file), environ={})
     assert set(settings.channels) == {"slack", "oncall-mail"}
     assert config.energy.price_per_kwh == 0.25
+
+
+def test_dashboard_requires_credentials_and_reads_alert_state() -> None:
+    dash = COMPOSE["services"]["dashboard"]
+    assert dash["command"][:2] == ["gpuwatt", "dashboard"]
+    env = dash["environment"]
+    assert env["GPUWATT_DASHBOARD_PASSWORD_FILE"].startswith("/run/secrets/")
+    assert all(str(p).startswith("127.0.0.1:") for p in dash["ports"])
+    # the evaluator's state volume, read-only, for the alerts page
+    assert any(v.startswith("alerts-state:") and v.endswith(":ro") for v in dash["volumes"])

@@ -1,0 +1,82 @@
+"""Glue that only the command line may write: the alert evaluator's state shown by the dashboard.
+
+The dashboard never imports ``alerts`` and ``alerts`` never imports ``dashboard``; this adapter
+reads the evaluator's database (SQLite, WAL: safe to read while the evaluator writes) and hands
+the dashboard its own ``AlertView`` objects.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from alerts.state import Alert, AlertTable
+from dashboard.alerts_hook import AlertView
+
+
+class AlertsDbView:
+    """``dashboard.alerts_hook.AlertsSource`` over the evaluator's ``alerts.db``."""
+
+    def __init__(self, db_path: str | Path) -> None:
+        self.db_path = Path(db_path)
+
+    def _connect(self) -> sqlite3.Connection:
+        # read-only; the evaluator owns the schema
+        return sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+
+    def active(self) -> list[AlertView]:
+        if not self.db_path.exists():
+            return []
+        con = self._connect()
+        try:
+            return [_view(a) for a in AlertTable(con).active()]
+        finally:
+            con.close()
+
+    def history(self, start_ns: int, end_ns: int) -> list[AlertView]:
+        if not self.db_path.exists():
+            return []
+        con = self._connect()
+        try:
+            rows = AlertTable(con).history(limit=5000)
+        finally:
+            con.close()
+        out = []
+        for r in rows:
+            at_ns = int(r["at_ns"])  # type: ignore[call-overload]
+            if start_ns <= at_ns < end_ns:
+                labels = dict(r["labels"])  # type: ignore[call-overload]
+                out.append(
+                    AlertView(
+                        name=str(r["rule"]),
+                        severity=labels.get("severity", "warning"),
+                        summary=f"{r['from_state']} -> {r['to_state']}",
+                        state=str(r["to_state"]),
+                        since_ns=at_ns,
+                        labels=labels,
+                    )
+                )
+        return out
+
+
+def _view(a: Alert) -> AlertView:
+    return AlertView(
+        name=a.rule,
+        severity=a.labels.get("severity", "warning"),
+        summary=a.annotations.get("summary", a.rule),
+        state=a.state,
+        since_ns=a.firing_since_ns or a.pending_since_ns or a.updated_ns,
+        labels=dict(a.labels),
+        runbook_url=a.annotations.get("runbook_url") or None,
+    )
+
+
+def alerts_db_path(config_path: str | None) -> Path:
+    """Where the alert evaluator keeps its state for this config (its ``alerts.state_db``)."""
+    import os
+
+    from gpuwatt.cli_alerts import load_settings
+    from gpuwatt.config import gpuwatt_home
+
+    _, settings = load_settings(config_path)
+    return settings.state_db or gpuwatt_home(os.environ) / "alerts.db"
