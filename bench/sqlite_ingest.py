@@ -6,12 +6,19 @@ Writes ``--seconds`` rounds of ``--gpus`` full samples (every metric) through
 ``SqliteStore.write_samples``, one batch per round as a collector fleet's writer would, and
 prints GPU-samples/s (target >= 100,000 on one core). Rollups and retention run inside the timed
 writes. With ``--read-hour`` it then writes a full hour and times ``series(step_s=60)`` over it.
+
+The batches are built before the clock starts and then frozen out of the garbage collector
+(``gc.freeze()``): otherwise every full collection during the writes traverses the bench's own
+~120,000 prebuilt samples (~1 µs per sample written), a cost a writer that holds one batch at a
+time does not have. The machine is shared: CPU time is printed next to wall time; run it a few
+times and read the best.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import sys
 import tempfile
 import time
@@ -44,6 +51,8 @@ def main() -> None:
         try:
             batches = list(rounds(args.gpus, args.seconds))
             n = sum(len(b) for b in batches)
+            gc.collect()
+            gc.freeze()
             t, c = time.perf_counter(), time.process_time()
             for batch in batches:
                 store.write_samples(batch)
@@ -51,7 +60,10 @@ def main() -> None:
             rate = n / dt
             verdict = "ok" if rate >= 100_000 else "MISSED"
             print(f"write_samples: {n} GPU-samples ({args.gpus} GPUs x {args.seconds} s)")
-            print(f"               wall {dt:.2f} s, CPU {cpu:.2f} s")
+            print(
+                f"               wall {dt:.2f} s, CPU {cpu:.2f} s "
+                f"({cpu / n * 1e6:.2f} µs/sample: {n / cpu:,.0f}/s of CPU)"
+            )
             print(
                 f"               {rate:,.0f} GPU-samples/s, {dt / n * 1e6:.2f} µs/sample "
                 f"(target >= 100,000/s: {verdict}; ratio {rate / 100_000:.2f})"
@@ -74,6 +86,7 @@ def main() -> None:
                 print(f"series(['power_w'], step_s=60): {len(df)} rows in {dt:.3f} s")
         finally:
             store.close()
+            gc.unfreeze()
 
 
 if __name__ == "__main__":

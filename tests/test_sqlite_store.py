@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuwatt.model import GpuSample, TflopsMethod
 from gpuwatt.schema import LineEncoder
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -213,3 +214,94 @@ def test_closed_store_refuses_work(tmp_path: Path, make_sample) -> None:
         store.write_samples([make_sample(T0)])
     with pytest.raises(RuntimeError):
         store.latest()
+
+
+def test_what_a_gpu_reports_can_change_from_sample_to_sample(
+    store: SqliteStore, make_sample
+) -> None:
+    """The writer binds each GPU's rows from what it reported before (metrics left None, flags,
+    job, processes, XIDs): every change from one sample to the next is still stored exactly."""
+    variants: list[dict | str] = [
+        {"power_w": None, "fan_speed_pct": None, "sm_active_pct": None},
+        {},
+        {"power_w": None, "fan_speed_pct": None, "sm_active_pct": None},
+        {"power_w": None, "fan_speed_pct": None, "sm_active_pct": None},
+        {"power_w": None, "fan_speed_pct": 12.0, "sm_active_pct": None, "dram_active_pct": None},
+        {"fan_speed_pct": None},
+        {"job_id": None, "processes": None, "xid_errors": (), "energy_method": None},
+        {
+            "processes": (),
+            "job_id": "other",
+            "remapped_rows_pending": True,
+            "mig_enabled": None,
+            "tflops_method": TflopsMethod.SM_ACTIVITY_UPPER_BOUND,
+        },
+        "lost",
+        "lost",
+        {},
+    ]
+    written = []
+    for i, v in enumerate(variants):
+        if v == "lost":
+            sample = GpuSample(T0 + i * S, "node1", 0, "GPU-node1-0", "NVIDIA H100 80GB HBM3", True)
+        else:
+            assert isinstance(v, dict)
+            sample = make_sample(T0 + i * S, "node1", 0, **v)
+        written.append(sample)
+        store.write_samples([sample, make_sample(T0 + i * S, "node1", 1)])
+        assert store.latest()[0] == sample, v
+    df = store.series(T0, T0 + 20 * S, ["power_w", "fan_speed_pct", "dram_active_pct"])
+    df = df[df["gpu_index"] == 0]
+    for attr in ("power_w", "fan_speed_pct", "dram_active_pct"):
+        want = [getattr(s, attr) for s in written]
+        got = [None if pd.isna(x) else x for x in df[attr]]
+        assert got == want, attr
+    assert_matches_raw(store, T0, T0 + 20 * S, 60)
+
+
+def test_latest_after_batches_of_several_times_and_id_gaps(store: SqliteStore, make_sample) -> None:
+    store.write_samples([make_sample(T0, h, 0) for h in ("a", "b", "c")])  # ids 1, 2, 3
+    # One time, ids 1 and 3 (not a range), GPU a twice: b must keep its time.
+    store.write_samples([make_sample(T0 + S, h, 0) for h in ("a", "a", "c")])
+    assert [s.time_ns for s in store.latest()] == [T0 + S, T0, T0 + S]
+    assert store.count_samples(T0, T0 + 10 * S) == 5
+    # Several times in one batch, out of order, and a late sample for b.
+    store.write_samples(
+        [
+            make_sample(T0 + 3 * S, "a", 0),
+            make_sample(T0 + 2 * S, "c", 0),
+            make_sample(T0 + 2 * S, "a", 0),
+            make_sample(T0 - S, "b", 0),
+        ]
+    )
+    assert [s.time_ns for s in store.latest()] == [T0 + 3 * S, T0, T0 + 2 * S]
+    # Two GPUs that share a UUID (a cloned image) are still two GPUs.
+    twins = [make_sample(T0 + 4 * S, h, 0, uuid="GPU-same") for h in ("d", "e")]
+    store.write_samples(twins)
+    store.write_samples([make_sample(T0 + 5 * S, "d", 0, uuid="GPU-same", power_w=1.0)])
+    got = {s.host: s for s in store.latest(since_ns=T0 + 4 * S)}
+    assert got["d"].power_w == 1.0 and got["e"] == twins[1]
+
+
+def test_minute_rollup_across_a_gap_in_the_data(store: SqliteStore, make_sample) -> None:
+    for batch in [*rounds(make_sample, 0, 120, 10), *rounds(make_sample, 1800, 1900, 10)]:
+        store.write_samples(batch)
+    minutes = peek(store.path, "SELECT DISTINCT time_ns FROM samples_1m ORDER BY 1")
+    assert minutes == [(T0,), (T0 + 60 * S,), (T0 + 1800 * S,)]
+    assert_matches_raw(store, T0, T0 + 1900 * S, 60)
+    store.write_samples([make_sample(T0 + 65 * S, "node1", 1, power_w=2000.0)])  # late
+    store.write_samples(next(rounds(make_sample, 1900, 1910, 10)))
+    assert peek(store.path, "SELECT count(*) FROM rollup_dirty") == [(0,)]
+    assert_matches_raw(store, T0, T0 + 1910 * S, 60)
+
+
+def test_the_last_of_two_samples_of_a_gpu_and_time_in_one_batch_wins(
+    store: SqliteStore, make_sample
+) -> None:
+    """Also when the two are bound by different statements (a GPU that left a metric None)."""
+    for g, pattern in enumerate(("fs", "sf", "sfs", "ssf")):
+        full, sparse = make_sample(T0, "node1", g), make_sample(T0, "node1", g, power_w=None)
+        batch = [full if c == "f" else sparse for c in pattern]
+        store.write_samples(batch)
+        assert store.latest()[g] == batch[-1], pattern
+    assert store.count_samples(T0, T0 + S) == 4
