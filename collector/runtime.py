@@ -151,11 +151,20 @@ class Flusher:
                 sent += len(batch.lines)
             return sent
 
-    def drain(self, timeout_s: float) -> int:
-        """At shutdown: one more attempt whatever the backoff says, bounded in time."""
-        with self._lock:
-            self._next_attempt_s = 0.0
-        return self.flush(deadline_s=self._monotonic_s() + timeout_s)
+    def drain(self, timeout_s: float, *, retry_every_s: float = 0.5) -> int:
+        """At shutdown: deliver what is spooled whatever the backoff says, retrying a store
+        that is still unreachable every ``retry_every_s`` until ``timeout_s`` has passed."""
+        deadline_s = self._monotonic_s() + timeout_s
+        sent = 0
+        while True:
+            with self._lock:
+                self._next_attempt_s = 0.0
+            sent += self.flush(deadline_s=deadline_s)
+            if self.spool.read_batch(max_lines=1).lines == [] or self.store_down_since_s is None:
+                return sent
+            if self._monotonic_s() + retry_every_s >= deadline_s:
+                return sent
+            time.sleep(retry_every_s)
 
     def _send(self, batch: SpoolBatch) -> bool:
         try:

@@ -200,3 +200,22 @@ def test_a_tick_right_behind_a_late_one_is_skipped(tmp_path: Path) -> None:
     assert sampler.tick() == 2
     assert spool.pending_lines() == 6
     spool.close()
+
+
+def test_shutdown_drain_retries_a_store_that_is_coming_back(tmp_path: Path) -> None:
+    class ComingBack(RecordingStore):
+        attempts = 0
+
+        def write_lines(self, lines: Sequence[str]) -> None:
+            self.attempts += 1
+            self.down = self.attempts <= 3  # refused three times, then up
+            super().write_lines(lines)
+
+    spool = Spool(tmp_path)
+    store = ComingBack()
+    spool.append(["m f=1i 1", "m f=2i 2"])
+    flusher = Flusher(spool, store)
+    assert flusher.drain(timeout_s=30, retry_every_s=0.001) == 2
+    assert store.lines == ["m f=1i 1", "m f=2i 2"]
+    assert store.attempts == 4
+    spool.close()

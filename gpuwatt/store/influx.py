@@ -141,16 +141,26 @@ class InfluxStore:
         from influxdb_client import WritePrecision
         from influxdb_client.rest import ApiException
 
-        try:
-            self._writer().write(
-                bucket=self.bucket, org=self.org, record=records, write_precision=WritePrecision.NS
-            )
-        except ApiException as exc:
-            self._raise_http("write", exc.status, exc.body, exc)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise StoreUnavailable(
-                f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
-            ) from exc
+        # A keep-alive connection that a restarted server dropped fails once, and a fresh one
+        # then answers: retry once at once, except after a timeout (that would double the wait).
+        # Writes are idempotent (same series and timestamp overwrite), so a resend is harmless.
+        for attempt in (1, 2):
+            try:
+                self._writer().write(
+                    bucket=self.bucket,
+                    org=self.org,
+                    record=records,
+                    write_precision=WritePrecision.NS,
+                )
+                return
+            except ApiException as exc:
+                self._raise_http("write", exc.status, exc.body, exc)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                timed_out = isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError)
+                if attempt == 2 or timed_out:
+                    raise StoreUnavailable(
+                        f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
+                    ) from exc
 
     def _writer(self) -> WriteApi:
         if self._write_api is None:
