@@ -1,8 +1,8 @@
 """The seam where the alert evaluator plugs in (the dashboard never imports ``alerts``).
 
 The command line passes an object with ``active()`` (and optionally ``history(start_ns,
-end_ns)``) to ``create_app(..., alerts=...)``; until then the overview and the alerts page say
-that no evaluator is connected rather than showing "0 alerts".
+end_ns)`` and ``silences()``) to ``create_app(..., alerts=...)``; until then the overview and
+the alerts page say that no evaluator is connected rather than showing "0 alerts".
 """
 
 from __future__ import annotations
@@ -22,6 +22,28 @@ class AlertView:
     since_ns: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     runbook_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceView:
+    """A silence or maintenance window, current or planned."""
+
+    matchers: dict[str, str]
+    author: str
+    comment: str
+    starts_ns: int
+    ends_ns: int
+    kind: str = "silence"  # "silence" | "maintenance"
+
+
+def firing_count(source: AlertsSource | None) -> int | None:
+    """How many alerts fire now; None when no evaluator is connected or it did not answer."""
+    if source is None:
+        return None
+    try:
+        return sum(1 for a in source.active() if a.state == "firing")
+    except Exception:  # an alerts backend failing must not take a page down
+        return None
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from dash import ALL, Dash, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboard import csv_export
-from dashboard.alerts_hook import AlertsSource
+from dashboard.alerts_hook import AlertsSource, firing_count
 from dashboard.auth import Credentials, install_basic_auth
 from dashboard.components import DEFAULT_REFRESH, empty_state, error_state, range_line
 from dashboard.context import PageContext
@@ -69,7 +69,7 @@ def render_page(
     query = {str(k): str(v) for k, v in (args or {}).items() if v is not None}
     now = data.now_ns()
     tr, problem = parse_range(query, now)
-    head = range_line(tr, problem)
+    head = [*alerts_line(firing_count(alerts_source)), *range_line(tr, problem)]
     try:
         if getattr(page, "NEEDS_DATA", True):
             win = data.window(tr)
@@ -85,6 +85,19 @@ def render_page(
         log.error("page %s failed: %s: %s", page.PAGE, type(exc).__name__, str(exc)[:200])
         log.debug("page %s failed", page.PAGE, exc_info=True)
         return [*head, error_state(f"this view failed ({type(exc).__name__}); see the log")]
+
+
+def alerts_line(firing: int | None) -> list[Any]:
+    """The count of firing alerts, at the top of every page (nothing when none fire)."""
+    if not firing:
+        return []
+    return [
+        dcc.Link(
+            dmc.Badge(f"{firing} alert{'s' if firing != 1 else ''} firing", color="red"),
+            href="/alerts",
+            id="alerts-firing",
+        )
+    ]
 
 
 def _not_found(**_query: str) -> Any:

@@ -8,17 +8,21 @@ the dashboard its own ``AlertView`` objects.
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from alerts.silences import SilenceTable
 from alerts.state import Alert, AlertTable
-from dashboard.alerts_hook import AlertView
+from dashboard.alerts_hook import AlertView, SilenceView
 
 
 class AlertsDbView:
     """``dashboard.alerts_hook.AlertsSource`` over the evaluator's ``alerts.db``."""
 
-    def __init__(self, db_path: str | Path) -> None:
+    def __init__(self, db_path: str | Path, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.db_path = Path(db_path)
+        self._clock_ns = clock_ns
 
     def _connect(self) -> sqlite3.Connection:
         # read-only; the evaluator owns the schema
@@ -32,6 +36,19 @@ class AlertsDbView:
             return [_view(a) for a in AlertTable(con).active()]
         finally:
             con.close()
+
+    def silences(self) -> list[SilenceView]:
+        if not self.db_path.exists():
+            return []
+        con = self._connect()
+        try:
+            current = SilenceTable(con).current_and_future(self._clock_ns())
+        finally:
+            con.close()
+        return [
+            SilenceView(dict(s.matchers), s.author, s.comment, s.starts_ns, s.ends_ns, s.kind)
+            for s in current
+        ]
 
     def history(self, start_ns: int, end_ns: int) -> list[AlertView]:
         if not self.db_path.exists():

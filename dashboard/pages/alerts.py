@@ -1,4 +1,4 @@
-"""Alerts: active, history (from the alert evaluator once one is connected)."""
+"""Alerts: active, history, silences (from the alert evaluator once one is connected)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,28 @@ def render(ctx: PageContext) -> list[Any]:
                 id="alerts-placeholder",
             )
         ]
-    return [
+    out = [
         section("Active", _rows(ctx.alerts.active())),
         section("History", _rows(ctx.alerts.history(ctx.range.start_ns, ctx.range.end_ns))),
     ]
+    silences = getattr(ctx.alerts, "silences", None)
+    if silences is not None:
+        out.append(section("Silences and maintenance windows", _silence_rows(silences())))
+    return out
+
+
+def _silence_rows(silences: list[Any]) -> Any:
+    if not silences:
+        return dmc.Text("none", c="dimmed", id="silences-none")
+    return dmc.Stack(
+        [
+            dmc.Text(
+                f"{s.kind} {', '.join(f'{k}={v}' for k, v in sorted(s.matchers.items()))}: "
+                f"{fmt_ns(s.starts_ns)} - {fmt_ns(s.ends_ns)} UTC, by {s.author}: {s.comment}",
+                size="sm",
+            )
+            for s in silences
+        ],
+        gap=2,
+        id="silences",
+    )

@@ -1,0 +1,86 @@
+"""The evaluator's state as the dashboard shows it: the CLI's adapter over a real alerts.db."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plotly.utils
+import pytest
+from test_dashboard_support import DEMO_END_NS, build_demo_store
+
+from alerts.db import open_db, transaction
+from alerts.silences import SilenceTable
+from alerts.state import Alert, AlertTable
+from dashboard.app import render_page
+from dashboard.data import DashboardData
+from dashboard.pages import alerts as alerts_page
+from dashboard.pages import stragglers
+from gpuwatt.cli_compose import AlertsDbView
+
+NS = 1_000_000_000
+
+
+@pytest.fixture
+def alerts_db(tmp_path: Path) -> Path:
+    path = tmp_path / "alerts.db"
+    con = open_db(path)
+    labels = {"alertname": "GpuStraggler", "host": "node-2", "gpu": "5", "severity": "warning"}
+    firing = Alert(
+        "fp1", "GpuStraggler", labels, {"summary": "node-2 GPU 5 holds its job back"},
+        "firing", 0.68, pending_since_ns=DEMO_END_NS - 300 * NS,
+        firing_since_ns=DEMO_END_NS - 120 * NS, updated_ns=DEMO_END_NS,
+    )  # fmt: skip
+    with transaction(con):
+        AlertTable(con).save(None, firing, DEMO_END_NS - 120 * NS)
+        SilenceTable(con).add(
+            {"host": "node-3"},
+            author="ops",
+            comment="fan swap",
+            starts_ns=DEMO_END_NS,
+            ends_ns=DEMO_END_NS + 10**15,
+            now_ns=DEMO_END_NS,
+        )
+    con.close()
+    return path
+
+
+def _text(component: object) -> str:
+    return json.dumps(component, cls=plotly.utils.PlotlyJSONEncoder)
+
+
+def test_adapter_reads_active_history_and_silences(alerts_db: Path) -> None:
+    view = AlertsDbView(alerts_db, clock_ns=lambda: DEMO_END_NS)
+    [active] = view.active()
+    assert (active.name, active.state, active.severity) == ("GpuStraggler", "firing", "warning")
+    assert active.summary == "node-2 GPU 5 holds its job back"
+    assert active.since_ns == DEMO_END_NS - 120 * NS
+    [event] = view.history(DEMO_END_NS - 3600 * NS, DEMO_END_NS + NS)
+    assert event.state == "firing" and event.labels["host"] == "node-2"
+    assert view.history(0, DEMO_END_NS - 3600 * NS) == []
+    [silence] = view.silences()
+    assert silence.matchers == {"host": "node-3"} and silence.comment == "fan swap"
+
+
+def test_no_database_yet_means_nothing_to_show(tmp_path: Path) -> None:
+    view = AlertsDbView(tmp_path / "missing.db")
+    assert view.active() == [] and view.silences() == []
+    assert view.history(0, 1) == []
+
+
+def test_every_page_counts_firing_alerts_and_the_alerts_page_lists_them(
+    alerts_db: Path, tmp_path: Path
+) -> None:
+    store = build_demo_store(tmp_path / "demo.db", minutes=6)
+    try:
+        data = DashboardData(store, clock_ns=lambda: DEMO_END_NS)
+        view = AlertsDbView(alerts_db, clock_ns=lambda: DEMO_END_NS)
+        page = _text(render_page(stragglers, {"range": "15m"}, data, view))
+        assert "alerts-firing" in page and "1 alert firing" in page
+        listing = _text(render_page(alerts_page, {"range": "1h"}, data, view))
+        assert "GpuStraggler" in listing and "node-2 GPU 5 holds its job back" in listing
+        assert "fan swap" in listing and "host=node-3" in listing
+        without = _text(render_page(stragglers, {"range": "15m"}, data, None))
+        assert "alerts-firing" not in without
+    finally:
+        store.close()
