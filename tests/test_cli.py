@@ -150,3 +150,21 @@ def test_demo_then_status_shows_every_gpu(tmp_path: Path) -> None:
         assert len(store.latest()) == GPUS
     finally:
         store.close()
+
+
+def test_analyze_on_the_demo_names_the_straggler_and_the_idle_allocated_gpu(
+    tmp_path: Path,
+) -> None:
+    # 15 minutes of the demo: the thermal fault starts a few minutes in
+    demo = gpuwatt(
+        "demo", "--backfill", "900", "--duration", "1", "--no-dashboard", "--no-alerts",
+        home=tmp_path,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stderr
+    result = gpuwatt("analyze", "--since", "15m", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ACTIVE node-2 GPU 5 job llm-pretrain: thermal" in out
+    assert "hardware thermal slowdown" in out
+    assert "ALLOCATED GPU 7 on node-3 is allocated to job notebook-17" in out
+    assert "MFU" in out  # the demo's training job reports its steps
