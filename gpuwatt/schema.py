@@ -135,6 +135,17 @@ COUNTER_ATTRS: frozenset[str] = frozenset(
 )
 
 
+# NVML clock-event (throttle) reason bits carried in ``clock_event_reasons`` (nvml.h's
+# nvmlClocksEventReason*). HW slowdown, HW thermal slowdown and HW power brake are faults; the SW
+# power cap is what a GPU at full load normally shows.
+REASON_GPU_IDLE = 0x1
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+
+
 # --- line protocol ------------------------------------------------------------------------------
 
 _TAG_ESCAPES = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})

@@ -8,15 +8,22 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from gpuwatt.model import GpuSample
+from gpuwatt.schema import (
+    REASON_HW_POWER_BRAKE,
+    REASON_HW_SLOWDOWN,
+    REASON_HW_THERMAL,
+    REASON_SW_POWER_CAP,
+    REASON_SW_THERMAL,
+)
 
 GIB = 1024**3
 
 # NVML clocks-event reasons that mean something is wrong (SW power cap 0x4 is normal at load).
 FAULT_REASONS: dict[int, str] = {
-    0x8: "hw-slowdown",
-    0x40: "hw-thermal",
-    0x80: "power-brake",
-    0x20: "sw-thermal",
+    REASON_HW_SLOWDOWN: "hw-slowdown",
+    REASON_HW_THERMAL: "hw-thermal",
+    REASON_HW_POWER_BRAKE: "power-brake",
+    REASON_SW_THERMAL: "sw-thermal",
 }
 
 
@@ -24,7 +31,7 @@ def reasons_text(mask: int | None) -> str:
     if mask is None:
         return "-"
     names = [name for bit, name in FAULT_REASONS.items() if mask & bit]
-    if not names and mask & 0x4:
+    if not names and mask & REASON_SW_POWER_CAP:
         return "power-cap"
     return ",".join(names) if names else "ok"
 

@@ -10,16 +10,16 @@ import time
 import pytest
 
 from collector.sim.scenario import load_scenario, load_scenario_text
-from collector.sim.simulator import (
+from collector.sim.simulator import Simulator
+from collector.sim.state import SimGpuState
+from gpuwatt.gpu_specs import lookup
+from gpuwatt.schema import (
     REASON_GPU_IDLE,
     REASON_HW_POWER_BRAKE,
     REASON_HW_SLOWDOWN,
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
-    Simulator,
 )
-from collector.sim.state import SimGpuState
-from gpuwatt.gpu_specs import lookup
 
 GIB = 1024**3
 FAULT_BITS = REASON_HW_SLOWDOWN | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE

@@ -41,15 +41,20 @@ def message_id(n: Notification, domain: str) -> str:
     return f"<gpuwatt.{digest[:24]}@{domain}>"
 
 
+def runbook_urls(n: Notification) -> list[str]:
+    """The distinct runbook links of the notification's alerts."""
+    return sorted(
+        {a.annotations["runbook_url"] for a in n.alerts if a.annotations.get("runbook_url")}
+    )
+
+
 def render_text(n: Notification, max_listed: int) -> str:
     lines = [title(n), ""]
     for heading, items in body_lines(n, max_listed):
         lines.append(f"{heading}:")
         lines += [f"  - {item}" for item in items]
         lines.append("")
-    runbooks = sorted(
-        {a.annotations["runbook_url"] for a in n.alerts if a.annotations.get("runbook_url")}
-    )
+    runbooks = runbook_urls(n)
     lines += [f"Runbook: {u}" for u in runbooks]
     lines.append(f"Sent by gpuwatt at {fmt_time(n.created_ns)}")
     return "\n".join(lines) + "\n"
@@ -66,9 +71,7 @@ def render_html(n: Notification, max_listed: int) -> str:
         parts.append(f"<h3>{e(heading)}</h3><ul>")
         parts += [f"<li>{e(item)}</li>" for item in items]
         parts.append("</ul>")
-    runbooks = sorted(
-        {a.annotations["runbook_url"] for a in n.alerts if a.annotations.get("runbook_url")}
-    )
+    runbooks = runbook_urls(n)
     parts += [f'<p><a href="{e(u, quote=True)}">Runbook: {e(u)}</a></p>' for u in runbooks]
     parts.append(f'<p style="color:#888">Sent by gpuwatt at {e(fmt_time(n.created_ns))}</p>')
     parts.append("</body></html>")

@@ -70,6 +70,13 @@ from collector.sim.scenario import (
     gpu_profile,
 )
 from collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.schema import (
+    REASON_GPU_IDLE,
+    REASON_HW_POWER_BRAKE,
+    REASON_HW_SLOWDOWN,
+    REASON_HW_THERMAL,
+    REASON_SW_POWER_CAP,
+)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -89,11 +96,6 @@ PCIE_INFERENCE_RX_BYTES_PER_S = 0.5e9
 PCIE_INFERENCE_TX_BYTES_PER_S = 0.1e9
 
 # NVML clocks-event reason bits
-REASON_GPU_IDLE = 0x1
-REASON_SW_POWER_CAP = 0x4
-REASON_HW_SLOWDOWN = 0x8
-REASON_HW_THERMAL = 0x40
-REASON_HW_POWER_BRAKE = 0x80
 
 #: PCI bus numbers of the eight GPUs on an HGX H100 baseboard.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)

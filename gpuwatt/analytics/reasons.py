@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-SW_POWER_CAP = 0x4
-HW_SLOWDOWN = 0x8
-SW_THERMAL = 0x20
-HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
+from gpuwatt.schema import REASON_HW_POWER_BRAKE as HW_POWER_BRAKE
+from gpuwatt.schema import REASON_HW_SLOWDOWN as HW_SLOWDOWN
+from gpuwatt.schema import REASON_HW_THERMAL as HW_THERMAL
+from gpuwatt.schema import REASON_SW_POWER_CAP as SW_POWER_CAP
+from gpuwatt.schema import REASON_SW_THERMAL as SW_THERMAL
 
 #: Fraction column name -> bit. Columns are 0/1 per sample, NaN where the mask is unknown.
 BITS: dict[str, int] = {
