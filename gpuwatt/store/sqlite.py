@@ -49,7 +49,7 @@ from gpuwatt.schema import (
     format_processes,
     parse_processes,
 )
-from gpuwatt.store import LAST_VALUE_ATTRS
+from gpuwatt.store import LAST_VALUE_ATTRS, packed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -141,7 +141,7 @@ CREATE TABLE IF NOT EXISTS rollup_dirty (
   PRIMARY KEY (level_ns, bucket_ns)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER);
-"""
+{packed.SCHEMA_SQL}"""
 
 
 def _insert_sql(kept: Sequence[int] | None = None) -> str:
@@ -322,9 +322,24 @@ class SqliteStore:
             # created it first.
             self._writer.execute("PRAGMA journal_mode=WAL").close()
         self._writer.executescript(f"BEGIN IMMEDIATE;\n{_schema_sql()}\nCOMMIT;")
+        with self._transaction(self._writer):
+            self._init_packed(self._writer)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
+
+    def _init_packed(self, con: sqlite3.Connection) -> None:
+        """Record, per rollup level, from which bucket on the packed copy is complete: every
+        bucket of a new database; only buckets rolled from now on in one written by a version
+        without the packed copy (older buckets are read from the rollup table)."""
+        meta = self._meta(con)
+        for level, table in _ROLLUP_TABLES.items():
+            key = _packed_key(level)
+            if key in meta:
+                continue
+            (has_rows,) = con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()
+            rolled = meta.get(_rolled_key(level))
+            self._set_meta(con, key, rolled if has_rows and rolled is not None else -(2**62))
 
     # --- connections --------------------------------------------------------------------------
 
@@ -576,6 +591,7 @@ class SqliteStore:
             select = _agg_sql(level_ns, src, METRIC_ATTRS)
             cols = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
             con.execute(f"INSERT INTO {table} ({cols}) {select}", (start_ns, end_ns))
+        packed.repack(con, level_ns, table, start_ns, end_ns, METRIC_ATTRS)
 
     def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
         """Recompute the dirty buckets that end at or before ``before_ns``."""
@@ -605,11 +621,13 @@ class SqliteStore:
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
         )
         con.execute("DELETE FROM samples_1m WHERE time_ns < ?", (newest_ns - self.retention_1m_ns,))
+        packed.delete_before(con, MINUTE_NS, newest_ns - self.retention_1m_ns)
         con.execute(
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
             (HOUR_NS, newest_ns - self.retention_1m_ns),
         )
         con.execute("DELETE FROM samples_1h WHERE time_ns < ?", (newest_ns - self.retention_1h_ns,))
+        packed.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)
 
     def flush_rollups(self) -> None:
         """Recompute every dirty bucket now (normally done once writes have moved past it)."""
@@ -662,32 +680,122 @@ class SqliteStore:
                     + gpu_filter.replace("gpu_id", "s.gpu_id")
                 )
                 rows = con.execute(sql, (start_ns, end_ns, *filter_params)).fetchall()
+                columns = _columns(rows, attrs)
             else:
                 step_ns = int(step_s) * NS_PER_S
                 if step_ns <= 0:
                     raise ValueError("step_s must be positive")
                 level = _level_for(step_ns)
-                if level == 0:
-                    agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
-                    params = [start_ns, end_ns, *filter_params]
-                else:
-                    src, params = self._level_src(
-                        con,
-                        self._meta(con),
-                        level,
-                        start_ns,
-                        end_ns,
-                        attrs,
-                        gpu_filter,
-                        filter_params,
+                meta = self._meta(con)
+                columns = None
+                if level == step_ns:
+                    columns = self._series_packed(
+                        con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
                     )
-                    # Level rows are already one per (bucket, GPU): re-aggregate only when the
-                    # step spans several buckets of the level.
-                    agg = src if step_ns == level else _agg_sql(step_ns, src, attrs)
-                sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
-                rows = con.execute(f"{sql} FROM ({agg}) a", params).fetchall()
+                if columns is None:
+                    if level == 0:
+                        agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
+                        params = [start_ns, end_ns, *filter_params]
+                    else:
+                        src, params = self._level_src(
+                            con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
+                        )
+                        # Level rows are already one per (bucket, GPU): re-aggregate only when
+                        # the step spans several buckets of the level.
+                        agg = src if step_ns == level else _agg_sql(step_ns, src, attrs)
+                    sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
+                    columns = _columns(
+                        con.execute(f"{sql} FROM ({agg}) a", params).fetchall(), attrs
+                    )
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
-        return _frame(rows, attrs, gpus)
+        return _frame(columns, attrs, gpus)
+
+    def _series_packed(
+        self,
+        con: sqlite3.Connection,
+        meta: dict[str, int],
+        level_ns: int,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        gpu_filter: str,
+        filter_params: list[Any],
+    ) -> dict[str, Any] | None:
+        """Level rows over ``[start_ns, end_ns)`` as columns, the clean rolled-up buckets from
+        the packed copy (see ``packed``); None when part of them predates the packed copy."""
+        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
+        if clean is None or clean[0] < meta.get(_packed_key(level_ns), 2**62):
+            return None
+        import numpy as np
+
+        gpu_ids = None
+        if filter_params:
+            marks = ", ".join("?" * len(filter_params))
+            found = con.execute(f"SELECT id FROM gpus WHERE host IN ({marks})", filter_params)
+            gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
+        parts = [packed.read(con, level_ns, *clean, attrs, exclude=dirty, gpu_ids=gpu_ids)]
+        if below:
+            src, params = self._below_src(
+                con, meta, level_ns, below, attrs, gpu_filter, filter_params
+            )
+            sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
+            parts.append(_columns(con.execute(f"{sql} FROM ({src}) a", params).fetchall(), attrs))
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _level_plan(
+        self,
+        con: sqlite3.Connection,
+        meta: dict[str, int],
+        level_ns: int,
+        start_ns: int,
+        end_ns: int,
+    ) -> tuple[tuple[int, int] | None, list[int], list[tuple[int, int]]]:
+        """How to read level rows over ``[start_ns, end_ns)``: the range whose buckets are rolled
+        up (None: no such part), the dirty buckets in it (not to be trusted), and the ranges to
+        aggregate from the level below instead (those buckets, and what is not rolled yet)."""
+        up = meta.get(_rolled_key(level_ns))
+        clean: tuple[int, int] | None = None
+        dirty: list[int] = []
+        below: list[tuple[int, int]] = []
+        if up is not None and start_ns < min(end_ns, up):
+            clean = (start_ns, min(end_ns, up))
+            dirty = [
+                b
+                for (b,) in con.execute(
+                    "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
+                    "AND bucket_ns < ?",
+                    (level_ns, _floor(start_ns, level_ns), clean[1]),
+                )
+            ]
+            below += [(max(b, start_ns), min(b + level_ns, end_ns)) for b in dirty]
+        tail_start = start_ns if up is None else max(start_ns, up)
+        if tail_start < end_ns:
+            below.append((tail_start, end_ns))
+        return clean, dirty, below
+
+    def _below_src(
+        self,
+        con: sqlite3.Connection,
+        meta: dict[str, int],
+        level_ns: int,
+        below: list[tuple[int, int]],
+        attrs: Sequence[str],
+        gpu_filter: str,
+        filter_params: list[Any],
+    ) -> tuple[str, list[Any]]:
+        """SQL aggregating the ranges ``below`` from the level under ``level_ns``."""
+        parts: list[str] = []
+        params: list[Any] = []
+        lower = _LOWER_LEVEL[level_ns]
+        for lo, hi in below:
+            if lower == 0:
+                parts.append(_raw_agg_sql(level_ns, attrs, gpu_filter))
+                params += [lo, hi, *filter_params]
+            else:
+                src, p = self._level_src(con, meta, lower, lo, hi, attrs, gpu_filter, filter_params)
+                parts.append(_agg_sql(level_ns, src, attrs))
+                params += p
+        return " UNION ALL ".join(parts), params
 
     def _level_src(
         self,
@@ -702,42 +810,34 @@ class SqliteStore:
     ) -> tuple[str, list[Any]]:
         """SQL for level rows over ``[start_ns, end_ns)``: clean rolled-up buckets from the
         rollup table, everything else (not yet rolled, dirty) aggregated from the level below."""
-        up = meta.get(f"rolled_{level_ns // NS_PER_S}")
+        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
         parts: list[str] = []
         params: list[Any] = []
-        below: list[tuple[int, int]] = []
-        if up is not None and start_ns < min(end_ns, up):
-            dirty = [
-                b
-                for (b,) in con.execute(
-                    "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
-                    "AND bucket_ns < ?",
-                    (level_ns, _floor(start_ns, level_ns), min(end_ns, up)),
-                )
-            ]
+        if clean is not None:
             not_dirty = f" AND time_ns NOT IN ({', '.join('?' * len(dirty))})" if dirty else ""
             parts.append(
                 f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in attrs)} "
                 f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
                 f"{not_dirty}{gpu_filter}"
             )
-            params += [start_ns, min(end_ns, up), *dirty, *filter_params]
-            below += [(max(b, start_ns), min(b + level_ns, end_ns)) for b in dirty]
-        tail_start = start_ns if up is None else max(start_ns, up)
-        if tail_start < end_ns:
-            below.append((tail_start, end_ns))
-        lower = _LOWER_LEVEL[level_ns]
-        for lo, hi in below:
-            if lower == 0:
-                parts.append(_raw_agg_sql(level_ns, attrs, gpu_filter))
-                params += [lo, hi, *filter_params]
-            else:
-                src, p = self._level_src(con, meta, lower, lo, hi, attrs, gpu_filter, filter_params)
-                parts.append(_agg_sql(level_ns, src, attrs))
-                params += p
+            params += [*clean, *dirty, *filter_params]
+        if below:
+            src, p = self._below_src(con, meta, level_ns, below, attrs, gpu_filter, filter_params)
+            parts.append(src)
+            params += p
         if not parts:  # an empty range
             return _raw_agg_sql(level_ns, attrs, gpu_filter), [0, 0, *filter_params]
         return " UNION ALL ".join(parts), params
+
+
+def _rolled_key(level_ns: int) -> str:
+    """The meta key of the end of the rolled-up buckets of a level."""
+    return f"rolled_{level_ns // NS_PER_S}"
+
+
+def _packed_key(level_ns: int) -> str:
+    """The meta key of the first bucket of a level whose packed copy is complete."""
+    return f"packed_{level_ns // NS_PER_S}"
 
 
 def _level_for(step_ns: int) -> int:
@@ -757,10 +857,27 @@ def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(fields)
 
 
+def _columns(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any]:
+    """Rows of (time_ns, gpu_id, attrs...) as numpy columns (None -> NaN)."""
+    import numpy as np
+
+    if not rows:
+        empty = {"time_ns": np.zeros(0, np.int64), "gpu_id": np.zeros(0, np.int64)}
+        return empty | {a: np.zeros(0) for a in attrs}
+    columns = list(zip(*rows, strict=True))
+    out = {
+        "time_ns": np.array(columns[0], dtype=np.int64),
+        "gpu_id": np.array(columns[1], dtype=np.int64),
+    }
+    for a, column in zip(attrs, columns[2:], strict=True):
+        out[a] = np.array(column, dtype=np.float64)
+    return out
+
+
 def _frame(
-    rows: list[tuple[Any, ...]], attrs: Sequence[str], gpus: list[tuple[Any, ...]]
+    columns: dict[str, Any], attrs: Sequence[str], gpus: list[tuple[Any, ...]]
 ) -> pd.DataFrame:
-    """Rows of (time_ns, gpu_id, attrs...) as the long frame, GPU identity joined in pandas.
+    """Columns time_ns, gpu_id and attrs as the long frame, GPU identity joined in numpy.
 
     Joining and sorting on the small gpus table in numpy, rather than in SQL on every row, keeps
     an hour of 1,024 GPUs' rollups cheap: no per-row strings cross the sqlite3 boundary.
@@ -768,14 +885,12 @@ def _frame(
     import numpy as np
     import pandas as pd
 
-    columns = ["time_ns", "gpu_id", *attrs]
-    df = pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
     ident = pd.DataFrame.from_records(gpus, columns=["gpu_id", "host", "gpu_index", "uuid", "name"])
     ident = ident.sort_values(["host", "gpu_index", "uuid"], kind="stable").reset_index(drop=True)
     rank = np.full(int(ident["gpu_id"].max()) + 1 if len(ident) else 1, -1, dtype=np.int64)
     rank[ident["gpu_id"].to_numpy(dtype=np.int64)] = np.arange(len(ident))
-    gpu_rank = rank[df["gpu_id"].to_numpy(dtype=np.int64)]
-    time_ns = df["time_ns"].to_numpy(dtype=np.int64)
+    gpu_rank = rank[columns["gpu_id"]]
+    time_ns = columns["time_ns"]
     order = np.lexsort((gpu_rank, time_ns))
     gpu_rank = gpu_rank[order]
     out = pd.DataFrame(
@@ -788,7 +903,7 @@ def _frame(
         }
     )
     for a in attrs:
-        out[a] = df[a].to_numpy(dtype=np.float64, na_value=np.nan)[order]
+        out[a] = columns[a][order]
     return out
 
 
