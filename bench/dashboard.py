@@ -3,15 +3,12 @@
     .venv/bin/python bench/dashboard.py [--gpus 1024] [--hours 24] [--interval-s 1] [--db FILE]
                                         [--repeat 7] [--no-browser]
 
-1. Backfill. Samples are generated vectorised with numpy (utilisation, power, temperature, SM
-   clock, energy counter, clock-event reasons, tensor activity of a synchronous training job on
-   every node, with a thermal straggler on node-057 GPU 3 for the last 6 hours) and written
-   straight through ``SqliteStore.write_samples`` one round (every GPU at one instant) per
-   batch, so rollups are built exactly as in production. The per-sample NVML path (fake NVML ->
-   NvmlSampler) is skipped: it costs ~50 µs per GPU-sample, ~70 min for 88 M samples.
-   At ``--interval-s 1`` that is 88.5 M samples (~30 GB, ~15 min on one core); a larger
-   interval keeps the 1-minute rollups (what every page reads) the same size and only thins the
-   raw table, which no page reads. ``--db`` keeps the database for later runs.
+1. Backfill (``bench/backfill.py``): a synchronous training job on every node with a thermal
+   straggler on node-057 GPU 3 for the last 6 hours, generated with numpy and inserted as rows
+   of the store's own table, rollups built by the store's own maintenance. At the default
+   ``--interval-s 1`` that is 88.5 M samples (~25 min here); ``--db`` keeps the database for
+   later runs (a larger interval only thins the raw table: the rollups every page reads are the
+   same size).
 2. For each page, for the default range (1 h) and 24 h: the server time of the page's content
    callback (a real POST to ``/_dash-update-component``; median and p95 over ``--repeat`` runs,
    each with a cold cache, the worst case a refresh meets) and the size of its response.
@@ -38,63 +35,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backfill import Cluster, backfill
+
 from dashboard.app import PAGES, create_app
-from gpuwatt.model import EnergyMethod, GpuSample
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
 END_NS = 1_767_225_600 * NS  # 2026-01-01 00:00 UTC
-STRAGGLER = (57, 3)  # node-057 GPU 3
-NAME = "NVIDIA H100 80GB HBM3"
-
-
-def backfill(store: SqliteStore, gpus: int, hours: float, interval_s: float) -> int:
-    n_nodes = gpus // 8
-    hosts = [f"node-{h:03d}" for h in range(n_nodes) for _ in range(8)]
-    idx = [i for _ in range(n_nodes) for i in range(8)]
-    uuids = [f"GPU-{h:04d}-{i}" for h in range(n_nodes) for i in range(8)]
-    rng = np.random.default_rng(7)
-    energy = rng.uniform(1e8, 2e8, gpus)
-    base_util = rng.uniform(70, 95, gpus)
-    steps = int(hours * 3600 / interval_s)
-    start = END_NS - steps * round(interval_s * NS)
-    s_gpu = STRAGGLER[0] * 8 + STRAGGLER[1]
-    written = 0
-    t0 = time.perf_counter()
-    for k in range(steps):
-        t = start + k * round(interval_s * NS)
-        hour = (t - start) / 3.6e12
-        util = np.clip(base_util + rng.normal(0, 3, gpus) + 8 * np.sin(hour), 0, 100)
-        clock = np.full(gpus, 1980.0)
-        reasons = np.full(gpus, 4, dtype=np.int64)
-        temp = 45 + util * 0.3 + rng.normal(0, 1, gpus)
-        if hour >= hours - 6 and s_gpu < gpus:
-            clock[s_gpu], reasons[s_gpu], temp[s_gpu] = 1350.0, 0x48, 91.0
-            node = slice(STRAGGLER[0] * 8, STRAGGLER[0] * 8 + 8)
-            util[node] *= 0.75
-            util[s_gpu] = 99.0
-        power = 120 + util * 5.2 * clock / 1980
-        energy += power * interval_s
-        tensor = util * 0.6
-        batch = [
-            GpuSample(
-                time_ns=t, host=hosts[g], gpu_index=idx[g], uuid=uuids[g], name=NAME,
-                utilization_gpu_pct=float(util[g]), temperature_gpu_c=float(temp[g]),
-                power_w=float(power[g]), energy_j=float(energy[g]),
-                energy_method=EnergyMethod.COUNTER, sm_clock_mhz=float(clock[g]),
-                clock_event_reasons=int(reasons[g]), tensor_active_pct=float(tensor[g]),
-                tensor_hmma_active_pct=float(tensor[g]), memory_used_bytes=60 * 2**30,
-                job_id=f"train-{g // 64:02d}",
-            )
-            for g in range(gpus)
-        ]  # fmt: skip
-        store.write_samples(batch)
-        written += gpus
-        if k % max(1, steps // 20) == 0:
-            rate = written / (time.perf_counter() - t0)
-            print(f"  backfill {k / steps:5.0%}  {written:,} samples  {rate:,.0f}/s", flush=True)
-    store.flush_rollups()
-    return written
 
 
 def callback_body(page: Any, query: dict[str, str]) -> dict[str, Any]:
@@ -214,7 +161,7 @@ def main() -> None:
     if fresh:
         print(f"backfill: {args.gpus} GPUs x {args.hours} h every {args.interval_s} s")
         t = time.perf_counter()
-        n = backfill(store, args.gpus, args.hours, args.interval_s)
+        n = backfill(store, Cluster(args.gpus, args.hours, args.interval_s, END_NS))
         dt = time.perf_counter() - t
         size = sum(p.stat().st_size for p in args.db.parent.glob(args.db.name + "*")) / 1e9
         print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s), {size:.1f} GB on disk")

@@ -1,0 +1,189 @@
+"""Backfill a large simulated cluster into the embedded store quickly (for bench/dashboard.py).
+
+A synchronous training job on every node (8 jobs of 64 GPUs), utilisation following a slow daily
+swing plus noise, power and temperature following utilisation and clock, the energy counter
+integrating power, tensor activity and an estimated TFLOPS from it; a thermal straggler on
+``STRAGGLER`` (node, GPU) for the last 6 hours slows its node's peers.
+
+88.5 M samples (1,024 GPUs x 24 h of 1-second samples) do not go through ``GpuSample`` objects
+and ``write_samples`` (~20 µs per sample here: ~1 h): values are generated with numpy, a minute
+of rounds at a time, and inserted as rows of the store's own ``samples`` table; rollups, their
+packed copy and retention are then run by the store's own maintenance, exactly as after a
+``write_samples`` batch. The first and the last round go through ``write_samples`` (they
+register the GPUs and set each GPU's newest sample).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from itertools import repeat
+
+import numpy as np
+
+from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod
+from gpuwatt.store.sqlite import SqliteStore
+
+NS = 1_000_000_000
+STRAGGLER = (57, 3)  # node-057 GPU 3
+NAME = "NVIDIA H100 80GB HBM3"
+PEAK_DENSE_FP16_TFLOPS = 989.4  # H100 SXM (gpuwatt.gpu_specs)
+MAX_CLOCK_MHZ = 1980.0
+COLUMNS = (
+    "time_ns",
+    "gpu_id",
+    "lost",
+    "utilization_gpu_pct",
+    "temperature_gpu_c",
+    "power_w",
+    "energy_j",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "clock_event_reasons",
+    "tensor_active_pct",
+    "tensor_hmma_active_pct",
+    "tflops_estimate",
+    "memory_used_bytes",
+    "energy_method",
+    "tflops_method",
+    "job_id",
+)
+
+
+class Cluster:
+    """The signal model: one call per round returns every GPU's values as arrays."""
+
+    def __init__(self, gpus: int, hours: float, interval_s: float, end_ns: int) -> None:
+        self.gpus = gpus
+        self.hours = hours
+        self.interval_s = interval_s
+        self.steps = int(hours * 3600 / interval_s)
+        self.start_ns = end_ns - self.steps * round(interval_s * NS)
+        n_nodes = gpus // 8
+        self.hosts = [f"node-{h:03d}" for h in range(n_nodes) for _ in range(8)]
+        self.index = [i for _ in range(n_nodes) for i in range(8)]
+        self.uuids = [f"GPU-{h:04d}-{i}" for h in range(n_nodes) for i in range(8)]
+        self.jobs = [f"train-{g // 64:02d}" for g in range(gpus)]
+        self.rng = np.random.default_rng(7)
+        self.energy = self.rng.uniform(1e8, 2e8, gpus)
+        self.base_util = self.rng.uniform(70, 95, gpus)
+        self.straggler = STRAGGLER[0] * 8 + STRAGGLER[1]
+
+    def time_ns(self, k: int) -> int:
+        return self.start_ns + k * round(self.interval_s * NS)
+
+    def round(self, k: int) -> dict[str, np.ndarray]:
+        g, rng = self.gpus, self.rng
+        hour = k * self.interval_s / 3600
+        util = np.clip(self.base_util + rng.normal(0, 3, g) + 8 * np.sin(hour), 0, 100)
+        clock = np.full(g, MAX_CLOCK_MHZ)
+        reasons = np.full(g, 4, dtype=np.int64)  # SW power cap: what a busy H100 reports
+        temp = 45 + util * 0.3 + rng.normal(0, 1, g)
+        s = self.straggler
+        if hour >= self.hours - 6 and s < g:
+            clock[s], reasons[s], temp[s] = 1350.0, 0x48, 91.0  # HW + HW thermal slowdown
+            node = slice(STRAGGLER[0] * 8, STRAGGLER[0] * 8 + 8)
+            util[node] *= 0.75  # its peers wait for it
+            util[s] = 99.0
+        power = 120 + util * 5.2 * clock / MAX_CLOCK_MHZ
+        self.energy += power * self.interval_s
+        tensor = util * 0.6
+        return {
+            "utilization_gpu_pct": util,
+            "temperature_gpu_c": temp,
+            "power_w": power,
+            "energy_j": self.energy.copy(),
+            "sm_clock_mhz": clock,
+            "clock_event_reasons": reasons,
+            "tensor_active_pct": tensor,
+            "tensor_hmma_active_pct": tensor,
+            "tflops_estimate": PEAK_DENSE_FP16_TFLOPS * tensor / 100 * clock / MAX_CLOCK_MHZ,
+        }
+
+    def samples(self, k: int) -> list[GpuSample]:
+        v = self.round(k)
+        t = self.time_ns(k)
+        return [
+            GpuSample(
+                time_ns=t,
+                host=self.hosts[i],
+                gpu_index=self.index[i],
+                uuid=self.uuids[i],
+                name=NAME,
+                utilization_gpu_pct=float(v["utilization_gpu_pct"][i]),
+                temperature_gpu_c=float(v["temperature_gpu_c"][i]),
+                power_w=float(v["power_w"][i]),
+                energy_j=float(v["energy_j"][i]),
+                energy_method=EnergyMethod.COUNTER,
+                sm_clock_mhz=float(v["sm_clock_mhz"][i]),
+                sm_clock_max_mhz=MAX_CLOCK_MHZ,
+                clock_event_reasons=int(v["clock_event_reasons"][i]),
+                tensor_active_pct=float(v["tensor_active_pct"][i]),
+                tensor_hmma_active_pct=float(v["tensor_hmma_active_pct"][i]),
+                tflops_estimate=float(v["tflops_estimate"][i]),
+                tflops_method=TflopsMethod.GPM,
+                memory_used_bytes=60 * 2**30,
+                job_id=self.jobs[i],
+            )
+            for i in range(self.gpus)
+        ]
+
+
+def backfill(
+    store: SqliteStore,
+    cluster: Cluster,
+    progress: Callable[[str], None] = print,
+    rounds_per_batch: int = 60,
+) -> int:
+    """Write every round of ``cluster`` into ``store``; returns the number of samples."""
+    store.write_samples(cluster.samples(0))
+    ids = {
+        (h, i): gid
+        for gid, h, i in store._writer.execute("SELECT id, host, gpu_index FROM gpus").fetchall()
+    }
+    gpu_ids = [ids[(h, i)] for h, i in zip(cluster.hosts, cluster.index, strict=True)]
+    sql = (
+        f"INSERT OR REPLACE INTO samples ({', '.join(COLUMNS)}) "
+        f"VALUES ({', '.join('?' * len(COLUMNS))})"
+    )
+    written, last = cluster.gpus, cluster.steps - 1
+    t0 = time.perf_counter()
+    next_report = 0.0
+    k = 1
+    while k < last:
+        ks = range(k, min(k + rounds_per_batch, last))
+        rows: list[tuple] = []
+        for j in ks:
+            v = cluster.round(j)
+            rows += zip(
+                repeat(cluster.time_ns(j)),
+                gpu_ids,
+                repeat(0),
+                v["utilization_gpu_pct"].tolist(),
+                v["temperature_gpu_c"].tolist(),
+                v["power_w"].tolist(),
+                v["energy_j"].tolist(),
+                v["sm_clock_mhz"].tolist(),
+                repeat(MAX_CLOCK_MHZ),
+                v["clock_event_reasons"].tolist(),
+                v["tensor_active_pct"].tolist(),
+                v["tensor_hmma_active_pct"].tolist(),
+                v["tflops_estimate"].tolist(),
+                repeat(60 * 2**30),
+                repeat(EnergyMethod.COUNTER.value),
+                repeat(TflopsMethod.GPM.value),
+                cluster.jobs,
+            )
+        t_lo, t_hi = cluster.time_ns(ks[0]), cluster.time_ns(ks[-1])
+        with store._lock, store._transaction(store._writer):
+            store._writer.executemany(sql, rows)
+            store._maintain(store._writer, (t_lo, t_hi), t_lo, t_hi)
+        written += len(rows)
+        k = ks[-1] + 1
+        if k / last >= next_report:
+            rate = written / (time.perf_counter() - t0)
+            progress(f"  backfill {k / last:5.0%}  {written:,} samples  {rate:,.0f}/s")
+            next_report += 0.05
+    store.write_samples(cluster.samples(last))
+    store.flush_rollups()
+    return written + cluster.gpus
