@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -136,6 +136,7 @@ class DashboardData:
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
+        self._warmer: tuple[threading.Event, threading.Thread] | None = None
 
     # --- cache ------------------------------------------------------------------------------
 
@@ -194,6 +195,10 @@ class DashboardData:
             self._cache.clear()
 
     def close(self) -> None:
+        warmer, self._warmer = self._warmer, None
+        if warmer is not None:
+            warmer[0].set()
+            warmer[1].join(timeout=30.0)
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
@@ -218,8 +223,51 @@ class DashboardData:
         return self._cached(("latest",), lambda: self._read("latest samples", self.store.latest))
 
     def window(self, tr: TimeRange) -> WindowData:
-        """Rollups and the analytics summary for one range."""
-        return self._cached(("window", tr.start_ns, tr.end_ns, tr.step_s), lambda: self._window(tr))
+        """Rollups and the analytics summary for one range.
+
+        A live range ("the last hour") is keyed by its span, not its end: its end moves with
+        every request, and keyed by it no request would ever find the cache. The entry is then
+        at most ``ttl_s`` behind now, and a refresh recomputes it up to the clock at that time.
+        """
+        if not tr.live:
+            return self._cached(
+                ("window", tr.start_ns, tr.end_ns, tr.step_s), lambda: self._window(tr)
+            )
+        span_ns = tr.end_ns - tr.start_ns
+        return self._cached(
+            ("window-live", span_ns, tr.step_s), lambda: self._window(self._moved(tr))
+        )
+
+    def _moved(self, tr: TimeRange) -> TimeRange:
+        """A live range moved to end at the clock's now."""
+        now = self.now_ns()
+        return replace(tr, start_ns=now - (tr.end_ns - tr.start_ns), end_ns=now)
+
+    def start_warming(self, ranges: Sequence[TimeRange], every_s: float = 30.0) -> None:
+        """Keep the windows of these live ranges computed, one background thread recomputing
+        them every ``every_s``: the first visitor after a quiet spell, and every visitor of
+        the default view, finds the data ready instead of waiting for a cold read of the
+        whole cluster (seconds at 1,000 GPUs)."""
+        if self._warmer is not None:
+            return
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.is_set():
+                for tr in ranges:
+                    key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
+                    try:
+                        self._store(key, self._window(self._moved(tr)))
+                    except DataError:
+                        pass  # logged as one line; the page will say it
+                    except Exception as exc:  # never let the warmer die silently
+                        log.error("warming the cache failed: %s", _describe(exc))
+                    if stop.is_set():
+                        return
+                stop.wait(every_s)
+
+        self._warmer = (stop, threading.Thread(target=run, name="gpuwatt-warm", daemon=True))
+        self._warmer[1].start()
 
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()
@@ -274,13 +322,16 @@ class DashboardData:
         return self._cached(("today", start, end), compute)
 
     def host_series(self, tr: TimeRange, host: str, fields: Sequence[str]) -> pd.DataFrame:
-        """Rollups of one node's GPUs (drill-down)."""
-        return self._cached(
-            ("host", host, tuple(fields), tr.start_ns, tr.end_ns, tr.step_s),
-            lambda: self._read(
+        """Rollups of one node's GPUs (drill-down); a live range keyed as in ``window``."""
+
+        def compute() -> pd.DataFrame:
+            r = self._moved(tr) if tr.live else tr
+            return self._read(
                 f"the samples of {host}",
                 lambda: self.store.series(
-                    tr.start_ns, tr.end_ns, fields, step_s=tr.step_s, hosts=[host]
+                    r.start_ns, r.end_ns, fields, step_s=r.step_s, hosts=[host]
                 ),
-            ),
-        )
+            )
+
+        when = ("live", tr.end_ns - tr.start_ns) if tr.live else (tr.start_ns, tr.end_ns)
+        return self._cached(("host", host, tuple(fields), *when, tr.step_s), compute)

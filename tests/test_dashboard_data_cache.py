@@ -1,0 +1,123 @@
+"""The dashboard's data cache with a moving clock: a live range ("the last hour") is found in the
+cache although its end moves with every request, refreshes catch up with the clock, and the
+default view is kept computed in the background."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_dashboard_support import DEMO_END_NS, build_demo_store
+
+from dashboard.data import DashboardData
+from dashboard.timerange import parse_range
+from gpuwatt.store.sqlite import SqliteStore
+
+S = 1_000_000_000
+
+
+class CountingStore:
+    """A real store that counts its ``series`` reads."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self.series_calls: list[tuple[int, int]] = []
+        self.threads: list[str] = []  # the thread of each read
+        self.lock = threading.Lock()
+
+    def series(self, start_ns: int, end_ns: int, *args: Any, **kw: Any) -> Any:
+        with self.lock:
+            self.series_calls.append((start_ns, end_ns))
+            self.threads.append(threading.current_thread().name)
+        return self._store.series(start_ns, end_ns, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+class Clock:
+    def __init__(self, now_ns: int) -> None:
+        self.now_ns = now_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteStore]:
+    store = build_demo_store(tmp_path_factory.mktemp("cache") / "demo.db", minutes=10)
+    yield store
+    store.close()
+
+
+def ends(calls: Sequence[tuple[int, int]]) -> list[int]:
+    return [end for _start, end in calls]
+
+
+def test_a_live_range_is_served_from_the_cache_while_the_clock_moves(
+    demo_store: SqliteStore,
+) -> None:
+    store = CountingStore(demo_store)
+    clock = Clock(DEMO_END_NS - 30 * S)
+    data = DashboardData(store, clock_ns=clock, ttl_s=3600.0)  # type: ignore[arg-type]
+    try:
+        first = data.window(parse_range({"range": "15m"}, clock())[0])
+        assert ends(store.series_calls) == [DEMO_END_NS - 30 * S]
+        clock.now_ns += 7 * S  # the next auto-refresh, 7 s later: a new end, the same view
+        again = data.window(parse_range({"range": "15m"}, clock())[0])
+        assert again is first and len(store.series_calls) == 1
+        # A range with a fixed end is keyed by its end.
+        fixed = {"range": "15m", "end": str(DEMO_END_NS // S - 60)}
+        data.window(parse_range(fixed, clock())[0])
+        assert ends(store.series_calls)[-1] == DEMO_END_NS - 60 * S
+    finally:
+        data.close()
+
+
+def test_a_stale_live_range_is_recomputed_up_to_the_clock(demo_store: SqliteStore) -> None:
+    store = CountingStore(demo_store)
+    clock = Clock(DEMO_END_NS - 60 * S)
+    data = DashboardData(store, clock_ns=clock, ttl_s=0.0, max_stale_s=3600.0)  # type: ignore[arg-type]
+    try:
+        tr = parse_range({"range": "15m"}, clock())[0]
+        first = data.window(tr)
+        clock.now_ns = DEMO_END_NS
+        stale = data.window(parse_range({"range": "15m"}, clock())[0])
+        assert stale is first  # served at once while the background refresh runs
+        deadline = time.monotonic() + 60
+        while DEMO_END_NS not in ends(store.series_calls) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert DEMO_END_NS in ends(store.series_calls)  # the refresh read up to the new now
+    finally:
+        data.close()
+
+
+def test_the_default_view_is_kept_computed_in_the_background(
+    demo_store: SqliteStore, tmp_path: Path
+) -> None:
+    store = CountingStore(demo_store)
+    clock = Clock(DEMO_END_NS - 120 * S)
+    data = DashboardData(store, clock_ns=clock, ttl_s=3600.0)  # type: ignore[arg-type]
+    default = parse_range({}, clock())[0]
+    data.start_warming([default], every_s=0.01)
+    try:
+        deadline = time.monotonic() + 60
+        while not store.series_calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.series_calls, "the warmer never read the store"
+        clock.now_ns = DEMO_END_NS
+        while DEMO_END_NS not in ends(store.series_calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert DEMO_END_NS in ends(store.series_calls)  # it follows the clock
+        win = data.window(parse_range({}, clock())[0])  # a visitor
+        assert not win.empty
+        assert set(store.threads) == {"gpuwatt-warm"}  # the visitor never waited for a read
+    finally:
+        data.close()
+    settled = len(store.series_calls)
+    time.sleep(0.1)
+    assert len(store.series_calls) == settled  # close() stopped the warmer
