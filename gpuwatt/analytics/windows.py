@@ -48,19 +48,43 @@ def _job_column(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> pd.Serie
     else:
         col = pd.Series([None] * len(frame), index=frame.index, dtype=object)
     if jobs:
-        mapped = frame["uuid"].map(jobs)
-        if "gpu" in frame.columns:
-            mapped = mapped.fillna(frame["gpu"].map(jobs))
-        col = col.where(col.notna(), mapped.astype(object))
+        # Map each distinct GPU once, then spread to its rows (not a dict lookup per row).
+        codes, uniq = pd.factorize(frame["uuid"].astype(object), use_na_sentinel=False)
+        mapped = np.array([jobs.get(u) for u in uniq], dtype=object)[codes]
+        missing = pd.isna(mapped)
+        if "gpu" in frame.columns and missing.any():
+            gcodes, guniq = pd.factorize(frame["gpu"].astype(object), use_na_sentinel=False)
+            by_gpu = np.array([jobs.get(g) for g in guniq], dtype=object)[gcodes]
+            mapped = np.where(missing, by_gpu, mapped)
+        col = col.where(col.notna(), pd.Series(mapped, index=frame.index, dtype=object))
         col = col.where(col.notna(), None)
     return col
 
 
 def gpu_keys(frame: pd.DataFrame) -> pd.Series:
-    """A GPU's identity: its uuid, or ``host:index`` when the uuid is unknown."""
-    hi = frame["host"].astype(str) + ":" + frame["gpu_index"].astype(str)
-    uuid = frame["uuid"].astype(object)
-    return uuid.where(uuid.notna() & (uuid != ""), hi).astype(str)
+    """A GPU's identity: its uuid, or ``host:index`` when the uuid is unknown.
+
+    Computed once per distinct (host, index, uuid) and spread to the rows: string work per row
+    was most of ``prepare``'s time at 1,000 GPUs.
+    """
+    if frame.empty:
+        return pd.Series([], index=frame.index, dtype=str)
+    hcodes, hosts = pd.factorize(frame["host"].astype(object), use_na_sentinel=False)
+    ucodes, uuids = pd.factorize(frame["uuid"].astype(object), use_na_sentinel=False)
+    icodes, indexes = pd.factorize(frame["gpu_index"], use_na_sentinel=False)
+    key = (hcodes.astype(np.int64) * len(indexes) + icodes) * len(uuids) + ucodes
+    uniq, inverse = np.unique(key, return_inverse=True)
+    u_code = uniq % len(uuids)
+    rest = uniq // len(uuids)
+    h_code, i_code = rest // len(indexes), rest % len(indexes)
+    names = []
+    for h, i, u in zip(h_code.tolist(), i_code.tolist(), u_code.tolist(), strict=True):
+        uuid = uuids[u]
+        if isinstance(uuid, str) and uuid != "":
+            names.append(uuid)
+        else:
+            names.append(f"{hosts[h]}:{indexes[i]}")
+    return pd.Series(np.array(names, dtype=object)[inverse], index=frame.index).astype(str)
 
 
 def prepare(
