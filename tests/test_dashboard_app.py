@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,46 @@ def test_recent_straggler_shows_on_coarse_ranges(data: DashboardData) -> None:
         text = text_of(render_page(page, {"range": "6h"}, data))
         assert "5-minute buckets" in text
         assert "node-2 GPU 5" in text and "check fans, airflow" in text
+
+
+# --- plotly.js bundle ---------------------------------------------------------------------------
+
+#: Trace types in plotly.js's cartesian partial bundle (served from dashboard/assets/).
+CARTESIAN_TRACES = {
+    "bar", "box", "contour", "heatmap", "histogram", "histogram2d", "histogram2dcontour",
+    "image", "pie", "scatter", "scatterternary", "violin",
+}  # fmt: skip
+
+
+def test_plotly_bundle_is_the_installed_plotly_version(demo_store: SqliteStore) -> None:
+    """The served partial bundle is the plotly.js version the installed plotly/dash expect."""
+    from plotly.offline import get_plotlyjs_version
+
+    from dashboard.app import ASSETS
+
+    version = get_plotlyjs_version()
+    bundle = ASSETS / f"plotly-cartesian-{version}.min.js"
+    assert bundle.is_file(), sorted(p.name for p in ASSETS.iterdir())
+    assert f"(cartesian - minified) v{version}" in bundle.read_text()[:300]
+    client = create_app(demo_store, now_ns=DEMO_END_NS).server.test_client()
+    html = client.get("/").get_data(as_text=True)
+    assert f"/assets/plotly-cartesian-{version}.min.js" in html
+
+
+def test_figures_use_only_bundled_trace_types(data: DashboardData) -> None:
+    from dash import dcc
+
+    def graphs(c: Any) -> Iterator[Any]:
+        if isinstance(c, list | tuple):
+            for x in c:
+                yield from graphs(x)
+        elif isinstance(c, dcc.Graph):
+            yield c
+        elif hasattr(c, "children"):
+            yield from graphs(c.children)
+
+    seen = set()
+    for page in PAGES:
+        for g in graphs(render_page(page, {"range": "15m", "host": "node-2", "gpu": "5"}, data)):
+            seen |= {t["type"] for t in g.figure["data"]}
+    assert seen and seen <= CARTESIAN_TRACES, seen - CARTESIAN_TRACES
