@@ -8,7 +8,7 @@ from typing import Any
 import dash_mantine_components as dmc
 import numpy as np
 
-from dashboard.components import figure_kpi, graph, page_frame, quality_badge, section
+from dashboard.components import QUALITY_TEXT, data_table, figure_kpi, graph, page_frame, section
 from dashboard.context import PageContext
 from dashboard.figures import bar_figure, efficiency_figure
 
@@ -49,28 +49,19 @@ def job_table(ctx: PageContext) -> Any:
     if jobs.empty:
         return dmc.Text("no job data in this range", c="dimmed")
     cur = ctx.win.summary.tariff.currency
-    head = dmc.TableThead(
-        dmc.TableTr(
-            [
-                dmc.TableTh(h)
-                for h in ("job", "GPUs", "energy kWh", f"cost {cur}", "CO2 kg", "quality")
-            ]
-        )
-    )
     rows = [
-        dmc.TableTr(
-            [
-                dmc.TableTd(str(r["job_id"])),
-                dmc.TableTd(str(r["gpus"])),
-                dmc.TableTd(_fmt(r["energy_kwh"])),
-                dmc.TableTd(_fmt(r["cost"])),
-                dmc.TableTd(_fmt(r["co2_kg"])),
-                dmc.TableTd(quality_badge(str(r["energy_quality"]))),
-            ]
+        (
+            r["job_id"],
+            r["gpus"],
+            _fmt(r["energy_kwh"]),
+            _fmt(r["cost"]),
+            _fmt(r["co2_kg"]),
+            QUALITY_TEXT.get(str(r["energy_quality"]), str(r["energy_quality"])),
         )
         for _, r in jobs.iterrows()
     ]
-    return dmc.Table([head, dmc.TableTbody(rows)], striped=True, fz="sm")
+    head = ("job", "GPUs", "energy kWh", f"cost {cur}", "CO2 kg", "quality")
+    return data_table(head, rows, striped=True, fz="sm", id_="energy-per-job")
 
 
 def render(ctx: PageContext) -> list[Any]:

@@ -7,7 +7,7 @@ from typing import Any
 import dash_mantine_components as dmc
 from dash import html
 
-from dashboard.components import page_frame, section
+from dashboard.components import data_table, page_frame, section
 from dashboard.context import PageContext
 from dashboard.csv_export import GROUPINGS, build_report
 from dashboard.timerange import to_search
@@ -34,12 +34,12 @@ def _download_query(ctx: PageContext, **extra: str) -> str:
 def render(ctx: PageContext) -> list[Any]:
     by = ctx.query.get("by") if ctx.query.get("by") in GROUPINGS else "gpu"
     table = build_report(ctx.win.summary, by)
-    head = dmc.TableThead(dmc.TableTr([dmc.TableTh(c) for c in table.columns]))
-    body = dmc.TableTbody(
-        [
-            dmc.TableTr([dmc.TableTd("" if v is None else str(v)) for v in row])
-            for row in table.head(PREVIEW_ROWS).round(3).itertuples(index=False, name=None)
-        ]
+    preview = data_table(
+        table.columns,
+        table.head(PREVIEW_ROWS).round(3).itertuples(index=False, name=None),
+        id_="report-preview",
+        fz="xs",
+        striped=True,
     )
     links = dmc.Group(
         [
@@ -73,6 +73,6 @@ def render(ctx: PageContext) -> list[Any]:
         section("Download", links, dmc.Text(note, size="xs", c="dimmed")),
         section(
             f"Preview, by {by}",
-            dmc.ScrollArea(dmc.Table([head, body], fz="xs", striped=True, id="report-preview")),
+            dmc.ScrollArea(preview),
         ),
     ]

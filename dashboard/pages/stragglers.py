@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from dash import dcc
 
-from dashboard.components import graph, page_frame, section
+from dashboard.components import data_table, graph, page_frame, section
 from dashboard.context import PageContext
 from dashboard.figures import LABELS, band_figure
 from dashboard.timerange import fmt_ns
@@ -49,12 +49,12 @@ def peer_bands(
 
 
 def evidence_table(s: Straggler) -> Any:
-    rows = []
-    for key, value in s.evidence.items():
-        if value is None or not np.isfinite(value):
-            continue
-        rows.append(dmc.TableTr([dmc.TableTd(key.replace("_", " ")), dmc.TableTd(f"{value:.3g}")]))
-    return dmc.Table(dmc.TableTbody(rows), fz="xs", striped=True, withTableBorder=True)
+    rows = [
+        (key.replace("_", " "), f"{value:.3g}")
+        for key, value in s.evidence.items()
+        if value is not None and np.isfinite(value)
+    ]
+    return data_table((), rows, fz="xs", striped=True, withTableBorder=True)
 
 
 def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
