@@ -230,6 +230,99 @@ def imbalance_figure(balance: pd.DataFrame, scope: str = "cluster", index: str =
     }
 
 
+#: Metric colours shared by every small multiple (plotly's default colorway, in metric order).
+COLORWAY = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692")
+
+
+def imbalance_grid(
+    balance: pd.DataFrame, scopes: Sequence[str], index: str = "cv", cols: int = 2
+) -> Fig:
+    """The imbalance index over time for several scopes (jobs) as small multiples in one figure.
+
+    Same lines as ``imbalance_figure`` per scope (one per metric, GPU level), one subplot per
+    scope with its name above it, one legend, linked time axes. One plotly graph instead of one
+    per job: each graph costs the browser a full plot, legend, mode bar and resize handling.
+    """
+    sel = balance.loc[balance["scope"].isin(list(scopes)) & (balance["level"] == "gpu")]
+    if balance.empty or sel.empty:
+        return empty_figure("no load-balance data for these jobs")
+    shown = [sc for sc in scopes if (sel["scope"] == sc).any()]
+    metrics = sorted(str(m) for m in sel["metric"].unique())
+    color = {m: COLORWAY[i % len(COLORWAY)] for i, m in enumerate(metrics)}
+    cols = max(1, min(cols, len(shown)))
+    rows = math.ceil(len(shown) / cols)
+    row_h, top, bottom = 200, 40, 40  # px per subplot row; title above, legend below
+    name_h, ticks_h = 22, 42  # px in each row for the subplot's name and its time labels
+    height = rows * row_h + top + bottom
+    gap_x = 0.06
+    data: list[dict[str, Any]] = []
+    layout_axes: dict[str, Any] = {}
+    names: list[dict[str, Any]] = []
+    for k, scope in enumerate(shown):
+        r, c = divmod(k, cols)
+        suffix = "" if k == 0 else str(k + 1)
+        x0 = c / cols + (gap_x / 2 if c else 0)
+        x1 = (c + 1) / cols - (gap_x / 2 if c < cols - 1 else 0)
+        slot_top = (rows - r) * row_h  # px from the bottom of the plotting area
+        y1 = (slot_top - name_h) / (rows * row_h)
+        y0 = (slot_top - row_h + ticks_h) / (rows * row_h)
+        layout_axes[f"xaxis{suffix}"] = {
+            "domain": [x0, x1],
+            "anchor": f"y{suffix}",
+            "gridcolor": GRID,
+            "zeroline": False,
+            **({"matches": "x"} if k else {}),
+        }
+        layout_axes[f"yaxis{suffix}"] = {
+            "domain": [y0, y1],
+            "anchor": f"x{suffix}",
+            "gridcolor": GRID,
+            "zeroline": False,
+            "rangemode": "tozero",
+        }
+        names.append(
+            {
+                "text": scope,
+                "showarrow": False,
+                "xref": "paper",
+                "yref": "paper",
+                "x": x0,
+                "y": y1,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "font": {"size": 12},
+            }
+        )
+        for metric, rows_m in sel.loc[sel["scope"] == scope].groupby("metric", sort=True):
+            rows_m = rows_m.sort_values("window_start_ns")
+            m = str(metric)
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": LABELS.get(m, (m, ""))[0],
+                    "legendgroup": m,
+                    "showlegend": k == 0,
+                    "line": {"color": color[m]},
+                    "x": _iso(rows_m["window_start_ns"].to_numpy()),
+                    "y": _clean(rows_m[index].to_numpy(), 3),
+                    "xaxis": f"x{suffix}",
+                    "yaxis": f"y{suffix}",
+                    "hovertemplate": scope + "<br>%{x}<br>%{y}<extra>%{fullData.name}</extra>",
+                }
+            )
+    label = {"cv": "coefficient of variation", "jain": "Jain's fairness"}.get(index, index)
+    layout = _layout(
+        f"imbalance ({label}; lower is more even) per job",
+        height=height,
+        margin={"l": 60, "r": 20, "t": top, "b": bottom},
+        legend={"orientation": "h", "y": 0, "yanchor": "top"},
+        annotations=names,
+    )
+    layout.update(layout_axes)
+    return {"data": data, "layout": layout}
+
+
 def band_figure(
     x_ns: np.ndarray,
     own: np.ndarray,

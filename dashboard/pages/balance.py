@@ -8,7 +8,7 @@ import dash_mantine_components as dmc
 
 from dashboard.components import graph, page_frame, section
 from dashboard.context import PageContext
-from dashboard.figures import imbalance_figure, time_heatmap
+from dashboard.figures import imbalance_figure, imbalance_grid, time_heatmap
 
 PAGE = "balance"
 PATH = "/balance"
@@ -38,14 +38,12 @@ def render(ctx: PageContext) -> list[Any]:
     ]
     jobs = s.jobs[:MAX_JOBS]
     if jobs:
-        figs = [
-            graph(imbalance_figure(s.balance, f"job:{j}", s.default_imbalance_index)) for j in jobs
-        ]
+        scopes = [f"job:{j}" for j in jobs]
         out.append(
             section(
                 "Imbalance per job",
-                dmc.SimpleGrid(figs, cols={"base": 1, "lg": 2}, spacing="xs"),
-                help_text="The same index within each job's GPUs.",
+                graph(imbalance_grid(s.balance, scopes, s.default_imbalance_index), "balance-jobs"),
+                help_text="The same index within each job's GPUs, one small plot per job.",
             )
         )
     idle = [
