@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuwatt.model import GpuSample
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000
@@ -24,6 +25,12 @@ def write_hours(store: SqliteStore, make_sample, start_s: int, end_s: int, every
         for host in ("node1", "node2"):
             for g in range(3):
                 extra = {"fan_speed_pct": None} if g == 2 else {}  # a GPU without a fan reading
+                if host == "node1" and g == 1 and (t // every_s) % 7 == 3:
+                    s = make_sample(T0 + t * S, host, g)  # lost now and then: uneven weights
+                    batch.append(
+                        GpuSample(s.time_ns, s.host, s.gpu_index, s.uuid, s.name, lost=True)
+                    )
+                    continue
                 batch.append(
                     make_sample(
                         T0 + t * S,
@@ -55,7 +62,7 @@ def packed_rows(store: SqliteStore) -> int:
         return con.execute("SELECT count(*) FROM packed").fetchone()[0]
 
 
-@pytest.mark.parametrize("step_s", [60, 3600])
+@pytest.mark.parametrize("step_s", [60, 120, 300, 3600, 7200])
 @pytest.mark.parametrize("hosts", [None, ["node2"]])
 def test_packed_reads_equal_the_rollup_tables(
     tmp_path: Path, make_sample, step_s: int, hosts: list[str] | None

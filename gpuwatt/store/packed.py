@@ -7,8 +7,9 @@ metric come back as a few hundred BLOBs that ``numpy.frombuffer`` wraps without 
 
 The rollup tables stay the source of truth (SQL aggregation, dirty-bucket recomputation,
 retention); this copy is rewritten whenever a bucket is (``repack``) and read only for clean,
-rolled-up buckets at their own resolution. Each bucket has a ``_gpu_id`` row (int64 ids, sorted)
-and one row per metric that is not NULL for every GPU; a metric without a row reads as NaN.
+rolled-up buckets. Each bucket has ``_gpu_id``, ``_n_ok`` and ``_t_last_ns`` rows (int64) and
+one row per metric that is not NULL for every GPU; a metric without a row reads as NaN. Coarser
+buckets are aggregated from these in numpy (``rebucket``) exactly as the store's SQL does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 
 GPU_ID_ATTR = "_gpu_id"
+N_OK_ATTR = "_n_ok"  # non-lost samples in the bucket: the weight of its means
+T_LAST_ATTR = "_t_last_ns"  # the newest non-lost sample (NULL_TIME when none)
+NULL_TIME = -(2**63)
+_WEIGHTS = (N_OK_ATTR, T_LAST_ATTR)
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS packed (
@@ -45,7 +50,7 @@ def repack(
         (level_ns, start_ns, end_ns),
     )
     rows = con.execute(
-        f"SELECT time_ns, gpu_id, {', '.join(attrs)} FROM {table} "
+        f"SELECT time_ns, gpu_id, n_ok, t_last_ns, {', '.join(attrs)} FROM {table} "
         "WHERE time_ns >= ? AND time_ns < ? ORDER BY time_ns, gpu_id",
         (start_ns, end_ns),
     ).fetchall()
@@ -57,10 +62,15 @@ def repack(
     bounds = list(zip(starts.tolist(), [*starts[1:].tolist(), len(times)], strict=True))
     bucket_ns = times[starts].tolist()
     out: list[tuple[int, int, str, bytes]] = []
-    gpu_ids = np.array(columns[1], dtype=np.int64)
-    for t, (lo, hi) in zip(bucket_ns, bounds, strict=True):
-        out.append((level_ns, t, GPU_ID_ATTR, gpu_ids[lo:hi].tobytes()))
-    for attr, column in zip(attrs, columns[2:], strict=True):
+    ints = {
+        GPU_ID_ATTR: np.array(columns[1], dtype=np.int64),
+        N_OK_ATTR: np.array(columns[2], dtype=np.int64),
+        T_LAST_ATTR: np.array([NULL_TIME if x is None else x for x in columns[3]], np.int64),
+    }
+    for name, values in ints.items():
+        for t, (lo, hi) in zip(bucket_ns, bounds, strict=True):
+            out.append((level_ns, t, name, values[lo:hi].tobytes()))
+    for attr, column in zip(attrs, columns[4:], strict=True):
         values = np.array(column, dtype=np.float64)  # None -> NaN
         present = ~np.isnan(values)
         if not present.any():
@@ -84,14 +94,15 @@ def read(
     *,
     exclude: Sequence[int] = (),
     gpu_ids: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
+) -> dict[str, np.ndarray] | None:
     """The packed buckets in ``[start_ns, end_ns)`` (but not those in ``exclude``) as columns
-    ``time_ns``, ``gpu_id`` and one float64 array per attribute; only ``gpu_ids`` if given."""
-    marks = ", ".join("?" * (len(attrs) + 1))
+    ``time_ns``, ``gpu_id``, ``n_ok``, ``t_last_ns`` and one float64 array per attribute; only
+    ``gpu_ids`` if given. None when a bucket lacks its weights (packed by an early version)."""
+    marks = ", ".join("?" * (len(attrs) + 3))
     rows = con.execute(
         "SELECT time_ns, attr, data FROM packed WHERE level_ns = ? AND time_ns >= ? "
         f"AND time_ns < ? AND attr IN ({marks}) ORDER BY time_ns",
-        (level_ns, start_ns, end_ns, GPU_ID_ATTR, *attrs),
+        (level_ns, start_ns, end_ns, GPU_ID_ATTR, *_WEIGHTS, *attrs),
     ).fetchall()
     skip = set(exclude)
     buckets: dict[int, dict[str, bytes]] = {}
@@ -100,8 +111,11 @@ def read(
             buckets.setdefault(t, {})[attr] = data
     times: list[np.ndarray] = []
     ids: list[np.ndarray] = []
+    weights: dict[str, list[np.ndarray]] = {w: [] for w in _WEIGHTS}
     values: dict[str, list[np.ndarray]] = {a: [] for a in attrs}
     for t, parts in buckets.items():
+        if any(w not in parts for w in _WEIGHTS):
+            return None
         gid = np.frombuffer(parts[GPU_ID_ATTR], dtype=np.int64)
         keep = None if gpu_ids is None else np.isin(gid, gpu_ids)
         if keep is not None:
@@ -109,6 +123,9 @@ def read(
         n = len(gid)
         times.append(np.full(n, t, dtype=np.int64))
         ids.append(gid)
+        for w in _WEIGHTS:
+            v = np.frombuffer(parts[w], dtype=np.int64)
+            weights[w].append(v if keep is None else v[keep])
         for a in attrs:
             data = parts.get(a)
             if data is None:
@@ -119,6 +136,8 @@ def read(
     out = {
         "time_ns": _concat(times, np.int64),
         "gpu_id": _concat(ids, np.int64),
+        "n_ok": _concat(weights[N_OK_ATTR], np.int64),
+        "t_last_ns": _concat(weights[T_LAST_ATTR], np.int64),
     }
     for a in attrs:
         out[a] = _concat(values[a], np.float64)
@@ -127,3 +146,42 @@ def read(
 
 def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def rebucket(
+    cols: dict[str, np.ndarray],
+    step_ns: int,
+    attrs: Sequence[str],
+    last_value_attrs: frozenset[str] | set[str],
+) -> dict[str, np.ndarray]:
+    """Level columns aggregated into ``step_ns`` buckets per GPU, as the store's SQL does:
+    gauges are means weighted by ``n_ok`` over the rows where they are set; last-value
+    attributes are those of the row with the newest non-lost sample (``t_last_ns``)."""
+    t = cols["time_ns"] // step_ns * step_ns
+    gid = cols["gpu_id"]
+    if len(t) == 0:
+        return {k: v[:0] for k, v in cols.items()}
+    order = np.lexsort((cols["t_last_ns"], gid, t))  # by bucket, GPU, then newest last
+    t_s, g_s = t[order], gid[order]
+    new = np.r_[True, (t_s[1:] != t_s[:-1]) | (g_s[1:] != g_s[:-1])]
+    starts = np.flatnonzero(new)
+    last = np.r_[starts[1:], len(order)] - 1
+    n_ok = cols["n_ok"][order]
+    out = {
+        "time_ns": t_s[starts],
+        "gpu_id": g_s[starts],
+        "n_ok": np.add.reduceat(n_ok, starts),
+        "t_last_ns": np.maximum.reduceat(cols["t_last_ns"][order], starts),
+    }
+    w_all = n_ok.astype(np.float64)
+    for a in attrs:
+        v = cols[a][order]
+        if a in last_value_attrs:
+            out[a] = v[last]
+            continue
+        ok = np.isfinite(v)
+        num = np.add.reduceat(np.where(ok, v * w_all, 0.0), starts)
+        den = np.add.reduceat(np.where(ok, w_all, 0.0), starts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[a] = np.where(den > 0, num / den, np.nan)
+    return out

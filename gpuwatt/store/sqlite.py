@@ -688,10 +688,12 @@ class SqliteStore:
                 level = _level_for(step_ns)
                 meta = self._meta(con)
                 columns = None
-                if level == step_ns:
-                    columns = self._series_packed(
+                if level > 0:
+                    columns = self._level_columns(
                         con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
                     )
+                    if columns is not None and step_ns != level:
+                        columns = packed.rebucket(columns, step_ns, attrs, LAST_VALUE_ATTRS)
                 if columns is None:
                     if level == 0:
                         agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
@@ -710,7 +712,7 @@ class SqliteStore:
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
         return _frame(columns, attrs, gpus)
 
-    def _series_packed(
+    def _level_columns(
         self,
         con: sqlite3.Connection,
         meta: dict[str, int],
@@ -721,25 +723,41 @@ class SqliteStore:
         gpu_filter: str,
         filter_params: list[Any],
     ) -> dict[str, Any] | None:
-        """Level rows over ``[start_ns, end_ns)`` as columns, the clean rolled-up buckets from
-        the packed copy (see ``packed``); None when part of them predates the packed copy."""
-        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
-        if clean is None or clean[0] < meta.get(_packed_key(level_ns), 2**62):
-            return None
+        """Level rows over ``[start_ns, end_ns)`` as columns (with ``n_ok`` and ``t_last_ns``):
+        clean rolled-up buckets from the packed copy (see ``packed``), the rest aggregated from
+        the level below (raw samples in SQL, minutes in numpy). None when part of the range
+        predates the packed copy: the caller reads the rollup tables instead."""
         import numpy as np
 
-        gpu_ids = None
-        if filter_params:
-            marks = ", ".join("?" * len(filter_params))
-            found = con.execute(f"SELECT id FROM gpus WHERE host IN ({marks})", filter_params)
-            gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
-        parts = [packed.read(con, level_ns, *clean, attrs, exclude=dirty, gpu_ids=gpu_ids)]
-        if below:
-            src, params = self._below_src(
-                con, meta, level_ns, below, attrs, gpu_filter, filter_params
-            )
-            sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
-            parts.append(_columns(con.execute(f"{sql} FROM ({src}) a", params).fetchall(), attrs))
+        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
+        parts = []
+        if clean is not None:
+            if clean[0] < meta.get(_packed_key(level_ns), 2**62):
+                return None
+            gpu_ids = None
+            if filter_params:
+                marks = ", ".join("?" * len(filter_params))
+                found = con.execute(f"SELECT id FROM gpus WHERE host IN ({marks})", filter_params)
+                gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
+            part = packed.read(con, level_ns, *clean, attrs, exclude=dirty, gpu_ids=gpu_ids)
+            if part is None:
+                return None
+            parts.append(part)
+        lower = _LOWER_LEVEL[level_ns]
+        for lo, hi in below:
+            if lower == 0:
+                sql = _raw_agg_sql(level_ns, attrs, gpu_filter)
+                rows = con.execute(sql, (lo, hi, *filter_params)).fetchall()
+                parts.append(_level_columns_of(rows, attrs))
+            else:
+                sub = self._level_columns(
+                    con, meta, lower, lo, hi, attrs, gpu_filter, filter_params
+                )
+                if sub is None:
+                    return None
+                parts.append(packed.rebucket(sub, level_ns, attrs, LAST_VALUE_ATTRS))
+        if not parts:
+            return _level_columns_of([], attrs)
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def _level_plan(
@@ -871,6 +889,18 @@ def _columns(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any
     }
     for a, column in zip(attrs, columns[2:], strict=True):
         out[a] = np.array(column, dtype=np.float64)
+    return out
+
+
+def _level_columns_of(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any]:
+    """Level rows (time_ns, gpu_id, n, n_ok, t_last_ns, attrs...) as numpy columns."""
+    import numpy as np
+
+    out = _columns([(r[0], r[1], *r[5:]) for r in rows], attrs)
+    out["n_ok"] = np.array([r[3] for r in rows], dtype=np.int64)
+    out["t_last_ns"] = np.array(
+        [packed.NULL_TIME if r[4] is None else r[4] for r in rows], dtype=np.int64
+    )
     return out
 
 
