@@ -95,6 +95,25 @@ def test_retention_removes_the_packed_copy_with_the_rollups(tmp_path: Path, make
         assert oldest_packed == oldest_1m >= T0 + 1100 * S
 
 
+def test_minutes_older_than_the_packed_copy_are_read_from_the_rollup_table(
+    tmp_path: Path, make_sample
+) -> None:
+    path = tmp_path / "r.db"
+    with SqliteStore(path, retention_1m_s=1200, retention_packed_1m_s=300) as store:
+        write_hours(store, make_sample, 0, 1800)
+        with contextlib.closing(sqlite3.connect(store.path)) as con:
+            oldest_1m = con.execute("SELECT min(time_ns) FROM samples_1m").fetchone()[0]
+            oldest_packed = con.execute(
+                "SELECT min(time_ns) FROM packed WHERE level_ns = ?", (60 * S,)
+            ).fetchone()[0]
+        assert oldest_1m <= T0 + 660 * S and oldest_packed >= T0 + 1380 * S
+        got = store.series(T0, T0 + 1800 * S, FIELDS, step_s=60)
+        assert got["time_ns"].min() == oldest_1m  # every kept minute, packed or not
+        pd.testing.assert_frame_equal(
+            got, sql_path(store, T0, T0 + 1800 * S, FIELDS, step_s=60), rtol=1e-12
+        )
+
+
 def test_a_database_without_the_packed_copy_is_read_from_its_rollups(
     tmp_path: Path, make_sample
 ) -> None:

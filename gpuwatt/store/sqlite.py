@@ -298,6 +298,7 @@ class SqliteStore:
         retention_raw_s: int = 3 * DAY_S,
         retention_1m_s: int = 90 * DAY_S,
         retention_1h_s: int = 3 * 365 * DAY_S,
+        retention_packed_1m_s: int = 8 * DAY_S,
         rollup_grace_s: int = 30,
         busy_timeout_s: float = 30.0,
     ) -> None:
@@ -305,6 +306,12 @@ class SqliteStore:
         self.retention_raw_ns = int(retention_raw_s) * NS_PER_S
         self.retention_1m_ns = int(retention_1m_s) * NS_PER_S
         self.retention_1h_ns = int(retention_1h_s) * NS_PER_S
+        # The packed copy of the minutes (~330 kB per minute at 1,024 GPUs) is kept only as long
+        # as minute-resolution views need it; older minutes are read from samples_1m.
+        self._packed_retention_ns = {
+            MINUTE_NS: min(int(retention_packed_1m_s), int(retention_1m_s)) * NS_PER_S,
+            HOUR_NS: self.retention_1h_ns,
+        }
         self.rollup_grace_ns = int(rollup_grace_s) * NS_PER_S
         self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()  # guards the writer connection and the connection list
@@ -621,7 +628,7 @@ class SqliteStore:
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
         )
         con.execute("DELETE FROM samples_1m WHERE time_ns < ?", (newest_ns - self.retention_1m_ns,))
-        packed.delete_before(con, MINUTE_NS, newest_ns - self.retention_1m_ns)
+        packed.delete_before(con, MINUTE_NS, newest_ns - self._packed_retention_ns[MINUTE_NS])
         con.execute(
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
             (HOUR_NS, newest_ns - self.retention_1m_ns),
@@ -732,7 +739,10 @@ class SqliteStore:
         clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
         parts = []
         if clean is not None:
-            if clean[0] < meta.get(_packed_key(level_ns), 2**62):
+            since = meta.get(_packed_key(level_ns), 2**62)
+            if "max_time_ns" in meta:  # rows before the packed retention are gone
+                since = max(since, meta["max_time_ns"] - self._packed_retention_ns[level_ns])
+            if clean[0] < since:
                 return None
             gpu_ids = None
             if filter_params:
