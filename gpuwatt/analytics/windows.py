@@ -40,51 +40,50 @@ def window_starts(time_ns: pd.Series | np.ndarray, window_s: float) -> np.ndarra
     return (t // w) * w
 
 
-def _job_column(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> pd.Series:
-    """Job id per row as object dtype with None for "no job" (NaN and "" count as no job)."""
-    if "job_id" in frame.columns:
-        col = frame["job_id"].astype(object)
-        col = col.where(col.notna() & (col != ""), None)
-    else:
-        col = pd.Series([None] * len(frame), index=frame.index, dtype=object)
-    if jobs:
-        # Map each distinct GPU once, then spread to its rows (not a dict lookup per row).
-        codes, uniq = pd.factorize(frame["uuid"].astype(object), use_na_sentinel=False)
-        mapped = np.array([jobs.get(u) for u in uniq], dtype=object)[codes]
-        missing = pd.isna(mapped)
-        if "gpu" in frame.columns and missing.any():
-            gcodes, guniq = pd.factorize(frame["gpu"].astype(object), use_na_sentinel=False)
-            by_gpu = np.array([jobs.get(g) for g in guniq], dtype=object)[gcodes]
-            mapped = np.where(missing, by_gpu, mapped)
-        col = col.where(col.notna(), pd.Series(mapped, index=frame.index, dtype=object))
-        col = col.where(col.notna(), None)
-    return col
+def _identity(
+    frame: pd.DataFrame, jobs: Mapping[str, str] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: the GPU key's code, the keys (sorted: ``keys[code]`` is the row's key) and
+    the job id (object, None for no job).
 
-
-def gpu_keys(frame: pd.DataFrame) -> pd.Series:
-    """A GPU's identity: its uuid, or ``host:index`` when the uuid is unknown.
-
-    Computed once per distinct (host, index, uuid) and spread to the rows: string work per row
-    was most of ``prepare``'s time at 1,000 GPUs.
+    A GPU's key is its uuid, or ``host:index`` when the uuid is unknown. Its job is the row's
+    own ``job_id`` when it has one, else ``jobs`` of its uuid, else ``jobs`` of its key. All of
+    it is worked out once per distinct (host, index, uuid) and spread to the rows: string work
+    per row was most of ``prepare``'s time at 1,000 GPUs.
     """
-    if frame.empty:
-        return pd.Series([], index=frame.index, dtype=str)
-    hcodes, hosts = pd.factorize(frame["host"].astype(object), use_na_sentinel=False)
-    ucodes, uuids = pd.factorize(frame["uuid"].astype(object), use_na_sentinel=False)
+    hcodes, hosts = pd.factorize(frame["host"], use_na_sentinel=False)
+    ucodes, uuids = pd.factorize(frame["uuid"], use_na_sentinel=False)
     icodes, indexes = pd.factorize(frame["gpu_index"], use_na_sentinel=False)
-    key = (hcodes.astype(np.int64) * len(indexes) + icodes) * len(uuids) + ucodes
-    uniq, inverse = np.unique(key, return_inverse=True)
+    hosts, uuids = np.asarray(hosts, dtype=object), np.asarray(uuids, dtype=object)
+    combo = (hcodes.astype(np.int64) * len(indexes) + icodes) * len(uuids) + ucodes
+    uniq, inverse = np.unique(combo, return_inverse=True)
     u_code = uniq % len(uuids)
     rest = uniq // len(uuids)
     h_code, i_code = rest // len(indexes), rest % len(indexes)
-    names = []
+    names, combo_jobs = [], []
     for h, i, u in zip(h_code.tolist(), i_code.tolist(), u_code.tolist(), strict=True):
         uuid = uuids[u]
-        if isinstance(uuid, str) and uuid != "":
-            names.append(uuid)
-        else:
-            names.append(f"{hosts[h]}:{indexes[i]}")
-    return pd.Series(np.array(names, dtype=object)[inverse], index=frame.index).astype(str)
+        name = uuid if isinstance(uuid, str) and uuid != "" else f"{hosts[h]}:{indexes[i]}"
+        names.append(name)
+        job = jobs.get(uuid) if jobs else None
+        if jobs and (job is None or job != job):  # None or NaN: try the key
+            job = jobs.get(name)
+        combo_jobs.append(None if job is None or job != job else job)
+    keys, key_code = np.unique(np.array(names, dtype=object), return_inverse=True)
+    job_per_row = np.array(combo_jobs, dtype=object)[inverse]
+    if "job_id" in frame.columns:
+        own = frame["job_id"].to_numpy(dtype=object)
+        has = pd.notna(own) & (own != "")
+        job_per_row = np.where(has, own, job_per_row)
+    return key_code[inverse].astype(np.int64), keys, job_per_row
+
+
+def gpu_keys(frame: pd.DataFrame) -> pd.Series:
+    """A GPU's identity: its uuid, or ``host:index`` when the uuid is unknown."""
+    if frame.empty:
+        return pd.Series([], index=frame.index, dtype=str)
+    codes, keys, _ = _identity(frame, None)
+    return pd.Series(keys[codes], index=frame.index).astype(str)
 
 
 def prepare(
@@ -99,24 +98,36 @@ def prepare(
     """Restrict to ``[start_ns, now_ns)``, add ``gpu``, ``window_start_ns`` and ``job_id``.
 
     ``jobs`` maps a uuid (or ``host:index``) to a job id for rows that carry none; ``job``
-    keeps only that job's GPUs. Rows are sorted by GPU then time.
+    keeps only that job's GPUs. Rows are sorted by GPU then time, and ``gpu_code`` numbers
+    the GPUs in the sorted order of their keys.
     """
     t = frame["time_ns"].to_numpy(dtype=np.int64)
     keep = t < now_ns
     if start_ns is not None:
         keep &= t >= start_ns
-    out = frame.loc[keep].copy()
-    out["gpu"] = gpu_keys(out)
-    out["job_id"] = _job_column(out, jobs)
+    rows = np.flatnonzero(keep)
+    sub = frame.take(rows) if len(rows) < len(frame) else frame
+    if sub.empty:
+        codes = np.zeros(0, dtype=np.int64)
+        keys = np.zeros(0, dtype=object)
+        job_ids = np.zeros(0, dtype=object)
+    else:
+        codes, keys, job_ids = _identity(sub, jobs)
     if job is not None:
-        out = out.loc[out["job_id"] == job]
+        mine = job_ids == job
+        rows, job_ids = rows[mine], job_ids[mine]
+        present, codes = np.unique(codes[mine], return_inverse=True)  # codes stay dense
+        keys = keys[present]
+    order = np.lexsort((t[rows], codes))  # by GPU, then time (stable)
+    out = frame.take(rows[order]).reset_index(drop=True)
+    codes = codes[order]
+    out["gpu"] = pd.Series(keys[codes], dtype=object).astype(str)
+    out["job_id"] = pd.Series(job_ids[order], dtype=object)
     out["window_start_ns"] = window_starts(out["time_ns"], window_s)
     for col in GAUGES:
-        if col in out.columns:
+        if col in out.columns and out[col].dtype != np.float64:
             out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
-    codes, _ = pd.factorize(out["gpu"], sort=True)
-    out["gpu_code"] = codes.astype(np.int64)  # integer identity: cheap to sort and group by
-    out = out.sort_values(["gpu_code", "time_ns"], kind="stable").reset_index(drop=True)
+    out["gpu_code"] = codes  # integer identity: cheap to sort and group by
     return out
 
 
