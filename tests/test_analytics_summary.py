@@ -62,3 +62,34 @@ def test_lost_gpu_rows_are_ignored() -> None:
     f.loc[f["uuid"] == "GPU-01-03", "lost"] = True
     s = analyze(f, now_ns=T0_NS + 900 * NS)
     assert "GPU-01-03" not in set(s.energy_by_gpu["uuid"])
+
+
+def test_prepared_codes_match_factorizing_the_labels() -> None:
+    """``prepare``'s host and job codes give what factorizing the strings gives, including a
+    job filter, rows without a job, and a frame that never went through ``prepare``."""
+    import numpy as np
+
+    from gpuwatt.analytics.windows import label_codes, prepare
+
+    frame = cluster_frame()
+    hosts = sorted(frame["host"].unique())
+    jobs = {
+        u: ("b-job" if h == hosts[0] else "a-job")
+        for u, h in zip(frame["uuid"], frame["host"], strict=True)
+    }
+    jobs.pop(frame["uuid"].iloc[-1])  # one GPU without a job
+    now = int(frame["time_ns"].max()) + NS
+    for kwargs in ({}, {"job": "b-job"}):
+        rows = prepare(frame, now_ns=now, window_s=60.0, jobs=jobs, **kwargs)
+        assert {"host_code", "job_id_code"} <= set(rows.columns)
+        part = rows.iloc[::3]  # codes with gaps, as after dropping rows
+        for column in ("host", "job_id"):
+            codes, labels = label_codes(part, column)
+            want_codes, want_labels = pd.factorize(part[column], sort=True)
+            assert np.array_equal(codes, want_codes)
+            assert list(labels) == list(want_labels)
+            plain = part.drop(columns=[f"{column}_code"])
+            codes2, labels2 = label_codes(plain, column)
+            assert np.array_equal(codes2, want_codes) and list(labels2) == list(want_labels)
+    assert (label_codes(rows, "job_id")[0] >= 0).all()  # the job filter keeps only its rows
+    assert -1 in label_codes(prepare(frame, now_ns=now, window_s=60.0, jobs=jobs), "job_id")[0]

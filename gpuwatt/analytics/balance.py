@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gpuwatt.analytics.windows import run_lengths
+from gpuwatt.analytics.windows import label_codes, run_lengths
 
 DEFAULT_INDEX = "cv"
 BALANCE_METRICS: tuple[str, ...] = ("utilization_gpu_pct", "power_w", "tensor_active_pct")
@@ -72,10 +72,10 @@ def balance_over_time(gw: pd.DataFrame, metrics: tuple[str, ...] = BALANCE_METRI
     if not present or gw.empty:
         return pd.DataFrame(columns=_COLUMNS)
     wcodes, wuniq = pd.factorize(gw["window_start_ns"].to_numpy(dtype=np.int64), sort=True)
-    hcodes, _ = pd.factorize(gw["host"], sort=False)
-    job = gw["job_id"]
-    has_job = job.notna().to_numpy()
-    jcodes, juniq = pd.factorize(job[has_job], sort=True)
+    hcodes, _ = label_codes(gw, "host")
+    all_jcodes, juniq = label_codes(gw, "job_id")
+    has_job = all_jcodes >= 0
+    jcodes = all_jcodes[has_job]
     scopes = [CLUSTER, *(f"job:{j}" for j in juniq)]
     # every row counts for the cluster; rows with a job count for their job too
     rows = np.concatenate([np.arange(len(gw)), np.flatnonzero(has_job)])

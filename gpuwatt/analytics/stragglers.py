@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics.reasons import FAULT_FRACTIONS, LABELS
-from gpuwatt.analytics.windows import run_lengths
+from gpuwatt.analytics.windows import label_codes, run_lengths
 
 CAUSES: tuple[str, ...] = ("power_brake", "thermal", "hw_slowdown", "clock", "slow_unknown")
 
@@ -92,9 +92,9 @@ def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
 
 def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     """Peer group per row as codes into labels: ``job:<id>``, else ``node:<host>``."""
-    has_job = gw["job_id"].notna().to_numpy()
-    jcodes, juniq = pd.factorize(gw["job_id"].where(has_job, None), sort=True)
-    hcodes, huniq = pd.factorize(gw["host"], sort=True)
+    jcodes, juniq = label_codes(gw, "job_id")
+    has_job = jcodes >= 0
+    hcodes, huniq = label_codes(gw, "host")
     codes = np.where(has_job, jcodes, len(juniq) + hcodes).astype(np.int64)
     labels = [f"job:{j}" for j in juniq] + [f"node:{h}" for h in huniq]
     return codes, labels

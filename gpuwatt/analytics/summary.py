@@ -38,7 +38,7 @@ from gpuwatt.analytics.quality import Figure, Quality, not_available, worst
 from gpuwatt.analytics.reasons import add_bit_columns
 from gpuwatt.analytics.reported import JobWork, reported_work
 from gpuwatt.analytics.stragglers import Straggler, StragglerConfig, find_stragglers, score_windows
-from gpuwatt.analytics.windows import NS_PER_S, per_gpu_window, prepare, window_list
+from gpuwatt.analytics.windows import NS_PER_S, label_codes, per_gpu_window, prepare, window_list
 
 
 @dataclass(frozen=True)
@@ -114,21 +114,26 @@ def _nansum_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
 
 def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd.DataFrame:
     """Energy, power and utilisation per node (``host``) or per job, from the GPU windows."""
-    sub = gw.loc[gw[key].notna()]
-    if sub.empty:
+    all_codes, uniq = label_codes(gw, key)
+    keep = all_codes >= 0
+    if not keep.any():
         return pd.DataFrame(columns=[key, "gpus", "energy_j", "idle_energy_j", "energy_quality"])
-    codes, uniq = pd.factorize(sub[key], sort=True)
+    codes = all_codes[keep]
     n = len(uniq)
-    gcode = sub["gpu_code"].to_numpy(dtype=np.int64)
+    gcode = gw["gpu_code"].to_numpy(dtype=np.int64)[keep]
     n_gpu = int(gw["gpu_code"].max()) + 1
-    pairs = np.unique(codes.astype(np.int64) * n_gpu + gcode)
-    col = {c: sub[c].to_numpy(dtype=float) for c in ("power_w", "utilization_gpu_pct") if c in sub}
+    pairs = np.unique(codes * n_gpu + gcode)
+
+    def values(c: str) -> np.ndarray:
+        return gw[c].to_numpy(dtype=float)[keep]
+
+    col = {c: values(c) for c in ("power_w", "utilization_gpu_pct") if c in gw}
     out = pd.DataFrame(
         {
             key: np.asarray(uniq, dtype=object),
             "gpus": np.bincount(pairs // n_gpu, minlength=n),
-            "energy_j": _nansum_by(codes, sub["energy_delta_j"].to_numpy(dtype=float), n),
-            "idle_energy_j": _nansum_by(codes, sub["idle_energy_j"].to_numpy(dtype=float), n),
+            "energy_j": _nansum_by(codes, values("energy_delta_j"), n),
+            "idle_energy_j": _nansum_by(codes, values("idle_energy_j"), n),
             "power_mean_w": _nanmean_by(codes, col["power_w"], n) if "power_w" in col else np.nan,
             "utilization_mean_pct": _nanmean_by(codes, col["utilization_gpu_pct"], n)
             if "utilization_gpu_pct" in col
@@ -282,7 +287,7 @@ def analyze(
             "from temperature and power"
         )
 
-    jobs_seen = sorted(str(j) for j in pd.unique(gw["job_id"].dropna()))
+    jobs_seen = sorted(str(j) for j in label_codes(gw, "job_id")[1])
     job_work_windows, job_work = _job_work(
         job_steps,
         gw,
@@ -298,7 +303,7 @@ def analyze(
         window_s=window_s,
         windows=window_list(gw),
         gpus=len(per_gpu),
-        nodes=int(gw["host"].nunique()),
+        nodes=len(label_codes(gw, "host")[1]),
         jobs=jobs_seen,
         default_imbalance_index=DEFAULT_INDEX,
         balance=balance,

@@ -8,6 +8,7 @@ window may be partial; ``coverage`` says how much of it has data.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -40,11 +41,9 @@ def window_starts(time_ns: pd.Series | np.ndarray, window_s: float) -> np.ndarra
     return (t // w) * w
 
 
-def _identity(
-    frame: pd.DataFrame, jobs: Mapping[str, str] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row: the GPU key's code, the keys (sorted: ``keys[code]`` is the row's key) and
-    the job id (object, None for no job).
+def _identity(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> _Identity:
+    """Per row: the GPU key's code, the keys (sorted: ``keys[code]`` is the row's key), the
+    job id (object, None for no job), and host and job codes (see ``label_codes``).
 
     A GPU's key is its uuid, or ``host:index`` when the uuid is unknown. Its job is the row's
     own ``job_id`` when it has one, else ``jobs`` of its uuid, else ``jobs`` of its key. All of
@@ -70,20 +69,66 @@ def _identity(
             job = jobs.get(name)
         combo_jobs.append(None if job is None or job != job else job)
     keys, key_code = np.unique(np.array(names, dtype=object), return_inverse=True)
-    job_per_row = np.array(combo_jobs, dtype=object)[inverse]
+    jobs_of_combos = np.array(combo_jobs, dtype=object)
+    job_per_row = jobs_of_combos[inverse]
+    job_rank = _sorted_codes(jobs_of_combos)
+    job_code = None if job_rank is None else job_rank[inverse]
     if "job_id" in frame.columns:
         own = frame["job_id"].to_numpy(dtype=object)
         has = pd.notna(own) & (own != "")
-        job_per_row = np.where(has, own, job_per_row)
-    return key_code[inverse].astype(np.int64), keys, job_per_row
+        if has.any():
+            job_per_row = np.where(has, own, job_per_row)
+            job_code = _sorted_codes(job_per_row)
+    host_rank = _sorted_codes(hosts)
+    host_code = None if host_rank is None else host_rank[hcodes]
+    return _Identity(key_code[inverse].astype(np.int64), keys, job_per_row, host_code, job_code)
+
+
+@dataclass(frozen=True)
+class _Identity:
+    gpu_code: np.ndarray  # per row, into ``keys``
+    keys: np.ndarray  # the GPU keys, sorted
+    job_id: np.ndarray  # per row, object (None: no job)
+    host_code: np.ndarray | None  # per row, see ``label_codes`` (None: not sortable)
+    job_code: np.ndarray | None
+
+
+def _sorted_codes(values: np.ndarray) -> np.ndarray | None:
+    """Codes of ``values`` in the sorted order of the distinct values, -1 for missing, as
+    ``pd.factorize(values, sort=True)`` numbers them; None when they cannot be sorted."""
+    try:
+        codes, _ = pd.factorize(values, sort=True)
+    except TypeError:  # mixed types
+        return None
+    return codes.astype(np.int64)
+
+
+def label_codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(frame[column], sort=True)`` as (codes, labels as an object array).
+
+    From the integer ``<column>_code`` that ``prepare`` adds, when the frame has it: the
+    analysis groups GPU windows by host and by job in several places, and hashing the strings
+    of every row each time was a large part of its cost at 1,000 GPUs.
+    """
+    code_column = f"{column}_code"
+    if code_column not in frame.columns:
+        codes, labels = pd.factorize(frame[column], sort=True)
+        return codes.astype(np.int64), np.asarray(labels, dtype=object)
+    raw = frame[code_column].to_numpy(dtype=np.int64)
+    present, first, dense = np.unique(raw, return_index=True, return_inverse=True)
+    labels = frame[column].to_numpy(dtype=object)[first]
+    dense = dense.astype(np.int64)
+    if len(present) and present[0] < 0:  # missing values
+        return dense - 1, labels[1:]
+    return dense, labels
 
 
 def gpu_keys(frame: pd.DataFrame) -> pd.Series:
     """A GPU's identity: its uuid, or ``host:index`` when the uuid is unknown."""
     if frame.empty:
         return pd.Series([], index=frame.index, dtype=str)
-    codes, keys, _ = _identity(frame, None)
-    return pd.Series(keys[codes], index=frame.index).astype(str)
+    ident = _identity(frame, None)
+    return pd.Series(ident.keys[ident.gpu_code], index=frame.index).astype(str)
 
 
 def prepare(
@@ -107,17 +152,20 @@ def prepare(
         keep &= t >= start_ns
     rows = np.flatnonzero(keep)
     sub = frame.take(rows) if len(rows) < len(frame) else frame
-    if sub.empty:
-        codes = np.zeros(0, dtype=np.int64)
-        keys = np.zeros(0, dtype=object)
-        job_ids = np.zeros(0, dtype=object)
-    else:
-        codes, keys, job_ids = _identity(sub, jobs)
+    empty = np.zeros(0, dtype=np.int64)
+    ident = (
+        _identity(sub, jobs)
+        if len(sub)
+        else _Identity(empty, np.zeros(0, dtype=object), np.zeros(0, dtype=object), empty, empty)
+    )
+    codes, keys, job_ids = ident.gpu_code, ident.keys, ident.job_id
+    extra = {"host_code": ident.host_code, "job_id_code": ident.job_code}
     if job is not None:
         mine = job_ids == job
         rows, job_ids = rows[mine], job_ids[mine]
         present, codes = np.unique(codes[mine], return_inverse=True)  # codes stay dense
         keys = keys[present]
+        extra = {k: None if v is None else v[mine] for k, v in extra.items()}
     order = np.lexsort((t[rows], codes))  # by GPU, then time (stable)
     out = frame.take(rows[order]).reset_index(drop=True)
     codes = codes[order]
@@ -128,6 +176,9 @@ def prepare(
         if col in out.columns and out[col].dtype != np.float64:
             out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
     out["gpu_code"] = codes  # integer identity: cheap to sort and group by
+    for column, values in extra.items():  # see ``label_codes``
+        if values is not None:
+            out[column] = values[order]
     return out
 
 
@@ -151,7 +202,9 @@ def per_gpu_window(
     m = len(uniq)
     last = np.zeros(m, dtype=np.int64)
     np.maximum.at(last, inv, np.arange(n, dtype=np.int64))
-    out = rows[["gpu", "gpu_code", "host", "gpu_index", "uuid", "name", "job_id"]].iloc[last]
+    ident = ["gpu", "gpu_code", "host", "gpu_index", "uuid", "name", "job_id"]
+    ident += [c for c in ("host_code", "job_id_code") if c in rows.columns]
+    out = rows[ident].iloc[last]
     out = out.reset_index(drop=True)
     out.insert(0, "window_start_ns", np.asarray(wuniq, dtype=np.int64)[uniq // max(n_gpu, 1)])
     cols: dict[str, np.ndarray] = {}
