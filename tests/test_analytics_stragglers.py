@@ -177,3 +177,18 @@ def test_without_jobs_peers_are_the_node() -> None:
     s = analyze(f, now_ns=NOW)
     assert [(x.peer_group, x.gpu_index) for x in s.stragglers] == [("node:node-1", 3)]
     assert s.stragglers[0].job_id is None
+
+
+def test_synchronous_straggler_without_a_clock_deficit_is_found_by_its_utilisation() -> None:
+    """Full clocks, no reasons, but one GPU of a job runs at 99 % while its peers all wait at
+    ~65 %: slow for a reason clocks do not show (e.g. a bad link). Found, cause unknown."""
+    f = cluster_frame(jobs=TRAIN, duration_s=900, util_pct=[65.0] * 5 + [99.0] + [65.0] * 2)
+    s = analyze(f, now_ns=NOW, window_s=60)
+    assert [st.uuid for st in s.stragglers] == ["GPU-01-01"]
+    st = s.stragglers[0]
+    assert st.signature == "synchronous" and st.cause == "slow_unknown" and st.active
+    sw = s.straggler_windows
+    assert sw.loc[sw["sync_slow"], "uuid"].unique().tolist() == ["GPU-01-01"]
+    # Two GPUs equally busy: no single outlier, nothing flagged.
+    even = cluster_frame(jobs=TRAIN, duration_s=900, util_pct=[65.0] * 4 + [99.0] * 2 + [65.0] * 2)
+    assert analyze(even, now_ns=NOW, window_s=60).stragglers == []

@@ -90,21 +90,21 @@ def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
     return np.full(len(gw), np.nan)
 
 
-def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
-    """Peer group per row as codes into labels: ``job:<id>``, else ``node:<host>``."""
+def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Peer group per row as codes into labels: ``job:<id>``, else ``node:<host>``; and
+    whether the row has a job."""
     jcodes, juniq = label_codes(gw, "job_id")
     has_job = jcodes >= 0
     hcodes, huniq = label_codes(gw, "host")
     codes = np.where(has_job, jcodes, len(juniq) + hcodes).astype(np.int64)
     labels = [f"job:{j}" for j in juniq] + [f"node:{h}" for h in huniq]
-    return codes, labels
+    return codes, labels, has_job
 
 
 def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     """Per (window, GPU): peer medians, ratios, ``anomalous`` and ``flagged`` (persistent)."""
     gw = gw.sort_values(["gpu_code", "window_start_ns"], kind="stable").reset_index(drop=True)
-    job = gw["job_id"]
-    gcodes, guniq = _peer_groups(gw)
+    gcodes, guniq, has_job = _peer_groups(gw)
     util = _col(gw, "utilization_gpu_pct")
     clock = _col(gw, "sm_clock_mhz")
     power = _col(gw, "power_w")
@@ -118,10 +118,11 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
         return np.where(busy, v, np.nan)
 
     wcodes, _ = pd.factorize(gw["window_start_ns"].to_numpy(dtype=np.int64))
+    # one group per (window, peer group), numbered once and reduced with numpy
+    groups, _ = pd.factorize(wcodes.astype(np.int64) * max(len(guniq), 1) + gcodes)
+    n_groups = int(groups.max()) + 1 if len(groups) else 0
     work = pd.DataFrame(
         {
-            "k": wcodes.astype(np.int64) * max(len(guniq), 1) + gcodes,
-            "busy": busy.astype(np.int64),
             "clock": masked(clock),
             "temp": masked(temp),
             "ppu": masked(ppu),
@@ -129,9 +130,8 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
             "util": util,
         }
     )
-    g = work.groupby("k", sort=False)
-    med = g[["clock", "temp", "ppu", "tensor", "util"]].transform("median")
-    n_busy = g["busy"].transform("sum").to_numpy()
+    med = work.groupby(groups, sort=False).transform("median")
+    n_busy = np.bincount(groups[busy], minlength=n_groups)[groups]
     with np.errstate(divide="ignore", invalid="ignore"):
         score = clock / med["clock"].to_numpy()
         power_score = ppu / med["ppu"].to_numpy()
@@ -150,7 +150,7 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
 
     # synchronous-training signature without a clock deficit: in a job, exactly one busy GPU far
     # busier than the other busy GPUs, which all wait alike (slow for a reason clocks do not show)
-    sync_slow = _sync_outlier(work, job.notna().to_numpy(), eligible, cfg)
+    sync_slow = _sync_outlier(groups, n_groups, util, busy, n_busy, has_job & eligible, cfg)
     anomalous = anomalous | sync_slow
 
     runs = run_lengths(gw["gpu_code"].to_numpy(), anomalous)
@@ -177,24 +177,35 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
 
 
 def _sync_outlier(
-    work: pd.DataFrame, is_job: np.ndarray, eligible: np.ndarray, cfg: StragglerConfig
+    groups: np.ndarray,
+    n_groups: int,
+    util: np.ndarray,
+    busy: np.ndarray,
+    n_busy: np.ndarray,
+    candidate: np.ndarray,
+    cfg: StragglerConfig,
 ) -> np.ndarray:
-    util = work["util"].to_numpy(dtype=float)
-    busy = work["busy"].to_numpy(dtype=bool)
-    bu = pd.Series(np.where(busy, util, np.nan))
-    keys = work["k"]
-    top = bu.groupby(keys, sort=False).transform("max").to_numpy()
+    """Per row: the one busy GPU of its group far busier than the others, which all wait alike."""
+
+    def group_max(v: np.ndarray) -> np.ndarray:  # NaN skipped; NaN for a group of NaN only
+        out = np.full(n_groups, np.nan)
+        np.fmax.at(out, groups, v)
+        return out[groups]
+
+    def group_min(v: np.ndarray) -> np.ndarray:
+        out = np.full(n_groups, np.nan)
+        np.fmin.at(out, groups, v)
+        return out[groups]
+
+    top = group_max(np.where(busy, util, np.nan))
     is_top = busy & (util >= top)
-    n_top = pd.Series(is_top.astype(np.int64)).groupby(keys, sort=False).transform("sum")
-    others = pd.Series(np.where(busy & ~is_top, util, np.nan))
-    o_max = others.groupby(keys, sort=False).transform("max").to_numpy()
-    o_min = others.groupby(keys, sort=False).transform("min").to_numpy()
-    n_busy = work.groupby("k", sort=False)["busy"].transform("sum").to_numpy()
+    n_top = np.bincount(groups[is_top], minlength=n_groups)[groups]
+    others = np.where(busy & ~is_top, util, np.nan)
+    o_max, o_min = group_max(others), group_min(others)
     return (
-        is_job
-        & eligible
+        candidate
         & is_top
-        & (n_top.to_numpy() == 1)
+        & (n_top == 1)
         & (n_busy >= 4)
         & (util - o_max >= 2 * cfg.sync_util_margin_pct)
         & (o_max - o_min <= cfg.sync_util_margin_pct)
