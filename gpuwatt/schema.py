@@ -216,31 +216,49 @@ class _FieldEncoder:
     Floats are written with three decimals: a milli-unit (mJ, mW, 0.001 %) is below every
     sensor's resolution, and fixed-point formatting costs half of Python's shortest repr.
     Which metrics a GPU supports is stable, so the set of ``None`` fields repeats tick after tick.
-    For each such pattern a straight-line f-string over the present fields is compiled once; the
-    hot path is then one C-level attribute fetch, one mask, one dict lookup and one C-level
-    ``%`` format. Integer fields are whole numbers already (NVML returns integers); memory is
-    floored to whole MiB.
+    For each such pattern a straight-line f-string over the present fields is compiled once.
+    The hot path tries the pattern of the previous sample first (``_compile_direct``: the sample's
+    attributes read straight into one C-level ``%`` format, the absent fields checked to be None);
+    a sample of another pattern falls back to one C-level attribute fetch, one mask and one dict
+    lookup. Integer fields are whole numbers already (NVML returns integers); memory is floored to
+    whole MiB.
     """
 
-    __slots__ = ("_by_mask", "_getter")
+    __slots__ = ("_by_mask", "_direct", "_getter", "_last")
 
     def __init__(self) -> None:
         self._getter = attrgetter(*(spec.attr for spec in FIELDS))
         self._by_mask: dict[tuple[bool, ...], Callable[[tuple[Any, ...]], str]] = {}
+        self._direct: dict[tuple[bool, ...], Callable[[GpuSample], str | None]] = {}
+        self._last: Callable[[GpuSample], str | None] = _no_pattern
 
-    def __call__(self, s: GpuSample) -> str:
+    def _numeric(self, s: GpuSample) -> str:
+        """The numeric fields, through the mask of ``s`` (and its direct format kept for next)."""
         values = self._getter(s)
         mask = tuple(map(_is_none, values))
         fmt = self._by_mask.get(mask)
         if fmt is None:
             fmt = self._by_mask[mask] = _compile_numeric(mask)
+            self._direct[mask] = _compile_direct(mask)
+        self._last = self._direct[mask]
         try:
-            body = fmt(values)
+            return fmt(values)
         except (ValueError, OverflowError):  # NaN or inf in an integer field
-            body = _numeric_fields_slow(values)
+            return _numeric_fields_slow(values)
+
+    def __call__(self, s: GpuSample) -> str:
+        try:
+            body = self._last(s)
+        except (ValueError, OverflowError):  # NaN or inf in an integer field
+            body = _numeric_fields_slow(self._getter(s))
+        except TypeError:  # a present field is None (another pattern)
+            body = self._numeric(s)
         else:
-            if "=nan" in body or "=inf" in body or "=-inf" in body:
-                body = _numeric_fields_slow(values)
+            if body is None:  # an absent field is set (another pattern)
+                body = self._numeric(s)
+        # a float field's NaN or inf ("nan", "inf", "-inf"; no field name contains either)
+        if "nan" in body or "inf" in body:
+            body = _numeric_fields_slow(self._getter(s))
         extra = []
         if s.energy_method is not None:
             extra.append(_ENERGY_METHOD_FIELD[s.energy_method])
@@ -260,19 +278,26 @@ class _FieldEncoder:
         return body
 
 
+def _no_pattern(_s: GpuSample) -> None:
+    """The direct format before the first sample: matches no pattern."""
+    return None
+
+
 _is_none = partial(operator.is_, None)
 _ENERGY_METHOD_FIELD = {m: f'{FIELD_ENERGY_METHOD}="{m.value}"' for m in EnergyMethod}
 _TFLOPS_METHOD_FIELD = {m: f'{FIELD_TFLOPS_METHOD}="{m.value}"' for m in TflopsMethod}
 
 
-def _field_piece(i: int, spec: FieldSpec) -> tuple[str, str]:
-    """The %-format piece and the argument expression of one present field."""
+def _field_piece(i: int, spec: FieldSpec, value: str = "") -> tuple[str, str]:
+    """The %-format piece and the argument expression of one present field (its value:
+    ``value``, by default ``v[i]``)."""
+    value = value or f"v[{i}]"
     if spec.kind is Kind.INT:
-        arg = f"v[{i}]" if spec.scale == 1.0 else f"v[{i}] // {spec.scale!r}"
+        arg = value if spec.scale == 1.0 else f"{value} // {spec.scale!r}"
         return f"{spec.field}=%di", arg
     if spec.kind is Kind.FLOAT:
-        return f"{spec.field}=%.3f", f"v[{i}]"
-    return f"{spec.field}=%s", f"('true' if v[{i}] else 'false')"
+        return f"{spec.field}=%.3f", value
+    return f"{spec.field}=%s", f"('true' if {value} else 'false')"
 
 
 def _compile_numeric(mask: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], str]:
@@ -283,6 +308,32 @@ def _compile_numeric(mask: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], str]
     source = f"def fmt(v):\n    return FORMAT % ({args})\n"
     namespace: dict[str, Any] = {"FORMAT": fmt}
     exec(compile(source, "<gpuwatt.schema field encoder>", "exec"), namespace)
+    return namespace["fmt"]
+
+
+def _compile_direct(mask: tuple[bool, ...]) -> Callable[[GpuSample], str | None]:
+    """The format of ``_compile_numeric(mask)`` reading the sample's attributes itself.
+
+    Returns None when a field absent from ``mask`` is set or a boolean field of it is None; an
+    integer or float field of it that is None raises TypeError (from the ``%`` format).
+    """
+    pieces = [
+        _field_piece(i, spec, f"s.{spec.attr}") for i, spec in enumerate(FIELDS) if not mask[i]
+    ]
+    fmt = ",".join([f"{FIELD_LOST}=false"] + [p for p, _ in pieces])
+    args = "".join(f"{a}, " for _, a in pieces)
+    checks = [f"s.{spec.attr} is not None" for i, spec in enumerate(FIELDS) if mask[i]]
+    checks += [
+        f"s.{spec.attr} is None"
+        for i, spec in enumerate(FIELDS)
+        if not mask[i] and spec.kind is Kind.BOOL
+    ]
+    source = "def fmt(s):\n"
+    if checks:
+        source += f"    if {' or '.join(checks)}:\n        return None\n"
+    source += f"    return FORMAT % ({args})\n"
+    namespace: dict[str, Any] = {"FORMAT": fmt}
+    exec(compile(source, "<gpuwatt.schema direct field encoder>", "exec"), namespace)
     return namespace["fmt"]
 
 
