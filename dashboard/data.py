@@ -30,7 +30,7 @@ from dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.analytics import ANALYSIS_FIELDS, AnalysisSummary, Straggler, Tariff, analyze
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
-from gpuwatt.store.base import Store
+from gpuwatt.store.base import SeriesRead, Store, series_many
 
 log = logging.getLogger("gpuwatt.dashboard")
 
@@ -272,19 +272,17 @@ class DashboardData:
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()
         jobs = {s.uuid: s.job_id for s in latest if s.job_id}
-        frame = self._read(
-            "samples",
-            lambda: self.store.series(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, step_s=tr.step_s),
-        )
+        reads = [SeriesRead(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, tr.step_s)]
+        recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
+        if tr.step_s > RECENT_STEP_S:
+            # read together: one snapshot, the newest raw samples aggregated once for both
+            reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
+        frames = self._read("samples", lambda: series_many(self.store, reads))
+        frame = frames[0]
         summary = self._analyze(frame, tr.end_ns, tr.start_ns, tr.step_s, jobs)
         recent = None
-        if tr.step_s > RECENT_STEP_S and not frame.empty:
-            start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
-            recent_frame = self._read(
-                "recent samples",
-                lambda: self.store.series(start, tr.end_ns, ANALYSIS_FIELDS, step_s=RECENT_STEP_S),
-            )
-            recent = self._analyze(recent_frame, tr.end_ns, start, RECENT_STEP_S, jobs)
+        if len(frames) > 1 and not frame.empty:
+            recent = self._analyze(frames[1], tr.end_ns, recent_start, RECENT_STEP_S, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent)
 
     def _analyze(

@@ -21,7 +21,7 @@ S = 1_000_000_000
 
 
 class CountingStore:
-    """A real store that counts its ``series`` reads."""
+    """A real store that counts its ``series`` reads (one per read of a ``series_many``)."""
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
@@ -34,6 +34,12 @@ class CountingStore:
             self.series_calls.append((start_ns, end_ns))
             self.threads.append(threading.current_thread().name)
         return self._store.series(start_ns, end_ns, *args, **kw)
+
+    def series_many(self, reads: Sequence[Any]) -> Any:
+        with self.lock:
+            self.series_calls += [(r.start_ns, r.end_ns) for r in reads]
+            self.threads += [threading.current_thread().name] * len(reads)
+        return self._store.series_many(reads)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

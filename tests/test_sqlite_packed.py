@@ -135,3 +135,37 @@ def test_a_database_without_the_packed_copy_is_read_from_its_rollups(
         pd.testing.assert_frame_equal(
             got, sql_path(store, T0, T0 + 3600 * S, FIELDS, step_s=60), rtol=1e-12
         )
+
+
+def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
+    tmp_path: Path, make_sample
+) -> None:
+    """A range at 1 h and its last hour at 1 min (the dashboard's 24 h view) read together:
+    the same frames as two ``series`` calls, with the not-yet-rolled raw samples aggregated in
+    SQL once, not once per read."""
+    from gpuwatt.store.base import SeriesRead, series_many
+
+    with SqliteStore(tmp_path / "m.db") as store:
+        write_hours(store, make_sample, 0, 3 * 3600 + 100, every_s=10)
+        end = T0 + (3 * 3600 + 100) * S
+        reads = [
+            SeriesRead(T0, end, FIELDS, 3600),
+            SeriesRead(end - 3600 * S, end, FIELDS, 60),
+            SeriesRead(end - 3600 * S, end, FIELDS, 60, ["node1"]),
+        ]
+        raw_aggregations: list[str] = []
+
+        def trace(sql: str) -> None:
+            if "FROM samples s WHERE s.time_ns >=" in sql and "GROUP BY 1, gpu_id" in sql:
+                raw_aggregations.append(sql)
+
+        with store._reader() as con:  # the pooled connection series_many will use
+            con.set_trace_callback(trace)
+        got = series_many(store, reads)
+        with store._reader() as con:
+            con.set_trace_callback(None)
+        assert len(raw_aggregations) == 2  # all GPUs once (two reads), node1 once
+        for frame, r in zip(got, reads, strict=True):
+            want = store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+            assert not frame.empty and frame["time_ns"].max() >= end - 100 * S
+            pd.testing.assert_frame_equal(frame, want)

@@ -10,6 +10,7 @@ never imports it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gpuwatt.model import GpuSample
@@ -19,6 +20,27 @@ if TYPE_CHECKING:
 
 #: Columns that identify a row in every frame a store returns.
 KEY_COLUMNS: tuple[str, ...] = ("time_ns", "host", "gpu_index", "uuid", "name")
+
+
+@dataclass(frozen=True)
+class SeriesRead:
+    """The arguments of one ``Store.series`` call, for reading several at once."""
+
+    start_ns: int
+    end_ns: int
+    fields: Sequence[str] | None = None
+    step_s: int | None = None
+    hosts: Sequence[str] | None = None
+
+
+def series_many(store: Store, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    """``store.series`` for each read; in one snapshot, sharing work, where the store can."""
+    batch = getattr(store, "series_many", None)
+    if batch is not None:
+        return list(batch(reads))
+    return [
+        store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts) for r in reads
+    ]
 
 
 @runtime_checkable

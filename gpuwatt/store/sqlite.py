@@ -50,6 +50,7 @@ from gpuwatt.schema import (
     parse_processes,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, packed
+from gpuwatt.store.base import SeriesRead
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -708,52 +709,62 @@ class SqliteStore:
         step_s: int | None = None,
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
-        attrs = _check_fields(fields)
+        return self.series_many([SeriesRead(start_ns, end_ns, fields, step_s, hosts)])[0]
+
+    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+        """Several ``series`` reads in one read transaction (they see the same data). The raw
+        samples not rolled up yet, whose aggregation in SQL is most of the cost of a read that
+        ends near now, are aggregated once for the reads that cover the same ones."""
+        memo: dict[tuple[Any, ...], dict[str, Any]] = {}
+        with self._reader() as con:
+            columns = [self._series_columns(con, memo, r) for r in reads]
+            gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
+        return [_frame(c, attrs, gpus) for c, attrs in columns]
+
+    def _series_columns(
+        self, con: sqlite3.Connection, memo: dict[tuple[Any, ...], dict[str, Any]], read: SeriesRead
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        attrs = _check_fields(read.fields)
+        start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
         gpu_filter, filter_params = "", []
         if hosts is not None:
             marks = ", ".join("?" * len(hosts))
             gpu_filter = f" AND gpu_id IN (SELECT id FROM gpus WHERE host IN ({marks}))"
             filter_params = list(hosts)
-        with self._reader() as con:
-            if step_s is None:
-                sql = (
-                    "SELECT s.time_ns, s.gpu_id"
-                    + "".join(f", s.{a}" for a in attrs)
-                    + " FROM samples s WHERE s.time_ns >= ? AND s.time_ns < ?"
-                    + gpu_filter.replace("gpu_id", "s.gpu_id")
-                )
-                rows = con.execute(sql, (start_ns, end_ns, *filter_params)).fetchall()
-                columns = _columns(rows, attrs)
-            else:
-                step_ns = int(step_s) * NS_PER_S
-                if step_ns <= 0:
-                    raise ValueError("step_s must be positive")
-                level = _level_for(step_ns)
-                meta = self._meta(con)
-                columns = None
-                if level > 0:
-                    columns = self._level_columns(
-                        con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
-                    )
-                    if columns is not None and step_ns != level:
-                        columns = packed.rebucket(columns, step_ns, attrs, LAST_VALUE_ATTRS)
-                if columns is None:
-                    if level == 0:
-                        agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
-                        params = [start_ns, end_ns, *filter_params]
-                    else:
-                        src, params = self._level_src(
-                            con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
-                        )
-                        # Level rows are already one per (bucket, GPU): re-aggregate only when
-                        # the step spans several buckets of the level.
-                        agg = src if step_ns == level else _agg_sql(step_ns, src, attrs)
-                    sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
-                    columns = _columns(
-                        con.execute(f"{sql} FROM ({agg}) a", params).fetchall(), attrs
-                    )
-            gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
-        return _frame(columns, attrs, gpus)
+        if step_s is None:
+            sql = (
+                "SELECT s.time_ns, s.gpu_id"
+                + "".join(f", s.{a}" for a in attrs)
+                + " FROM samples s WHERE s.time_ns >= ? AND s.time_ns < ?"
+                + gpu_filter.replace("gpu_id", "s.gpu_id")
+            )
+            rows = con.execute(sql, (start_ns, end_ns, *filter_params)).fetchall()
+            return _columns(rows, attrs), attrs
+        step_ns = int(step_s) * NS_PER_S
+        if step_ns <= 0:
+            raise ValueError("step_s must be positive")
+        level = _level_for(step_ns)
+        meta = self._meta(con)
+        if level > 0:
+            columns = self._level_columns(
+                con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params, memo
+            )
+            if columns is not None:
+                if step_ns != level:
+                    columns = packed.rebucket(columns, step_ns, attrs, LAST_VALUE_ATTRS)
+                return columns, attrs
+        if level == 0:
+            agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
+            params = [start_ns, end_ns, *filter_params]
+        else:
+            src, params = self._level_src(
+                con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
+            )
+            # Level rows are already one per (bucket, GPU): re-aggregate only when the step
+            # spans several buckets of the level.
+            agg = src if step_ns == level else _agg_sql(step_ns, src, attrs)
+        sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
+        return _columns(con.execute(f"{sql} FROM ({agg}) a", params).fetchall(), attrs), attrs
 
     def _level_columns(
         self,
@@ -765,11 +776,13 @@ class SqliteStore:
         attrs: Sequence[str],
         gpu_filter: str,
         filter_params: list[Any],
+        memo: dict[tuple[Any, ...], dict[str, Any]],
     ) -> dict[str, Any] | None:
         """Level rows over ``[start_ns, end_ns)`` as columns (with ``n_ok`` and ``t_last_ns``):
         clean rolled-up buckets from the packed copy (see ``packed``), the rest aggregated from
         the level below (raw samples in SQL, minutes in numpy). None when part of the range
-        predates the packed copy: the caller reads the rollup tables instead."""
+        predates the packed copy: the caller reads the rollup tables instead. Raw aggregates
+        are kept in ``memo`` (one read transaction) for the next read of the same rows."""
         import numpy as np
 
         clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
@@ -792,12 +805,15 @@ class SqliteStore:
         lower = _LOWER_LEVEL[level_ns]
         for lo, hi in below:
             if lower == 0:
-                sql = _raw_agg_sql(level_ns, attrs, gpu_filter)
-                rows = con.execute(sql, (lo, hi, *filter_params)).fetchall()
-                parts.append(_level_columns_of(rows, attrs))
+                key = (level_ns, lo, hi, tuple(attrs), gpu_filter, tuple(filter_params))
+                if key not in memo:
+                    sql = _raw_agg_sql(level_ns, attrs, gpu_filter)
+                    rows = con.execute(sql, (lo, hi, *filter_params)).fetchall()
+                    memo[key] = _level_columns_of(rows, attrs)
+                parts.append(memo[key])
             else:
                 sub = self._level_columns(
-                    con, meta, lower, lo, hi, attrs, gpu_filter, filter_params
+                    con, meta, lower, lo, hi, attrs, gpu_filter, filter_params, memo
                 )
                 if sub is None:
                     return None
