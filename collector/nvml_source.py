@@ -34,7 +34,14 @@ from typing import Any, NamedTuple
 from collector.xid_events import XidListener
 from gpuwatt.errors import NvmlUnavailable
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
-from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod, make_gpu_sample
+from gpuwatt.model import (
+    EnergyMethod,
+    GpuSample,
+    ProcessSample,
+    TflopsMethod,
+    make_gpu_sample,
+    make_process_sample,
+)
 from gpuwatt.tflops import PipePeaks, tflops_from_pipes
 
 _log = logging.getLogger(__name__)
@@ -1016,5 +1023,5 @@ def _processes(procs: Any) -> tuple[ProcessSample, ...]:
         used = p.usedGpuMemory
         if used is not None and (used == _NOT_AVAILABLE_ULL or used < 0):
             used = None
-        out.append(ProcessSample(int(p.pid), int(used) if used is not None else None))
+        out.append(make_process_sample(int(p.pid), int(used) if used is not None else None))
     return tuple(out)

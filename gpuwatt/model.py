@@ -174,3 +174,7 @@ def _compile_positional_constructor(cls: type) -> Callable[..., Any]:
 #: and an identical result, in about a tenth of the time (see ``_compile_positional_constructor``).
 #: Meant for the collector's hot path; anywhere else, the keyword constructor reads better.
 make_gpu_sample: Callable[..., GpuSample] = _compile_positional_constructor(GpuSample)
+
+#: ``make_process_sample(pid, used_memory_bytes)``: a ``ProcessSample``, the same way (the
+#: collector builds one per compute process per GPU per tick).
+make_process_sample: Callable[..., ProcessSample] = _compile_positional_constructor(ProcessSample)
