@@ -157,6 +157,9 @@ def escape_tag(value: str) -> str:
 
 
 def format_processes(processes: Iterable[ProcessSample]) -> str:
+    if type(processes) is tuple and len(processes) == 1:  # the usual case: one per GPU
+        (p,) = processes
+        return f"{p.pid}:{'' if p.used_memory_bytes is None else p.used_memory_bytes}"
     return ";".join(
         f"{p.pid}:{'' if p.used_memory_bytes is None else p.used_memory_bytes}" for p in processes
     )
@@ -201,9 +204,10 @@ class LineEncoder:
         return p
 
     def encode(self, s: GpuSample) -> str:
+        p = self._prefix_cache.get((s.host, s.gpu_index, s.uuid, s.name)) or self.prefix(s)
         if s.lost:
-            return f"{self.prefix(s)}{FIELD_LOST}=true {s.time_ns}"
-        return f"{self.prefix(s)}{self._encode_fields(s)} {s.time_ns}"
+            return f"{p}{FIELD_LOST}=true {s.time_ns}"
+        return f"{p}{self._encode_fields(s)} {s.time_ns}"
 
     def encode_many(self, samples: Iterable[GpuSample]) -> list[str]:
         enc = self.encode
