@@ -50,41 +50,16 @@ _DEVICE_T = _NV.c_nvmlDevice_t
 _GPM_SAMPLE_T = _NV.c_nvmlGpmSample_t
 _EVENT_SET_T = _NV.c_nvmlEventSet_t
 _FRIENDLY = _NV.nvmlFriendlyObject
-_NEW = object.__new__
 _XID = _NV.nvmlEventTypeXidCriticalError
 _MIB = 1024 * 1024
-# Constants the per-tick functions compare against, as module globals (one lookup, not two).
-_CLOCK_SM, _CLOCK_MEM, _CLOCK_GFX = _NV.NVML_CLOCK_SM, _NV.NVML_CLOCK_MEM, _NV.NVML_CLOCK_GRAPHICS
-_TEMPERATURE_GPU, _TEMPERATURE_V1 = _NV.NVML_TEMPERATURE_GPU, _NV.nvmlTemperature_v1
-_MEMORY_V2 = _NV.nvmlMemory_v2
-_GPM_GET_VERSION, _GPM_METRIC_MAX = _NV.NVML_GPM_METRICS_GET_VERSION, _NV.NVML_GPM_METRIC_MAX
-_NOT_SUPPORTED, _INVALID_ARGUMENT = _NV.NVML_ERROR_NOT_SUPPORTED, _NV.NVML_ERROR_INVALID_ARGUMENT
-_VERSION_MISMATCH = _NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-# The names the per-tick functions check ``unsupported`` and ``failing`` for.
-_F_UTIL = "nvmlDeviceGetUtilizationRates"
-_F_MEM = "nvmlDeviceGetMemoryInfo"
-_F_MEM2 = "nvmlDeviceGetMemoryInfo_v2"
-_F_TEMP_V = "nvmlDeviceGetTemperatureV"
-_F_POWER = "nvmlDeviceGetPowerUsage"
-_F_LIMIT = "nvmlDeviceGetEnforcedPowerLimit"
-_F_ENERGY = "nvmlDeviceGetTotalEnergyConsumption"
-_F_CLOCK = "nvmlDeviceGetClockInfo"
-_F_REASONS = "nvmlDeviceGetCurrentClocksEventReasons"
-_F_PROCS = "nvmlDeviceGetComputeRunningProcesses"
-_F_GPM_GET = "nvmlGpmSampleGet"
 
-# Structs are built and filled through one struct.Struct call (pynvml's per-field hooks are slow):
-# ``ctype()`` then ``codec.pack_into(obj, 0, ...)``, the same bytes as
-# ``ctype.from_buffer_copy(codec.pack(...))`` (the codec spans the whole struct) for less.
+# Structs are built and filled through one struct.Struct call (pynvml's per-field hooks are slow).
 _UTIL = _NV.c_nvmlUtilization_t
 _UTIL_CODEC = struct_codec(_UTIL, ("gpu", "memory"))
-_UTIL_PACK = _UTIL_CODEC.pack_into
 _MEM1 = _NV.c_nvmlMemory_t
 _MEM1_CODEC = struct_codec(_MEM1, ("total", "free", "used"))
-_MEM1_PACK = _MEM1_CODEC.pack_into
 _MEM2 = _NV.c_nvmlMemory_v2_t
 _MEM2_CODEC = struct_codec(_MEM2, ("version", "total", "reserved", "free", "used"))
-_MEM2_PACK = _MEM2_CODEC.pack_into
 _GPM_HEADER = gpm_codecs(_NV, 0).header
 _GPM_CODECS: dict[int, tuple[Any, Any, int]] = {}  # numMetrics -> (ids, fill, fill offset)
 _POINTERS = (ctypes._Pointer, ctypes.c_void_p)
@@ -202,11 +177,7 @@ def _misbehave(g: SimGpuState, fn: str) -> None:
 
 
 def _gpu(handle: Any, fn: str) -> SimGpuState:
-    """The simulated GPU behind ``handle``, or the error NVML would raise for ``fn`` on it.
-
-    The per-tick functions below spell this out inline (a Python call less on each NVML call of
-    the collector's cost benchmark); keep them in step with it.
-    """
+    """The simulated GPU behind ``handle``, or the error NVML would raise for ``fn`` on it."""
     try:
         g: SimGpuState = handle._sim
     except AttributeError:
@@ -289,18 +260,8 @@ class FakeNvml:
         g = _gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
         return round(g.spec.tdp_w * 1000)
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:  # read every tick
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_LIMIT in g.unsupported)
-            or (g.failing and _F_LIMIT in g.failing)
-        ):
-            _misbehave(g, _F_LIMIT)
-        return round(g.power_limit_w * 1000)
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return round(_gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_w * 1000)
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
         return round(_gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_w * 1000)
@@ -325,24 +286,14 @@ class FakeNvml:
         return support
 
     # --- per-tick metrics -----------------------------------------------------------------------
-    # Each opens with ``_gpu(handle, fn)`` spelled out: the same checks, in the same order.
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_UTIL in g.unsupported)
-            or (g.failing and _F_UTIL in g.failing)
-        ):
-            _misbehave(g, _F_UTIL)
+        g = _gpu(handle, "nvmlDeviceGetUtilizationRates")
         if g.mig_enabled:
-            raise _error(_NOT_SUPPORTED)
-        util = _UTIL()
-        _UTIL_PACK(util, 0, round(g.utilization_gpu_pct), round(g.utilization_memory_pct))
-        return util
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        return _UTIL.from_buffer_copy(
+            _UTIL_CODEC.pack(round(g.utilization_gpu_pct), round(g.utilization_memory_pct))
+        )
 
     def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
         _gpu(handle, "nvmlDeviceGetEncoderUtilization")
@@ -353,49 +304,27 @@ class FakeNvml:
         return [0, 167000]
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_MEM in g.unsupported)
-            or (g.failing and _F_MEM in g.failing)
-        ):
-            _misbehave(g, _F_MEM)
+        g = _gpu(handle, "nvmlDeviceGetMemoryInfo")
         total, used, reserved = g.memory_total_bytes, g.memory_used_bytes, g.memory_reserved_bytes
         if not version:
             # v1 counts the driver's reservation as used
             free = max(total - used - reserved, 0)
-            mem1 = _MEM1()
-            _MEM1_PACK(mem1, 0, total, free, used + reserved)
-            return mem1
-        if (g.unsupported and _F_MEM2 in g.unsupported) or (g.failing and _F_MEM2 in g.failing):
-            _misbehave(g, _F_MEM2)
-        if version != _MEMORY_V2:
-            raise _error(_VERSION_MISMATCH)
+            return _MEM1.from_buffer_copy(_MEM1_CODEC.pack(total, free, used + reserved))
+        if g.unsupported or g.failing:
+            _misbehave(g, "nvmlDeviceGetMemoryInfo_v2")
+        if version != _NV.nvmlMemory_v2:
+            raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         free = max(total - used - reserved, 0)
-        mem2 = _MEM2()
-        _MEM2_PACK(mem2, 0, version, total, reserved, free, used)
-        return mem2
+        return _MEM2.from_buffer_copy(_MEM2_CODEC.pack(version, total, reserved, free, used))
 
     def nvmlDeviceGetTemperatureV(
         self, handle: Any, sensor: int, version: int = _NV.nvmlTemperature_v1
     ) -> int:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_TEMP_V in g.unsupported)
-            or (g.failing and _F_TEMP_V in g.failing)
-        ):
-            _misbehave(g, _F_TEMP_V)
-        if version != _TEMPERATURE_V1:
-            raise _error(_VERSION_MISMATCH)
-        if sensor != _TEMPERATURE_GPU:
-            raise _error(_INVALID_ARGUMENT)
+        g = _gpu(handle, "nvmlDeviceGetTemperatureV")
+        if version != _NV.nvmlTemperature_v1:
+            raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if sensor != _NV.NVML_TEMPERATURE_GPU:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         return round(g.temperature_c)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
@@ -408,62 +337,23 @@ class FakeNvml:
         return round(_gpu(handle, "nvmlDeviceGetFanSpeed").fan_speed_pct)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_POWER in g.unsupported)
-            or (g.failing and _F_POWER in g.failing)
-        ):
-            _misbehave(g, _F_POWER)
-        return round(g.power_w * 1000)
+        return round(_gpu(handle, "nvmlDeviceGetPowerUsage").power_w * 1000)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_ENERGY in g.unsupported)
-            or (g.failing and _F_ENERGY in g.failing)
-        ):
-            _misbehave(g, _F_ENERGY)
-        return g.energy_mj
+        return _gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
 
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_CLOCK in g.unsupported)
-            or (g.failing and _F_CLOCK in g.failing)
-        ):
-            _misbehave(g, _F_CLOCK)
-        if type == _CLOCK_SM:
+        g = _gpu(handle, "nvmlDeviceGetClockInfo")
+        if type == _NV.NVML_CLOCK_SM:
             return round(g.sm_clock_mhz)
-        if type == _CLOCK_MEM:
+        if type == _NV.NVML_CLOCK_MEM:
             return round(g.memory_clock_mhz)
-        if type == _CLOCK_GFX:
+        if type == _NV.NVML_CLOCK_GRAPHICS:
             return round(g.graphics_clock_mhz)
-        raise _error(_NOT_SUPPORTED)
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_REASONS in g.unsupported)
-            or (g.failing and _F_REASONS in g.failing)
-        ):
-            _misbehave(g, _F_REASONS)
-        return g.clock_event_reasons
+        return _gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
         return _gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
@@ -478,33 +368,21 @@ class FakeNvml:
 
     def _processes(self, g: SimGpuState) -> list[Any]:
         """What pynvml returns: friendly objects of c_nvmlProcessInfo_v3_t's fields, with
-        usedGpuMemory None where NVML says NVML_VALUE_NOT_AVAILABLE.
-
-        Each object is what ``nvmlFriendlyObject(dict)`` builds (its ``__init__`` sets each key
-        as an attribute, in order), built here without the per-key ``setattr`` loop.
-        """
-        out = []
-        for pid, used in g.processes:
-            p = _NEW(_FRIENDLY)
-            p.pid = pid
-            p.usedGpuMemory = None if used is None or used < 0 else used
-            p.gpuInstanceId = 0xFFFFFFFF
-            p.computeInstanceId = 0xFFFFFFFF
-            out.append(p)
-        return out
+        usedGpuMemory None where NVML says NVML_VALUE_NOT_AVAILABLE."""
+        return [
+            _FRIENDLY(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": None if used is None or used < 0 else used,
+                    "gpuInstanceId": 0xFFFFFFFF,
+                    "computeInstanceId": 0xFFFFFFFF,
+                }
+            )
+            for pid, used in g.processes
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        try:
-            g: SimGpuState = handle._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_PROCS in g.unsupported)
-            or (g.failing and _F_PROCS in g.failing)
-        ):
-            _misbehave(g, _F_PROCS)
-        return self._processes(g)
+        return self._processes(_gpu(handle, "nvmlDeviceGetComputeRunningProcesses"))
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
         _gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
@@ -541,49 +419,33 @@ class FakeNvml:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
-        try:  # _gpu(device, "nvmlGpmSampleGet"), spelled out (see the per-tick metrics)
-            g: SimGpuState = device._sim
-        except AttributeError:
-            raise _error(_INVALID_ARGUMENT) from None
-        if (
-            g.lost
-            or (g.unsupported and _F_GPM_GET in g.unsupported)
-            or (g.failing and _F_GPM_GET in g.failing)
-        ):
-            _misbehave(g, _F_GPM_GET)
+        g = _gpu(device, "nvmlGpmSampleGet")
         if not g.gpm_supported or g.mig_enabled:
-            raise _error(_NOT_SUPPORTED)
-        # _address(gpmSample), its usual case inline
-        if isinstance(gpmSample, _POINTERS):
-            key = _POINTER_VALUE.unpack_from(gpmSample)[0]
-        else:
-            key = _address(gpmSample)
-        snapshots = self._gpm_snapshots
-        if key not in snapshots:
-            raise _error(_INVALID_ARGUMENT)
-        snapshots[key] = _READ_GPM_COUNTERS(g)
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        key = _address(gpmSample)
+        if key not in self._gpm_snapshots:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpm_snapshots[key] = _READ_GPM_COUNTERS(g)
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
         version, count, first_addr, second_addr = _GPM_HEADER.unpack_from(metricsGet)
-        if version != _GPM_GET_VERSION:
-            raise _error(_VERSION_MISMATCH)
-        snapshots = self._gpm_snapshots
-        first = snapshots.get(first_addr)
-        second = snapshots.get(second_addr)
-        if first is None or second is None or not 0 <= count <= _GPM_METRIC_MAX:
-            raise _error(_INVALID_ARGUMENT)
+        if version != _NV.NVML_GPM_METRICS_GET_VERSION:
+            raise _error(_NV.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self._gpm_snapshots.get(first_addr)
+        second = self._gpm_snapshots.get(second_addr)
+        if first is None or second is None or not 0 <= count <= _NV.NVML_GPM_METRIC_MAX:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         dt_s = second[0] - first[0]
         if dt_s < 0:
-            raise _error(_INVALID_ARGUMENT)
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         codecs = _GPM_CODECS.get(count)
         if codecs is None:
             full = gpm_codecs(_NV, count)
             codecs = _GPM_CODECS[count] = (full.ids, full.fill, full.metrics_offset)
         ids_codec, fill_codec, offset = codecs
-        ids = ids_codec.unpack_from(metricsGet)
-        compute = _GPM_RESULTS.get(ids) or _gpm_results(ids)
-        fill_codec.pack_into(metricsGet, offset, *compute(first, second, dt_s))  # metricInfo NULL
+        results = _gpm_results(ids_codec.unpack_from(metricsGet))(first, second, dt_s)
+        fill_codec.pack_into(metricsGet, offset, *results)  # metricInfo left NULL
         return metricsGet
 
     # --- events ---------------------------------------------------------------------------------
