@@ -30,8 +30,9 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -124,6 +125,68 @@ def collector_us_per_gpu(include_slow: bool) -> CollectorCost:
     )
 
 
+class RecordingNvml:
+    """The fake, with every ``nvml*`` call the sampler makes logged (function, args, kwargs) while
+    ``log`` is not None, so that the same calls can be replayed against the fake alone."""
+
+    def __init__(self, fake: FakeNvml) -> None:
+        self._fake = fake
+        self.log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._fake, name)
+        if not name.startswith("nvml") or not callable(value) or isinstance(value, type):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.log is not None:
+                self.log.append((value, args, kwargs))
+            return value(*args, **kwargs)
+
+        return call
+
+
+def _replay_s(log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]) -> float:
+    clock = time.process_time
+    t0 = clock()
+    for fn, args, kwargs in log:
+        with suppress(pynvml.NVMLError):
+            fn(*args, **kwargs)
+    return clock() - t0
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def fake_nvml_us_per_gpu() -> float:
+    """What the fake NVML itself costs per GPU-sample: the sampler's calls of one tick are logged,
+    then replayed against the fake alone, less the same replay against a do-nothing function
+    (the loop and the call, which the sampler's own call sites also pay). Median over runs."""
+    cluster = build_cluster()
+    recorder = RecordingNvml(FakeNvml(cluster, HOST))
+    sampler = NvmlSampler(recorder, HOST)  # type: ignore[arg-type]
+    sampler.open()
+    results = []
+    try:
+        for _ in range(20):
+            run_all(cluster, 1.0, BUSY)
+            sampler.sample(False)
+        for _ in range(RUNS):
+            spent_s = 0.0
+            for _ in range(TICKS_PER_RUN):
+                run_all(cluster, 1.0, BUSY)
+                recorder.log = []
+                sampler.sample(False)
+                log, recorder.log = recorder.log, None
+                noop_log = [(_noop, a, k) for _fn, a, k in log]
+                spent_s += _replay_s(log) - _replay_s(noop_log)
+            results.append(spent_s / (TICKS_PER_RUN * GPUS) * 1e6)
+    finally:
+        sampler.close()
+    return statistics.median(results)
+
+
 def _min_us(fn: Callable[[], object], number: int = 2000, repeat: int = 15) -> float:
     """Minimum CPU time of one ``fn()`` over ``repeat`` batches of ``number`` calls."""
     clock, best = time.process_time, float("inf")
@@ -150,13 +213,14 @@ def repr_us() -> float:
 
 
 @contextmanager
-def pynvml_patched(fake: FakeNvml) -> Iterator[None]:
-    """Point the pynvml module's nvml* functions at the fake's, and restore them after."""
+def pynvml_patched(fake: FakeNvml, via: Any = None) -> Iterator[None]:
+    """Point the pynvml module's nvml* functions at the fake's (taken from ``via``, a wrapper
+    of the fake, when given), and restore them after."""
     names = [n for n in dir(fake) if n.startswith("nvml") and callable(getattr(fake, n))]
     names = [n for n in names if not isinstance(getattr(fake, n), type)]
     saved = {n: getattr(pynvml, n) for n in names if hasattr(pynvml, n)}
     for n in names:
-        setattr(pynvml, n, getattr(fake, n))
+        setattr(pynvml, n, getattr(via if via is not None else fake, n))
     try:
         yield
     finally:
@@ -200,6 +264,28 @@ def gpustat_us_per_gpu(
     return statistics.median(results)
 
 
+def gpustat_fake_nvml_us_per_gpu(queries: int, runs: int) -> float:
+    """The fake NVML's own share of a gpustat query, measured as for the collector."""
+    from gpustat.core import GPUStatCollection
+
+    cluster = build_cluster()
+    fake = FakeNvml(cluster, HOST)
+    recorder = RecordingNvml(fake)
+    results = []
+    with pynvml_patched(fake, via=recorder):
+        for _ in range(runs):
+            spent_s = 0.0
+            for _ in range(queries):
+                run_all(cluster, 1.0, BUSY)
+                recorder.log = []
+                GPUStatCollection.new_query()
+                log, recorder.log = recorder.log, None
+                noop_log = [(_noop, a, k) for _fn, a, k in log]
+                spent_s += _replay_s(log) - _replay_s(noop_log)
+            results.append(spent_s / (queries * GPUS) * 1e6)
+    return statistics.median(results)
+
+
 def main() -> None:
     print(f"fake NVML: {GPUS} x H100 SXM, 1 process per GPU; median of {RUNS} runs, CPU time")
     calibration_us = repr_us()
@@ -222,6 +308,14 @@ def main() -> None:
     print(f"  gpustat new_query as shipped (sleeps 0.1 s per query): {shipped_us:.0f} us per GPU")
     with gpustat_sleep_removed():
         gpustat_us = gpustat_us_per_gpu(GPUSTAT_QUERIES_PER_RUN, RUNS)
+        gpustat_fake_us = gpustat_fake_nvml_us_per_gpu(GPUSTAT_QUERIES_PER_RUN, RUNS)
+    fake_us = fake_nvml_us_per_gpu()
+    own_us = fast_us - fake_us
+    gpustat_own_us = gpustat_us - gpustat_fake_us
+    print(
+        f"  of which the fake NVML itself: {fake_us:.1f} us (its calls replayed alone); "
+        f"in gpustat's query: {gpustat_fake_us:.1f} us"
+    )
     print()
     factor = calibration_us / REFERENCE_REPR_US
     print(
@@ -229,15 +323,26 @@ def main() -> None:
         f"(~{REFERENCE_REPR_US} us on a typical server core: this machine is ~{factor:.1f}x slower)"
     )
     print(
-        f"collector: {fast_us:.1f} us per GPU-sample (target <= {TARGET_US:.0f} us; "
-        f"~{fast_us / factor:.1f} us scaled to a typical server core)"
+        f"collector: {fast_us:.1f} us per GPU-sample, fake NVML included "
+        f"(~{fast_us / factor:.1f} us scaled to a typical server core)"
+    )
+    print(
+        f"collector's own cost: {own_us:.1f} us per GPU-sample, the fake NVML's {fake_us:.1f} us "
+        f"taken out (target <= {TARGET_US:.0f} us: "
+        f"{'met' if own_us <= TARGET_US else 'MISSED'}; ~{own_us / factor:.1f} us scaled)"
     )
     print(
         f"collector, min of the {RUNS} runs: {min(fast.runs):.1f} us per GPU-sample (the run least "
         "affected by other load; the target is checked against the median above)"
     )
-    print(f"gpustat new_query: {gpustat_us:.1f} us per GPU (its 0.1 s sleep removed)")
-    print(f"ratio Y/X: {gpustat_us / fast_us:.2f}")
+    print(
+        f"gpustat new_query: {gpustat_us:.1f} us per GPU (its 0.1 s sleep removed); "
+        f"its own cost, the fake NVML taken out: {gpustat_own_us:.1f} us"
+    )
+    print(
+        f"ratio gpustat / collector: {gpustat_us / fast_us:.2f} (fake NVML included), "
+        f"{gpustat_own_us / own_us:.2f} (own costs)"
+    )
 
 
 if __name__ == "__main__":
