@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -156,16 +158,55 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
         raw_aggregations: list[str] = []
 
         def trace(sql: str) -> None:
-            if "FROM samples s WHERE s.time_ns >=" in sql and "GROUP BY 1, gpu_id" in sql:
+            if "FROM samples" in sql and "GROUP BY" in sql and "avg(" in sql:
                 raw_aggregations.append(sql)
 
-        with store._reader() as con:  # the pooled connection series_many will use
-            con.set_trace_callback(trace)
-        got = series_many(store, reads)
-        with store._reader() as con:
-            con.set_trace_callback(None)
-        assert len(raw_aggregations) == 2  # all GPUs once (two reads), node1 once
-        for frame, r in zip(got, reads, strict=True):
-            want = store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+        def traced(read: Callable[[], object]) -> tuple[Any, int]:
+            raw_aggregations.clear()
+            with store._reader() as con:  # the pooled connection the reads will use
+                con.set_trace_callback(trace)
+            try:
+                return read(), len(raw_aggregations)
+            finally:
+                with store._reader() as con:
+                    con.set_trace_callback(None)
+
+        got, together = traced(lambda: series_many(store, reads))
+        separate = [
+            traced(
+                lambda r=r: store.series(
+                    r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
+                )
+            )
+            for r in reads
+        ]
+        # separately, reads 0 and 1 aggregate the same tail (all GPUs); together, once
+        (_, n0), (_, n1), (_, n2) = separate
+        assert n0 == n1 > 0 and n2 > 0
+        assert together == n1 + n2
+        for frame, (want, _) in zip(got, separate, strict=True):
             assert not frame.empty and frame["time_ns"].max() >= end - 100 * S
             pd.testing.assert_frame_equal(frame, want)
+
+
+@pytest.mark.parametrize("hosts", [None, ["node2"]])
+def test_a_tail_of_a_few_buckets_aggregates_as_one_grouped_read(
+    tmp_path: Path, make_sample, hosts: list[str] | None
+) -> None:
+    """The not-yet-rolled tail read bucket by bucket (grouped by GPU alone) gives the rows the
+    single read grouped by bucket and GPU gives, lost samples and a host filter included."""
+    from gpuwatt.store.sqlite import MINUTE_NS, _raw_agg_sql, _raw_level_rows
+
+    with SqliteStore(tmp_path / "t.db") as store:
+        write_hours(store, make_sample, 0, 400, every_s=5)
+        lo, hi = T0 + 125 * S, T0 + 290 * S  # three buckets, partly
+        gpu_filter, params = "", []
+        if hosts is not None:
+            gpu_filter, params = " AND gpu_id IN (SELECT id FROM gpus WHERE host IN (?))", hosts
+        with store._reader() as con:
+            one = con.execute(_raw_agg_sql(MINUTE_NS, FIELDS, gpu_filter), (lo, hi, *params))
+            want = sorted(one.fetchall())
+            got = sorted(_raw_level_rows(con, MINUTE_NS, lo, hi, FIELDS, gpu_filter, params))
+        assert len({r[0] for r in want}) == 3
+        assert any(r[3] < r[2] for r in want) == (hosts is None)  # n_ok < n: node1's lost GPU
+        assert got == want
