@@ -189,41 +189,44 @@ def per_gpu_window(
 
     Columns starting with ``frac_`` (per-row 0/1/NaN flags) are averaged into fractions, as are
     the GAUGES and ``means`` present in the rows. Means skip NaN; a sum with no value is NaN.
-    Rows must be sorted by GPU then time (as ``prepare`` leaves them); the identity and job of a
-    (window, GPU) are those of its newest row. Integer keys and ``bincount`` keep this fast.
+    Rows must be sorted by GPU then time (as ``prepare`` leaves them): a (window, GPU) is then
+    a run of consecutive rows, reduced in one pass (``reduceat``); the identity and job of a
+    (window, GPU) are those of its newest row. Output rows are ordered by window, then GPU.
     """
     n = len(rows)
     gcodes = rows["gpu_code"].to_numpy(dtype=np.int64)
     w = rows["window_start_ns"].to_numpy(dtype=np.int64)
-    wcodes, wuniq = pd.factorize(w, sort=True)
-    n_gpu = int(gcodes.max()) + 1 if n else 0
-    key = wcodes.astype(np.int64) * max(n_gpu, 1) + gcodes
-    uniq, inv = np.unique(key, return_inverse=True)
-    m = len(uniq)
-    last = np.zeros(m, dtype=np.int64)
-    np.maximum.at(last, inv, np.arange(n, dtype=np.int64))
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = (gcodes[1:] != gcodes[:-1]) | (w[1:] != w[:-1])
+    starts = np.flatnonzero(new_run)
+    m = len(starts)
+    last = np.empty(m, dtype=np.int64)
+    last[:-1] = starts[1:] - 1
+    if m:
+        last[-1] = n - 1
+    order = np.lexsort((gcodes[starts], w[starts]))  # by window, then GPU
+    singles = m == n  # one row per (window, GPU): the usual case (rollups read at the window)
     ident = ["gpu", "gpu_code", "host", "gpu_index", "uuid", "name", "job_id"]
     ident += [c for c in ("host_code", "job_id_code") if c in rows.columns]
-    out = rows[ident].iloc[last]
-    out = out.reset_index(drop=True)
-    out.insert(0, "window_start_ns", np.asarray(wuniq, dtype=np.int64)[uniq // max(n_gpu, 1)])
+    out = rows[ident].take(last[order]).reset_index(drop=True)
+    out.insert(0, "window_start_ns", w[starts][order])
     cols: dict[str, np.ndarray] = {}
     mean_cols = [c for c in rows.columns if c in GAUGES or c in means or c.startswith("frac_")]
-    for col in mean_cols:
+    sum_cols = [c for c in sums if c in rows.columns]
+    samples = np.diff(np.append(starts, n))[order]
+    for col in (*mean_cols, "samples", *sum_cols):
+        if col == "samples":
+            cols[col] = samples
+            continue
         v = rows[col].to_numpy(dtype=float)
         ok = np.isfinite(v)
-        cnt = np.bincount(inv, weights=ok, minlength=m)
-        tot = np.bincount(inv, weights=np.where(ok, v, 0.0), minlength=m)
+        if singles:
+            cols[col] = np.where(ok, v, np.nan)[order]
+            continue
+        cnt = np.add.reduceat(ok.astype(np.int64), starts)[order]
+        tot = np.add.reduceat(np.where(ok, v, 0.0), starts)[order]
         with np.errstate(divide="ignore", invalid="ignore"):
-            cols[col] = np.where(cnt > 0, tot / cnt, np.nan)
-    cols["samples"] = np.bincount(inv, minlength=m)
-    for col in sums:
-        if col in rows.columns:
-            v = rows[col].to_numpy(dtype=float)
-            ok = np.isfinite(v)
-            cnt = np.bincount(inv, weights=ok, minlength=m)
-            tot = np.bincount(inv, weights=np.where(ok, v, 0.0), minlength=m)
-            cols[col] = np.where(cnt > 0, tot, np.nan)
+            cols[col] = np.where(cnt > 0, tot / cnt if col in mean_cols else tot, np.nan)
     return pd.concat([out, pd.DataFrame(cols)], axis=1)
 
 
