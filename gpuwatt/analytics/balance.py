@@ -85,7 +85,12 @@ def balance_over_time(gw: pd.DataFrame, metrics: tuple[str, ...] = BALANCE_METRI
     n_keys = n_w * n_s
     node_key = key * n_h + hcodes[rows]
     nk_uniq, nk_inv = np.unique(node_key, return_inverse=True)
-    parts = []
+    # rows sort by (window, scope, level, metric): scopes and levels are numbered in that order
+    # already (cluster < job:..., gpu < node), metrics by name
+    metric_rank = {m: i for i, m in enumerate(sorted(present))}
+    n_m = len(present)
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in ("sort", "metric", "level", "idx")}
+    stat_parts: dict[str, list[np.ndarray]] = {}
     for metric in present:
         v = gw[metric].to_numpy(dtype=float)[rows]
         stats = {"gpu": _stats(key, v, n_keys)}
@@ -95,19 +100,24 @@ def balance_over_time(gw: pd.DataFrame, metrics: tuple[str, ...] = BALANCE_METRI
         with np.errstate(divide="ignore", invalid="ignore"):
             node_mean = np.where(cnt > 0, tot / cnt, np.nan)
         stats["node"] = _stats(nk_uniq // n_h, node_mean, n_keys)
-        for level, st in stats.items():
-            keep = st["n"] > 0
-            idx = np.flatnonzero(keep)
-            part = pd.DataFrame({k: v[keep] for k, v in st.items()})
-            part.insert(0, "metric", metric)
-            part.insert(0, "level", level)
-            part.insert(0, "scope", np.asarray(scopes, dtype=object)[idx % n_s])
-            part.insert(0, "window_start_ns", np.asarray(wuniq, dtype=np.int64)[idx // n_s])
-            parts.append(part)
-    out = pd.concat(parts, ignore_index=True)[_COLUMNS]
-    return out.sort_values(
-        ["window_start_ns", "scope", "level", "metric"], kind="stable"
-    ).reset_index(drop=True)
+        for level_i, (level, st) in enumerate(stats.items()):
+            idx = np.flatnonzero(st["n"] > 0)
+            parts["sort"].append((idx * 2 + level_i) * n_m + metric_rank[metric])
+            parts["metric"].append(np.full(len(idx), metric, dtype=object))
+            parts["level"].append(np.full(len(idx), level, dtype=object))
+            parts["idx"].append(idx)
+            for k, col in st.items():
+                stat_parts.setdefault(k, []).append(col[idx])
+    order = np.argsort(np.concatenate(parts["sort"]), kind="stable")
+    idx = np.concatenate(parts["idx"])[order]
+    out = {
+        "window_start_ns": np.asarray(wuniq, dtype=np.int64)[idx // n_s],
+        "scope": np.asarray(scopes, dtype=object)[idx % n_s],
+        "level": np.concatenate(parts["level"])[order],
+        "metric": np.concatenate(parts["metric"])[order],
+    }
+    out.update({k: np.concatenate(v)[order] for k, v in stat_parts.items()})
+    return pd.DataFrame(out, columns=_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
