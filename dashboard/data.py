@@ -124,6 +124,7 @@ class DashboardData:
         ttl_s: float = 10.0,
         max_stale_s: float = 300.0,
         max_entries: int = 16,
+        shared_recent_max_age_s: float = 30.0,
     ) -> None:
         self.store = store
         self.clock_ns = clock_ns
@@ -131,6 +132,9 @@ class DashboardData:
         self.ttl_s = ttl_s
         self.max_stale_s = max_stale_s
         self.max_entries = max_entries
+        #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
+        #: (the default view, kept warm) when that is at most this old; see ``_window``.
+        self.shared_recent_max_age_s = shared_recent_max_age_s
         self._refreshing: set[tuple[Any, ...]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, Any]] = OrderedDict()
@@ -274,16 +278,32 @@ class DashboardData:
         jobs = {s.uuid: s.job_id for s in latest if s.job_id}
         reads = [SeriesRead(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, tr.step_s)]
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
-        if tr.step_s > RECENT_STEP_S:
+        coarse = tr.step_s > RECENT_STEP_S
+        shared = self._shared_recent() if coarse and tr.live else None
+        if coarse and shared is None:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
         frames = self._read("samples", lambda: series_many(self.store, reads))
         frame = frames[0]
         summary = self._analyze(frame, tr.end_ns, tr.start_ns, tr.step_s, jobs)
         recent = None
-        if len(frames) > 1 and not frame.empty:
-            recent = self._analyze(frames[1], tr.end_ns, recent_start, RECENT_STEP_S, jobs)
+        if coarse and not frame.empty:
+            if shared is not None:
+                recent = shared.summary
+            else:
+                recent = self._analyze(frames[1], tr.end_ns, recent_start, RECENT_STEP_S, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent)
+
+    def _shared_recent(self) -> WindowData | None:
+        """The cached live view of the last hour in 1-minute windows, if at most
+        ``shared_recent_max_age_s`` old: the newest hour of a live coarse range is that very
+        analysis (the default view, which the server keeps warm), not a second one."""
+        key = ("window-live", RECENT_SPAN_S * NS_PER_S, RECENT_STEP_S)
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is None or time.monotonic() - hit[0] > self.shared_recent_max_age_s:
+            return None
+        return hit[1]
 
     def _analyze(
         self, frame: pd.DataFrame, end_ns: int, start_ns: int, step_s: int, jobs: dict[str, str]

@@ -127,3 +127,28 @@ def test_the_default_view_is_kept_computed_in_the_background(
     settled = len(store.series_calls)
     time.sleep(0.1)
     assert len(store.series_calls) == settled  # close() stopped the warmer
+
+
+def test_a_coarse_live_range_takes_its_newest_hour_from_the_fresh_default_view(
+    demo_store: SqliteStore,
+) -> None:
+    """24 h and 6 h analyse their newest hour in 1-minute windows: that is the live 1 h view's
+    analysis, taken from the cache while it is fresh instead of read and computed again."""
+    store = CountingStore(demo_store)
+    clock = Clock(DEMO_END_NS)
+    data = DashboardData(store, clock_ns=clock, ttl_s=3600.0)  # type: ignore[arg-type]
+    try:
+        hour = data.window(parse_range({"range": "1h"}, clock())[0])
+        assert hour.summary.stragglers  # the demo's straggler: something to compare
+        before = len(store.series_calls)
+        day = data.window(parse_range({"range": "24h"}, clock())[0])
+        assert day.recent is hour.summary
+        assert len(store.series_calls) == before + 1  # the range's own read only
+        data.shared_recent_max_age_s = 0.0  # the cached hour is now too old to share
+        six = data.window(parse_range({"range": "6h"}, clock())[0])
+        assert six.recent is not None and six.recent is not hour.summary
+        assert len(store.series_calls) == before + 3  # the range and its newest hour
+        assert [s.uuid for s in six.recent.stragglers] == [s.uuid for s in hour.summary.stragglers]
+        assert [s.uuid for s in six.stragglers] == [s.uuid for s in day.stragglers]
+    finally:
+        data.close()
