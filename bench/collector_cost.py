@@ -5,15 +5,17 @@ Run: ``.venv/bin/python bench/collector_cost.py``
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
 line-protocol encoding (``gpuwatt.schema.LineEncoder``), per GPU-sample, median of several runs;
-the simulator's own step is outside the timed region. The minimum over runs is printed
-beside the median (the figure least affected by other load, as ``timeit`` recommends); the
-target is checked against the median. Times are CPU time of this process
+the simulator's own step is outside the timed region. The minimum over runs is printed beside the
+median (the figure least affected by other load, as ``timeit`` recommends). What the fake NVML
+itself costs is measured apart (the calls of each tick logged, then replayed against the fake
+alone) and taken out: the target is checked against that own cost (median), the work the collector
+adds on top of NVML. The two are measured a few seconds apart. Times are CPU time of this process
 (``time.process_time``): the machines this runs on are often shared, and CPU time is what the
 collector costs its node. A breakdown line splits the figure into sampling (NVML calls on the fake
 plus the sampler's logic), of which ``GpuSample`` construction, and encoding; a calibration line
-gives the cost of one float ``repr`` on this machine, to compare figures across machines.
-gpustat's ``GPUStatCollection.new_query()`` runs with the ``pynvml`` module's functions replaced by
-the fake's for the duration (restored after). As shipped, gpustat sleeps 0.1 s in every query that
+gives the cost of one float ``repr`` on this machine, to compare figures across machines. gpustat's
+``GPUStatCollection.new_query()`` runs with the ``pynvml`` module's functions replaced by the
+fake's for the duration (restored after). As shipped, gpustat sleeps 0.1 s in every query that
 finds processes (to measure their CPU %); that sleep is reported (wall time), then patched out so
 the comparison is of query work alone.
 
@@ -145,6 +147,15 @@ class RecordingNvml:
 
         return call
 
+    def fake_share_s(self, tick: Callable[[], object]) -> float:
+        """CPU seconds the fake itself spent in the NVML calls ``tick()`` made (``tick`` is not
+        timed): the calls replayed against the fake, less the same replay against a do-nothing
+        function (the loop and the call, which the caller's own call sites also pay)."""
+        self.log = []
+        tick()
+        log, self.log = self.log, None
+        return _replay_s(log) - _replay_s([(_noop, a, k) for _fn, a, k in log])
+
 
 def _replay_s(log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]) -> float:
     clock = time.process_time
@@ -160,9 +171,7 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
 
 
 def fake_nvml_us_per_gpu() -> float:
-    """What the fake NVML itself costs per GPU-sample: the sampler's calls of one tick are logged,
-    then replayed against the fake alone, less the same replay against a do-nothing function
-    (the loop and the call, which the sampler's own call sites also pay). Median over runs."""
+    """What the fake NVML itself costs per GPU-sample of the sampler, median over runs."""
     cluster = build_cluster()
     recorder = RecordingNvml(FakeNvml(cluster, HOST))
     sampler = NvmlSampler(recorder, HOST)  # type: ignore[arg-type]
@@ -176,11 +185,7 @@ def fake_nvml_us_per_gpu() -> float:
             spent_s = 0.0
             for _ in range(TICKS_PER_RUN):
                 run_all(cluster, 1.0, BUSY)
-                recorder.log = []
-                sampler.sample(False)
-                log, recorder.log = recorder.log, None
-                noop_log = [(_noop, a, k) for _fn, a, k in log]
-                spent_s += _replay_s(log) - _replay_s(noop_log)
+                spent_s += recorder.fake_share_s(lambda: sampler.sample(False))
             results.append(spent_s / (TICKS_PER_RUN * GPUS) * 1e6)
     finally:
         sampler.close()
@@ -277,11 +282,7 @@ def gpustat_fake_nvml_us_per_gpu(queries: int, runs: int) -> float:
             spent_s = 0.0
             for _ in range(queries):
                 run_all(cluster, 1.0, BUSY)
-                recorder.log = []
-                GPUStatCollection.new_query()
-                log, recorder.log = recorder.log, None
-                noop_log = [(_noop, a, k) for _fn, a, k in log]
-                spent_s += _replay_s(log) - _replay_s(noop_log)
+                spent_s += recorder.fake_share_s(GPUStatCollection.new_query)
             results.append(spent_s / (queries * GPUS) * 1e6)
     return statistics.median(results)
 
@@ -320,7 +321,8 @@ def main() -> None:
     factor = calibration_us / REFERENCE_REPR_US
     print(
         f"calibration: a float repr costs {calibration_us:.3f} us here "
-        f"(~{REFERENCE_REPR_US} us on a typical server core: this machine is ~{factor:.1f}x slower)"
+        f"(~{REFERENCE_REPR_US} us assumed for a typical server core, not measured here: "
+        f"this machine is ~{factor:.1f}x slower)"
     )
     print(
         f"collector: {fast_us:.1f} us per GPU-sample, fake NVML included "
@@ -333,7 +335,7 @@ def main() -> None:
     )
     print(
         f"collector, min of the {RUNS} runs: {min(fast.runs):.1f} us per GPU-sample (the run least "
-        "affected by other load; the target is checked against the median above)"
+        "affected by other load; the target is checked against the own cost above)"
     )
     print(
         f"gpustat new_query: {gpustat_us:.1f} us per GPU (its 0.1 s sleep removed); "

@@ -200,20 +200,17 @@ def per_gpu_window(
     new_run[1:] = (gcodes[1:] != gcodes[:-1]) | (w[1:] != w[:-1])
     starts = np.flatnonzero(new_run)
     m = len(starts)
-    last = np.empty(m, dtype=np.int64)
-    last[:-1] = starts[1:] - 1
-    if m:
-        last[-1] = n - 1
+    ends = np.append(starts[1:], n)
     order = np.lexsort((gcodes[starts], w[starts]))  # by window, then GPU
     singles = m == n  # one row per (window, GPU): the usual case (rollups read at the window)
     ident = ["gpu", "gpu_code", "host", "gpu_index", "uuid", "name", "job_id"]
     ident += [c for c in ("host_code", "job_id_code") if c in rows.columns]
-    out = rows[ident].take(last[order]).reset_index(drop=True)
+    out = rows[ident].take((ends - 1)[order]).reset_index(drop=True)
     out.insert(0, "window_start_ns", w[starts][order])
     cols: dict[str, np.ndarray] = {}
     mean_cols = [c for c in rows.columns if c in GAUGES or c in means or c.startswith("frac_")]
     sum_cols = [c for c in sums if c in rows.columns]
-    samples = np.diff(np.append(starts, n))[order]
+    samples = (ends - starts)[order]
     for col in (*mean_cols, "samples", *sum_cols):
         if col == "samples":
             cols[col] = samples

@@ -295,13 +295,18 @@ def _agg_sql(step_ns: int, src: str, attrs: Sequence[str]) -> str:
     )
 
 
+def _raw_avg_columns(attrs: Sequence[str]) -> str:
+    """The select-list of raw aggregates: means, or the bare value of a last-value attribute."""
+    return "".join(f", {a}" if a in LAST_VALUE_ATTRS else f", avg({a}) AS {a}" for a in attrs)
+
+
 def _raw_agg_sql(step_ns: int, attrs: Sequence[str], gpu_filter: str) -> str:
     """Aggregate raw samples in ``time_ns >= ? AND time_ns < ?`` into step buckets (level rows).
 
     The same result as ``_agg_sql`` over raw rows of weight 1, with plain avg() (lost samples
     have no metrics), which is cheaper.
     """
-    cols = "".join(f", {a}" if a in LAST_VALUE_ATTRS else f", avg({a}) AS {a}" for a in attrs)
+    cols = _raw_avg_columns(attrs)
     return (
         f"SELECT s.time_ns / {step_ns} * {step_ns} AS time_ns, gpu_id, count(*) AS n, "
         f"sum(1 - lost) AS n_ok, max(CASE WHEN lost = 0 THEN s.time_ns END) AS t_last_ns{cols} "
@@ -312,7 +317,7 @@ def _raw_agg_sql(step_ns: int, attrs: Sequence[str], gpu_filter: str) -> str:
 def _raw_bucket_agg_sql(attrs: Sequence[str], gpu_filter: str) -> str:
     """``_raw_agg_sql`` for a range inside one bucket, given as the first parameter: grouped by
     GPU alone, SQLite's sorter keys on the GPU id instead of an expression, ~12 % cheaper."""
-    cols = "".join(f", {a}" if a in LAST_VALUE_ATTRS else f", avg({a}) AS {a}" for a in attrs)
+    cols = _raw_avg_columns(attrs)
     return (
         "SELECT ? AS time_ns, gpu_id, count(*) AS n, sum(1 - lost) AS n_ok, "
         f"max(CASE WHEN lost = 0 THEN time_ns END) AS t_last_ns{cols} "
