@@ -114,13 +114,14 @@ def label_codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarra
     if code_column not in frame.columns:
         codes, labels = pd.factorize(frame[column], sort=True)
         return codes.astype(np.int64), np.asarray(labels, dtype=object)
-    raw = frame[code_column].to_numpy(dtype=np.int64)
-    present, first, dense = np.unique(raw, return_index=True, return_inverse=True)
-    labels = frame[column].to_numpy(dtype=object)[first]
-    dense = dense.astype(np.int64)
-    if len(present) and present[0] < 0:  # missing values
-        return dense - 1, labels[1:]
-    return dense, labels
+    # the codes are small integers: renumbering them densely needs a count, not a sort
+    shifted = frame[code_column].to_numpy(dtype=np.int64) + 1  # missing (-1) -> 0
+    seen = np.bincount(shifted, minlength=1) > 0
+    seen[0] = False  # missing values get no label
+    dense = np.cumsum(seen) - 1  # by raw code; -1 for missing
+    row_of = np.zeros(len(seen), dtype=np.int64)
+    row_of[shifted] = np.arange(len(shifted))  # a row holding each code (all share its label)
+    return dense[shifted], frame[column].to_numpy(dtype=object)[row_of[seen]]
 
 
 def gpu_keys(frame: pd.DataFrame) -> pd.Series:
