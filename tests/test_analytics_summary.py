@@ -93,3 +93,45 @@ def test_prepared_codes_match_factorizing_the_labels() -> None:
             assert np.array_equal(codes2, want_codes) and list(labels2) == list(want_labels)
     assert (label_codes(rows, "job_id")[0] >= 0).all()  # the job filter keeps only its rows
     assert -1 in label_codes(prepare(frame, now_ns=now, window_s=60.0, jobs=jobs), "job_id")[0]
+
+
+def test_per_gpu_identity_is_groupby_last() -> None:
+    """The per-GPU identity and job are each column's newest non-missing value, exactly as
+    ``groupby.last()`` gives them: a missing newest value, a column missing throughout for one
+    GPU (str: NaN; object: None), and GPU codes with gaps."""
+    import numpy as np
+
+    from gpuwatt.analytics.summary import _per_gpu
+
+    codes = np.array([0, 2, 5, 0, 2, 5, 0, 2, 5])  # by window, then GPU
+    gw = pd.DataFrame(
+        {
+            "window_start_ns": np.repeat([0, 60, 120], 3),
+            "gpu_code": codes,
+            "gpu": pd.array(["a", "b", "c"] * 3, dtype="str"),
+            "host": pd.array(["h0", None, "h1", "h0", None, None, "h0", None, None], dtype="str"),
+            "gpu_index": [0, 1, 2] * 3,
+            "uuid": pd.array(["u0", "u1", None, "u0", None, None, None, "u1", None], dtype="str"),
+            "name": pd.array(["H100"] * 9, dtype="str"),
+            "job_id": pd.Series(
+                ["j", None, "k", None, None, None, None, None, np.nan], dtype=object
+            ),
+            "energy_delta_j": [1.0, np.nan, 2.0, 3.0, np.nan, 4.0, np.nan, np.nan, 5.0],
+            "idle_energy_j": 0.0,
+            "idle": [False, True, False] * 3,
+            "power_w": [100.0, np.nan, 300.0] * 3,
+            "tflops_gpm": np.nan,
+        }
+    )
+    ident = ["gpu", "host", "gpu_index", "uuid", "name", "job_id"]
+    got = _per_gpu(gw)
+    want = gw.groupby("gpu_code", sort=True)[ident].last()
+    pd.testing.assert_frame_equal(got[ident], want, check_exact=True)
+    assert [type(j) for j in got["job_id"]] == [type(j) for j in want["job_id"]]
+    g = gw.groupby("gpu_code", sort=True)
+    pd.testing.assert_series_equal(
+        got["energy_j"], g["energy_delta_j"].sum(min_count=1), check_names=False
+    )
+    pd.testing.assert_series_equal(got["power_mean_w"], g["power_w"].mean(), check_names=False)
+    assert got["utilization_mean_pct"].isna().all()
+    assert list(got["idle_windows"]) == [0, 3, 0]

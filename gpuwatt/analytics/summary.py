@@ -149,6 +149,52 @@ def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd
     return add_cost_columns(out, tariff)
 
 
+def _per_gpu(gw: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU (indexed by ``gpu_code``, sorted): its identity and job as ``groupby.last()``
+    gives them, energy sums, idle windows and the means of power, utilisation and TFLOPS."""
+    codes = gw["gpu_code"].to_numpy(dtype=np.int64)
+    newest = _newest_rows(codes, np.ones(len(codes), dtype=bool))
+    present = np.flatnonzero(newest >= 0)
+    index = pd.Index(present, name="gpu_code")
+    cols: dict[str, object] = {"gpu_code": present}
+    for c in ("gpu", "host", "gpu_index", "uuid", "name", "job_id"):
+        values = _newest_valid(gw[c], codes, newest[present], present)
+        cols[c] = pd.Series(values, index=index, dtype=gw[c].dtype)  # object stays object
+    g = gw.groupby("gpu_code", sort=True)
+    sums = g[["energy_delta_j", "idle_energy_j"]].sum(min_count=1)
+    mean_of = {"power_w": "power_mean_w", "utilization_gpu_pct": "utilization_mean_pct"}
+    means = g[[c for c in (*mean_of, "tflops_gpm") if c in gw]].mean()
+    cols["energy_j"] = sums["energy_delta_j"].to_numpy()
+    cols["idle_energy_j"] = sums["idle_energy_j"].to_numpy()
+    cols["idle_windows"] = g["idle"].sum().to_numpy()
+    for c, name in mean_of.items():
+        cols[name] = means[c].to_numpy() if c in means else np.nan
+    cols["tflops_mean"] = means["tflops_gpm"].to_numpy()
+    return pd.DataFrame(cols, index=index)
+
+
+def _newest_rows(codes: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Per GPU code: the position of its newest row where ``ok`` (rows in time order), or -1."""
+    newest = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
+    np.maximum.at(newest, codes[ok], np.flatnonzero(ok))
+    return newest
+
+
+def _newest_valid(col: pd.Series, codes: np.ndarray, rows: np.ndarray, present: np.ndarray):
+    """``col``'s newest non-missing value per GPU, as ``groupby.last()``: the value of its newest
+    row (``rows``) unless missing; only then is the column searched for the newest value.
+    Taking one row per GPU avoids testing the strings of every row for missing values."""
+    values = col.array.take(rows)
+    if not pd.isna(values).any():
+        return values
+    at = _newest_rows(codes, col.notna().to_numpy())[present]
+    if col.dtype != object:
+        return col.array.take(at, allow_fill=True)
+    out = np.asarray(col.array.take(np.maximum(at, 0)), dtype=object)
+    out[at < 0] = None  # ``last()`` of object values all missing is None
+    return out
+
+
 #: Energy qualities, worst first: a node or job takes the worst of its GPUs.
 _QUALITY_ORDER: tuple[str, ...] = (
     Quality.NOT_AVAILABLE.value,
@@ -207,17 +253,7 @@ def analyze(
     stragglers = find_stragglers(sw, cfg, reasons_sampled=step_ns >= 10 * NS_PER_S)
 
     # --- per GPU -----------------------------------------------------------------------------
-    g = gw.groupby("gpu_code", sort=True)
-    per_gpu = g[["gpu", "host", "gpu_index", "uuid", "name", "job_id"]].last()
-    per_gpu.insert(0, "gpu_code", per_gpu.index.to_numpy())
-    per_gpu["energy_j"] = g["energy_delta_j"].sum(min_count=1)
-    per_gpu["idle_energy_j"] = g["idle_energy_j"].sum(min_count=1)
-    per_gpu["idle_windows"] = g["idle"].sum()
-    per_gpu["power_mean_w"] = g["power_w"].mean() if "power_w" in gw else np.nan
-    per_gpu["utilization_mean_pct"] = (
-        g["utilization_gpu_pct"].mean() if "utilization_gpu_pct" in gw else np.nan
-    )
-    per_gpu["tflops_mean"] = g["tflops_gpm"].mean()
+    per_gpu = _per_gpu(gw)
     with np.errstate(divide="ignore", invalid="ignore"):
         per_gpu["tflops_per_w"] = per_gpu["tflops_mean"] / per_gpu["power_mean_w"].where(
             per_gpu["power_mean_w"] > 0
