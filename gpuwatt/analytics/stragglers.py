@@ -103,7 +103,9 @@ def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str], np.ndarray]:
 
 def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     """Per (window, GPU): peer medians, ratios, ``anomalous`` and ``flagged`` (persistent)."""
-    gw = gw.sort_values(["gpu_code", "window_start_ns"], kind="stable").reset_index(drop=True)
+    w = gw["window_start_ns"].to_numpy(dtype=np.int64)
+    order = np.lexsort((w, gw["gpu_code"].to_numpy(dtype=np.int64)))  # by GPU, then window
+    gw = gw.take(order).reset_index(drop=True)
     gcodes, guniq, has_job = _peer_groups(gw)
     util = _col(gw, "utilization_gpu_pct")
     clock = _col(gw, "sm_clock_mhz")
@@ -117,7 +119,7 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     def masked(v: np.ndarray) -> np.ndarray:
         return np.where(busy, v, np.nan)
 
-    wcodes, _ = pd.factorize(gw["window_start_ns"].to_numpy(dtype=np.int64))
+    wcodes, _ = pd.factorize(w[order])
     # one group per (window, peer group), numbered once and reduced with numpy
     groups, _ = pd.factorize(wcodes.astype(np.int64) * max(len(guniq), 1) + gcodes)
     n_groups = int(groups.max()) + 1 if len(groups) else 0
@@ -130,12 +132,13 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
             "util": util,
         }
     )
-    med = work.groupby(groups, sort=False).transform("median")
+    # one median per group, spread to its rows (cheaper than ``transform``)
+    med = {c: v.to_numpy()[groups] for c, v in work.groupby(groups, sort=True).median().items()}
     n_busy = np.bincount(groups[busy], minlength=n_groups)[groups]
     with np.errstate(divide="ignore", invalid="ignore"):
-        score = clock / med["clock"].to_numpy()
-        power_score = ppu / med["ppu"].to_numpy()
-    temp_delta = temp - med["temp"].to_numpy()
+        score = clock / med["clock"]
+        power_score = ppu / med["ppu"]
+    temp_delta = temp - med["temp"]
 
     fracs = np.vstack([_col(gw, f) for f in FAULT_FRACTIONS])
     fault_known = np.isfinite(fracs).any(axis=0)
@@ -154,26 +157,28 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     anomalous = anomalous | sync_slow
 
     runs = run_lengths(gw["gpu_code"].to_numpy(), anomalous)
-    out = gw.assign(
-        peer_group=np.asarray(guniq, dtype=object)[gcodes],
-        peer_code=gcodes,
-        busy=busy,
-        peers_busy=n_busy,
-        peer_median_sm_clock_mhz=med["clock"].to_numpy(),
-        peer_median_temperature_c=med["temp"].to_numpy(),
-        peer_median_power_per_util=med["ppu"].to_numpy(),
-        peer_median_tensor_active_pct=med["tensor"].to_numpy(),
-        peer_median_utilization_pct=med["util"].to_numpy(),
-        score=score,
-        power_score=power_score,
-        temperature_delta_c=temp_delta,
-        fault_fraction=fault,
-        sync_slow=sync_slow,
-        anomalous=anomalous,
-        run=runs,
-        flagged=runs >= cfg.persist_windows,
+    scores = pd.DataFrame(
+        dict(
+            peer_group=np.asarray(guniq, dtype=object)[gcodes],
+            peer_code=gcodes,
+            busy=busy,
+            peers_busy=n_busy,
+            peer_median_sm_clock_mhz=med["clock"],
+            peer_median_temperature_c=med["temp"],
+            peer_median_power_per_util=med["ppu"],
+            peer_median_tensor_active_pct=med["tensor"],
+            peer_median_utilization_pct=med["util"],
+            score=score,
+            power_score=power_score,
+            temperature_delta_c=temp_delta,
+            fault_fraction=fault,
+            sync_slow=sync_slow,
+            anomalous=anomalous,
+            run=runs,
+            flagged=runs >= cfg.persist_windows,
+        )
     )
-    return out
+    return pd.concat([gw, scores], axis=1)  # one frame, not a column at a time
 
 
 def _sync_outlier(

@@ -244,7 +244,9 @@ def run_lengths(gpus: np.ndarray, flags: np.ndarray) -> np.ndarray:
     f = np.asarray(flags, dtype=bool)
     new_gpu = np.ones(n, dtype=bool)
     new_gpu[1:] = gpus[1:] != gpus[:-1]
+    # a run starts at a break (a new GPU or a False flag); after it every row is True, so the
+    # count at a row is its distance from the run's start, plus one if that start is True
     breaks = new_gpu | ~f
-    run_id = np.cumsum(breaks)
-    counts = pd.Series(f.astype(np.int64)).groupby(run_id).cumsum().to_numpy()
-    return np.where(f, counts, 0)
+    pos = np.arange(n)
+    start = np.maximum.accumulate(np.where(breaks, pos, 0))
+    return np.where(f, pos - start + f[start], 0)
