@@ -112,6 +112,14 @@ def _nansum_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
     return np.where(cnt > 0, tot, np.nan)
 
 
+def _present(keys: np.ndarray, size: int) -> np.ndarray:
+    """The distinct ``keys`` (integers in ``[0, size)``), sorted, as ``np.unique`` gives them:
+    marked in a table when it is not much larger than the keys, which is cheaper than a sort."""
+    if size > 4 * len(keys) + 1024:
+        return np.unique(keys)
+    return np.flatnonzero(np.bincount(keys, minlength=size))
+
+
 def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd.DataFrame:
     """Energy, power and utilisation per node (``host``) or per job, from the GPU windows."""
     all_codes, uniq = label_codes(gw, key)
@@ -122,7 +130,7 @@ def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd
     n = len(uniq)
     gcode = gw["gpu_code"].to_numpy(dtype=np.int64)[keep]
     n_gpu = int(gw["gpu_code"].max()) + 1
-    pairs = np.unique(codes * n_gpu + gcode)
+    pairs = _present(codes * n_gpu + gcode, n * n_gpu)
 
     def values(c: str) -> np.ndarray:
         return gw[c].to_numpy(dtype=float)[keep]
@@ -142,7 +150,8 @@ def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd
     )
     rank = {q: i for i, q in enumerate(_QUALITY_ORDER)}
     gpu_rank = np.full(n_gpu, len(_QUALITY_ORDER) - 1, dtype=np.int64)
-    gpu_rank[per_gpu["gpu_code"].to_numpy()] = [rank[q] for q in per_gpu["energy_quality"]]
+    qualities = per_gpu["energy_quality"].to_numpy(dtype=object)  # iterating a Series is slow
+    gpu_rank[per_gpu["gpu_code"].to_numpy()] = [rank[q] for q in qualities]
     worst_rank = np.full(n, len(_QUALITY_ORDER) - 1, dtype=np.int64)
     np.minimum.at(worst_rank, pairs // n_gpu, gpu_rank[pairs % n_gpu])
     out["energy_quality"] = [_QUALITY_ORDER[r] for r in worst_rank]

@@ -55,7 +55,7 @@ def _identity(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> _Identity:
     icodes, indexes = pd.factorize(frame["gpu_index"], use_na_sentinel=False)
     hosts, uuids = np.asarray(hosts, dtype=object), np.asarray(uuids, dtype=object)
     combo = (hcodes.astype(np.int64) * len(indexes) + icodes) * len(uuids) + ucodes
-    uniq, inverse = np.unique(combo, return_inverse=True)
+    uniq, inverse = _sorted_unique(combo)
     u_code = uniq % len(uuids)
     rest = uniq // len(uuids)
     h_code, i_code = rest // len(indexes), rest % len(indexes)
@@ -82,6 +82,16 @@ def _identity(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> _Identity:
     host_rank = _sorted_codes(hosts)
     host_code = None if host_rank is None else host_rank[hcodes]
     return _Identity(key_code[inverse].astype(np.int64), keys, job_per_row, host_code, job_code)
+
+
+def _sorted_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for many integers with few distinct values:
+    hashing them and sorting only the distinct ones is cheaper than sorting them all."""
+    codes, uniques = pd.factorize(values)
+    order = np.argsort(uniques)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return uniques[order], rank[codes]
 
 
 @dataclass(frozen=True)
