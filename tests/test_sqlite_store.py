@@ -4,7 +4,6 @@ WAL with a writer and readers in other threads and processes."""
 from __future__ import annotations
 
 import contextlib
-import re
 import sqlite3
 import subprocess
 import sys
@@ -88,7 +87,7 @@ def test_write_lines_round_trip(store: SqliteStore, make_sample) -> None:
 def test_minute_rollup_is_incremental_by_data_time(store: SqliteStore, make_sample) -> None:
     for batch in rounds(make_sample, 0, 180, 10):
         store.write_samples(batch)
-    # Newest data is at 170 s; with the 10 s grace minutes [0, 120) are rolled, minute 2 is not.
+    # Newest data is at 170 s; with the 30 s grace minutes [0, 120) are rolled, minute 2 is not.
     rows = peek(store.path, "SELECT time_ns, gpu_id, n, n_ok FROM samples_1m ORDER BY 1, 2")
     assert [(t, n) for t, _, n, _ in rows] == [(T0, 6), (T0, 6), (T0 + 60 * S, 6), (T0 + 60 * S, 6)]
     assert_matches_raw(store, T0, T0 + 180 * S, 60)  # rolled minutes + the open one from raw
@@ -98,11 +97,9 @@ def test_minute_rollup_is_incremental_by_data_time(store: SqliteStore, make_samp
 def test_late_samples_recompute_their_bucket(store: SqliteStore, make_sample) -> None:
     for batch in rounds(make_sample, 0, 180, 10):
         store.write_samples(batch)
-    # A spool replays a point the rollups have already seen past: its 10-second bucket and its
-    # minute are dirty (the hour is not rolled yet).
+    # A spool replays a point the minute rollup has already seen past.
     store.write_samples([make_sample(T0 + 5 * S, "node1", 0, power_w=1000.0, energy_j=5.0)])
-    dirty = peek(store.path, "SELECT level_ns, bucket_ns FROM rollup_dirty ORDER BY 1")
-    assert dirty == [(10 * S, T0), (60 * S, T0)]
+    assert peek(store.path, "SELECT level_ns, bucket_ns FROM rollup_dirty") == [(60 * S, T0)]
     assert_matches_raw(store, T0, T0 + 180 * S, 60)  # reads are exact before the recompute
     # A write that has moved past minute 0 recomputes it once.
     store.write_samples(next(rounds(make_sample, 180, 190, 10)))
@@ -308,94 +305,3 @@ def test_the_last_of_two_samples_of_a_gpu_and_time_in_one_batch_wins(
         store.write_samples(batch)
         assert store.latest()[g] == batch[-1], pattern
     assert store.count_samples(T0, T0 + S) == 4
-
-
-def raw_aggregated_ranges(store: SqliteStore, read) -> list[tuple[int, int]]:
-    """The time ranges of raw samples that ``read()`` aggregates in SQL."""
-    ranges: list[tuple[int, int]] = []
-
-    def trace(sql: str) -> None:
-        if "FROM samples " in sql and "avg(" in sql:
-            lo, hi = re.search(r"time_ns >= (\d+) AND time_ns < (\d+)", sql).groups()
-            ranges.append((int(lo), int(hi)))
-
-    with store._reader() as con:  # the pooled connection the read will use
-        con.set_trace_callback(trace)
-    try:
-        read()
-    finally:
-        with store._reader() as con:
-            con.set_trace_callback(None)
-    return ranges
-
-
-def test_ten_second_buckets_keep_the_raw_tail_of_a_live_read_short(
-    store: SqliteStore, make_sample
-) -> None:
-    """Minutes are rolled from 10-second buckets; a read that ends now aggregates in SQL only
-    the raw samples of the last 10-20 s (the grace and the open bucket), not the whole
-    not-yet-rolled minute."""
-    for batch in rounds(make_sample, 0, 175, 1):
-        store.write_samples(batch)
-    # Newest data at 174 s, 10 s grace: 10-second buckets rolled up to 160 s, minutes to 120 s.
-    tens = peek(store.path, "SELECT DISTINCT time_ns FROM samples_10s ORDER BY 1")
-    assert tens == [(T0 + b * S,) for b in range(0, 160, 10)]
-    minutes = peek(store.path, "SELECT DISTINCT time_ns FROM samples_1m ORDER BY 1")
-    assert minutes == [(T0,), (T0 + 60 * S,)]
-    for step_s in (10, 20, 30, 60, 120):
-        assert_matches_raw(store, T0, T0 + 175 * S, step_s)
-    read = lambda: store.series(T0, T0 + 175 * S, ["power_w"], step_s=60)  # noqa: E731
-    ranges = raw_aggregated_ranges(store, read)
-    assert ranges and min(lo for lo, _ in ranges) == T0 + 160 * S
-
-
-def test_a_minute_rolled_over_a_dirty_ten_second_bucket_is_recomputed(
-    store: SqliteStore, make_sample
-) -> None:
-    for batch in rounds(make_sample, 0, 90, 1):
-        store.write_samples(batch)  # 10-second buckets rolled to 70 s, minutes to 60 s
-    # One batch: a changed sample at 65 s (its 10-second bucket is rolled, its minute is not)
-    # and the data moving on to 200 s, which rolls that minute over the stale bucket.
-    late = make_sample(T0 + 65 * S, "node1", 0, power_w=5000.0, energy_j=650.0)
-    store.write_samples([late, *next(rounds(make_sample, 200, 201, 1))])
-    dirty = peek(store.path, "SELECT level_ns, bucket_ns FROM rollup_dirty ORDER BY 1")
-    assert dirty == [(10 * S, T0 + 60 * S), (60 * S, T0 + 60 * S)]
-    for step_s in (10, 60):
-        assert_matches_raw(store, T0, T0 + 201 * S, step_s)  # exact before the recompute
-    store.write_samples(next(rounds(make_sample, 210, 211, 1)))
-    assert peek(store.path, "SELECT count(*) FROM rollup_dirty") == [(0,)]
-    (power,) = peek(
-        store.path,
-        "SELECT power_w FROM samples_1m WHERE time_ns = ? AND gpu_id = 1",
-        (T0 + 60 * S,),
-    )[0]
-    want = [5000.0 if t == 65 else 100.0 + t % 97 for t in range(60, 90)]
-    assert power == pytest.approx(sum(want) / len(want), rel=1e-12)
-    for step_s in (10, 60):
-        assert_matches_raw(store, T0, T0 + 211 * S, step_s)
-
-
-def test_a_database_written_without_the_ten_second_level(tmp_path: Path, make_sample) -> None:
-    """Opened by this version, a database of an older one reads the same, takes 10-second
-    buckets from then on, and recomputes a late minute from before that from raw samples."""
-    path = tmp_path / "old.db"
-    fields = ["power_w", "energy_j"]
-    with SqliteStore(path) as store:
-        for batch in rounds(make_sample, 0, 600, 5):
-            store.write_samples(batch)
-        want = {s: store.series(T0, T0 + 3600 * S, fields, step_s=s) for s in (10, 30, 60)}
-    with contextlib.closing(sqlite3.connect(path)) as con, con:  # as an older version left it
-        con.execute("DELETE FROM samples_10s")
-        con.execute("DELETE FROM meta WHERE key = 'rolled_10'")
-    with SqliteStore(path) as store:
-        for step_s, frame in want.items():
-            got = store.series(T0, T0 + 3600 * S, fields, step_s=step_s)
-            pd.testing.assert_frame_equal(got, frame, check_exact=False, rtol=1e-12)
-        store.write_samples([make_sample(T0 + 30 * S, "node1", 1, power_w=900.0, energy_j=1.0)])
-        for batch in rounds(make_sample, 600, 700, 5):
-            store.write_samples(batch)
-        assert peek(store.path, "SELECT count(*) FROM rollup_dirty") == [(0,)]
-        tens = peek(store.path, "SELECT min(time_ns) FROM samples_10s WHERE time_ns >= ?", (T0,))
-        assert tens == [(T0 + 540 * S,)]  # where the minutes stood when it was opened
-        for step_s in (10, 30, 60, 120):
-            assert_matches_raw(store, T0, T0 + 700 * S, step_s)

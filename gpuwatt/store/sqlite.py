@@ -7,31 +7,23 @@ Tables:
 - ``samples``: one wide row per GPU and time, keyed by ``(time_ns, gpu_id)`` (WITHOUT ROWID, so
   rows are clustered by time: appends go to the end of one B-tree and a time range is one range
   scan). Model units and attribute names (bytes, not Telegraf's MiB).
-- ``samples_10s``, ``samples_1m``, ``samples_1h``: per-GPU buckets keyed by ``(time_ns, gpu_id)``
-  (bucket start): the mean of gauges and the last value of ``LAST_VALUE_ATTRS`` (counters,
-  booleans), the sample count ``n``, the count of non-lost samples ``n_ok`` and the time of the
-  last non-lost sample.
+- ``samples_1m``, ``samples_1h``: per-GPU buckets keyed by ``(time_ns, gpu_id)`` (bucket start):
+  the mean of gauges and the last value of ``LAST_VALUE_ATTRS`` (counters, booleans), the sample
+  count ``n``, the count of non-lost samples ``n_ok`` and the time of the last non-lost sample.
 
-Rollups follow *data* time, never the wall clock. A 10-second bucket is rolled from the raw samples
-once the newest data time has passed its end by ``rollup_grace_s``; minutes are rolled from
-10-second buckets and hours from minutes. A sample that arrives for a bucket already rolled (a
-spool replaying an outage) marks the bucket dirty; dirty buckets are recomputed once a later write
-has moved past them (a replay recomputes each bucket once, not once per batch), or by
-``flush_rollups()``. Reads never trust a dirty or not-yet-rolled bucket: they aggregate those from
-the level below, so a read is always exact.
+Rollups follow *data* time, never the wall clock. A 1-minute bucket is rolled once the newest data
+time has passed its end by ``rollup_grace_s``; hours are rolled from minutes. A sample that
+arrives for a bucket already rolled (a spool replaying an outage) marks the bucket dirty; dirty
+buckets are recomputed once a later write has moved past them (a replay recomputes each bucket
+once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
+bucket: they aggregate those from the level below, so a read is always exact.
 
-Why 10 seconds: a read that ends now (every live dashboard view) must aggregate the samples not
-rolled up yet in SQL, ~3 µs per wide row. With minutes rolled from raw samples that tail was
-30-90 s of every GPU's samples; with the 10-second level it is 10-20 s at the default grace.
-
-A coarser bucket's means are the finer buckets' means weighted by their count of non-lost
-samples: exact whenever a metric is present in every non-lost sample (it is for a given GPU and
-driver).
+1-hour means are minute means weighted by the minute's count of non-lost samples: exact whenever
+a metric is present in every non-lost sample (it is for a given GPU and driver).
 
 Retention is by data time too: rows older than the newest data time minus the retention of their
-table are deleted (checked once per minute of data time); 10-second buckets are kept as long as
-raw samples. A host whose clock runs far ahead moves the newest data time with it; the collector
-stamps samples with a synchronised clock.
+table are deleted (checked once per minute of data time). A host whose clock runs far ahead moves
+the newest data time with it; the collector stamps samples with a synchronised clock.
 """
 
 from __future__ import annotations
@@ -44,7 +36,7 @@ import operator
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +56,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 NS_PER_S = 1_000_000_000
-TEN_S_NS = 10 * NS_PER_S
 MINUTE_NS = 60 * NS_PER_S
 HOUR_NS = 3600 * NS_PER_S
 DAY_S = 86_400
@@ -72,14 +63,8 @@ DAY_S = 86_400
 #: Every schema field, stored under its model attribute name.
 METRIC_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS)
 _SQL_TYPE = {Kind.INT: "INTEGER", Kind.FLOAT: "REAL", Kind.BOOL: "INTEGER", Kind.STR: "TEXT"}
-#: Rollup levels, finest first, and their tables; each is rolled from the level below it.
-_LEVELS: tuple[int, ...] = (TEN_S_NS, MINUTE_NS, HOUR_NS)
-_ROLLUP_TABLES = {TEN_S_NS: "samples_10s", MINUTE_NS: "samples_1m", HOUR_NS: "samples_1h"}
-_LOWER_LEVEL = {TEN_S_NS: 0, MINUTE_NS: TEN_S_NS, HOUR_NS: MINUTE_NS}
-#: Levels with a packed copy (see ``packed``). 10-second buckets are read only for the short
-#: not-yet-minute tail of a range (a few thousand rows), where SQL is cheap enough, while packing
-#: every bucket would cost the writer ~0.8 µs per sample.
-_PACKED_LEVELS: tuple[int, ...] = (MINUTE_NS, HOUR_NS)
+_ROLLUP_TABLES = {MINUTE_NS: "samples_1m", HOUR_NS: "samples_1h"}
+_LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
 _RETENTION_CHECK_NS = MINUTE_NS
 
 # Binding cost decides the ingest rate. CPython's sqlite3 binds an exact int, float or str in
@@ -340,11 +325,11 @@ def _raw_bucket_agg_sql(attrs: Sequence[str], gpu_filter: str) -> str:
     )
 
 
-def _raw_roll_sql(table: str) -> str:
-    """Roll the raw samples of the bucket ``[?1, ?2)`` into ``table``.
+def _minute_roll_sql() -> str:
+    """Roll the raw samples of the minute ``[?1, ?2)`` into ``samples_1m``.
 
     The same rows as ``_raw_agg_sql`` (one per GPU), without its sort of every wide row by GPU:
-    GPUs are the outer loop, each seeking its samples at the bucket's distinct times (found by
+    GPUs are the outer loop, each seeking its samples at the minute's distinct times (found by
     a skip scan of the primary key), so groups come out in order and stream. ~30 % cheaper.
     """
     cols = "".join(f", s.{a}" if a in LAST_VALUE_ATTRS else f", avg(s.{a})" for a in METRIC_ATTRS)
@@ -354,7 +339,7 @@ def _raw_roll_sql(table: str) -> str:
         "SELECT min(time_ns) FROM samples WHERE time_ns >= ?1 AND time_ns < ?2 UNION ALL "
         "SELECT (SELECT min(time_ns) FROM samples WHERE time_ns > x AND time_ns < ?2) "
         "FROM t WHERE x IS NOT NULL) "
-        f"INSERT INTO {table} ({names}) "
+        f"INSERT INTO samples_1m ({names}) "
         "SELECT ?1, g.id, count(*), sum(1 - s.lost), "
         f"max(CASE WHEN s.lost = 0 THEN s.time_ns END){cols} "
         "FROM gpus g CROSS JOIN t CROSS JOIN samples s ON s.time_ns = t.x AND s.gpu_id = g.id "
@@ -362,7 +347,7 @@ def _raw_roll_sql(table: str) -> str:
     )
 
 
-_RAW_ROLL_SQL = {level: _raw_roll_sql(table) for level, table in _ROLLUP_TABLES.items()}
+_MINUTE_ROLL_SQL = _minute_roll_sql()
 
 
 class SqliteStore:
@@ -377,7 +362,7 @@ class SqliteStore:
         retention_1m_s: int = 90 * DAY_S,
         retention_1h_s: int = 3 * 365 * DAY_S,
         retention_packed_1m_s: int = 8 * DAY_S,
-        rollup_grace_s: int = 10,
+        rollup_grace_s: int = 30,
         busy_timeout_s: float = 30.0,
     ) -> None:
         self.path = Path(path)
@@ -408,29 +393,17 @@ class SqliteStore:
             self._writer.execute("PRAGMA journal_mode=WAL").close()
         self._writer.executescript(f"BEGIN IMMEDIATE;\n{_schema_sql()}\nCOMMIT;")
         with self._transaction(self._writer):
-            self._init_levels(self._writer)
             self._init_packed(self._writer)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
-
-    def _init_levels(self, con: sqlite3.Connection) -> None:
-        """In a database written by a version without the 10-second level, start that level
-        where the minutes stand: its buckets exist from there on (``_since_key``); older ranges
-        are read, and older minutes recomputed, from the raw samples."""
-        meta = self._meta(con)
-        up_m = meta.get(_rolled_key(MINUTE_NS))
-        if _rolled_key(TEN_S_NS) not in meta and up_m is not None:
-            self._set_meta(con, _rolled_key(TEN_S_NS), up_m)
-            self._set_meta(con, _since_key(TEN_S_NS), up_m)
 
     def _init_packed(self, con: sqlite3.Connection) -> None:
         """Record, per rollup level, from which bucket on the packed copy is complete: every
         bucket of a new database; only buckets rolled from now on in one written by a version
         without the packed copy (older buckets are read from the rollup table)."""
         meta = self._meta(con)
-        for level in _PACKED_LEVELS:
-            table = _ROLLUP_TABLES[level]
+        for level, table in _ROLLUP_TABLES.items():
             key = _packed_key(level)
             if key in meta:
                 continue
@@ -610,102 +583,88 @@ class SqliteStore:
         newest = max(meta.get("max_time_ns", t_max), t_max)
         if newest != meta.get("max_time_ns"):
             self._set_meta(con, "max_time_ns", newest)
-        ups = _rolled_up_to(meta, t_min)
-        # Late samples: buckets already rolled become dirty (at every level they reach; not
-        # before a level's start, where it has no buckets).
-        if t_min < ups[TEN_S_NS]:
-            for level in _LEVELS:
-                up, since = ups[level], meta.get(_since_key(level), -(2**63))
-                if t_min < up:
-                    buckets = {_floor(t, level) for t in times if since <= t < up}
-                    con.executemany(
-                        "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
-                        [(level, b) for b in buckets],
-                    )
-        self._roll_levels(con, meta, ups, _floor(newest - self.rollup_grace_ns, TEN_S_NS), t_min)
+        up_m = meta.get("rolled_60")
+        up_h = meta.get("rolled_3600")
+        if up_m is None:
+            up_m = _floor(t_min, MINUTE_NS)
+            up_h = _floor(t_min, HOUR_NS)
+            self._set_meta(con, "rolled_3600", up_h)
+        assert up_h is not None
+        # Late samples: buckets already rolled become dirty.
+        if t_min < up_m:
+            minutes = {_floor(t, MINUTE_NS) for t in times if t < up_m}
+            con.executemany(
+                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
+                [(MINUTE_NS, b) for b in minutes],
+            )
+            hours = {_floor(b, HOUR_NS) for b in minutes if b < up_h}
+            con.executemany(
+                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)", [(HOUR_NS, b) for b in hours]
+            )
+        # Roll minutes the data has moved past.
+        new_up_m = max(up_m, _floor(newest - self.rollup_grace_ns, MINUTE_NS))
+        if new_up_m > up_m:
+            self._roll(con, MINUTE_NS, up_m, new_up_m)
+        if new_up_m != meta.get("rolled_60"):
+            self._set_meta(con, "rolled_60", new_up_m)
+        # Recompute dirty minutes this write has moved past, then hours.
+        self._recompute_dirty(con, MINUTE_NS, t_min)
+        new_up_h = max(up_h, _floor(new_up_m, HOUR_NS))
+        if new_up_h > up_h:
+            self._roll(con, HOUR_NS, up_h, new_up_h)
+            self._set_meta(con, "rolled_3600", new_up_h)
+            # Hours rolled over minutes that are still dirty must be recomputed later.
+            con.execute(
+                "INSERT OR IGNORE INTO rollup_dirty SELECT ?1, bucket_ns / ?1 * ?1 "
+                "FROM rollup_dirty WHERE level_ns = ?2 AND bucket_ns >= ?3 AND bucket_ns < ?4",
+                (HOUR_NS, MINUTE_NS, up_h, new_up_h),
+            )
+        self._recompute_dirty(con, HOUR_NS, t_min)
         last_ret = meta.get("retention_at_ns")
         if last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS:
             self._apply_retention(con, newest)
             self._set_meta(con, "retention_at_ns", newest)
 
-    def _roll_levels(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        ups: dict[int, int],
-        target_ns: int,
-        dirty_before_ns: int,
-    ) -> None:
-        """Roll every level up to ``target_ns`` (each to its own bucket boundary), finest first,
-        and recompute the dirty buckets that end before ``dirty_before_ns``."""
-        for level in _LEVELS:
-            up = ups[level]
-            new_up = max(up, _floor(target_ns, level))
-            if new_up > up:
-                self._roll(con, level, up, new_up)
-                lower = _LOWER_LEVEL[level]
-                if lower:
-                    # Buckets rolled over lower buckets that are still dirty: recompute later.
-                    con.execute(
-                        "INSERT OR IGNORE INTO rollup_dirty SELECT ?1, bucket_ns / ?1 * ?1 "
-                        "FROM rollup_dirty WHERE level_ns = ?2 AND bucket_ns >= ?3 "
-                        "AND bucket_ns < ?4",
-                        (level, lower, up, new_up),
-                    )
-            if new_up != meta.get(_rolled_key(level)):
-                self._set_meta(con, _rolled_key(level), new_up)
-            self._recompute_dirty(con, level, dirty_before_ns)
-
     def _roll(self, con: sqlite3.Connection, level_ns: int, start_ns: int, end_ns: int) -> None:
-        """(Re)compute the ``level_ns`` buckets in ``[start_ns, end_ns)`` from the level below
-        (from the raw samples where the level below starts later: see ``_init_levels``)."""
+        """(Re)compute the ``level_ns`` buckets in ``[start_ns, end_ns)`` from the level below."""
         table = _ROLLUP_TABLES[level_ns]
         lower = _LOWER_LEVEL[level_ns]
         con.execute(f"DELETE FROM {table} WHERE time_ns >= ? AND time_ns < ?", (start_ns, end_ns))
-        raw_end = start_ns
         if lower == 0:
-            raw_end = end_ns
+            # One minute at a time, skipping minutes without samples.
+            bucket = start_ns
+            while bucket < end_ns:
+                (first,) = con.execute(
+                    "SELECT min(time_ns) FROM samples WHERE time_ns >= ? AND time_ns < ?",
+                    (bucket, end_ns),
+                ).fetchone()
+                if first is None:
+                    break
+                bucket = _floor(first, MINUTE_NS)
+                con.execute(_MINUTE_ROLL_SQL, (bucket, bucket + MINUTE_NS))
+                bucket += MINUTE_NS
         else:
-            since = self._meta(con).get(_since_key(lower))
-            if since is not None:
-                raw_end = min(end_ns, max(start_ns, since))
-        # Bucket by bucket from the raw samples, skipping buckets without samples.
-        bucket = start_ns
-        while bucket < raw_end:
-            (first,) = con.execute(
-                "SELECT min(time_ns) FROM samples WHERE time_ns >= ? AND time_ns < ?",
-                (bucket, raw_end),
-            ).fetchone()
-            if first is None:
-                break
-            bucket = _floor(first, level_ns)
-            con.execute(_RAW_ROLL_SQL[level_ns], (bucket, bucket + level_ns))
-            bucket += level_ns
-        if raw_end < end_ns:
             src = (
                 f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns, {', '.join(METRIC_ATTRS)} "
                 f"FROM {_ROLLUP_TABLES[lower]} WHERE time_ns >= ? AND time_ns < ?"
             )
             select = _agg_sql(level_ns, src, METRIC_ATTRS)
             cols = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
-            con.execute(f"INSERT INTO {table} ({cols}) {select}", (raw_end, end_ns))
-        if level_ns in _PACKED_LEVELS:
-            packed.repack(con, level_ns, table, start_ns, end_ns, METRIC_ATTRS)
+            con.execute(f"INSERT INTO {table} ({cols}) {select}", (start_ns, end_ns))
+        packed.repack(con, level_ns, table, start_ns, end_ns, METRIC_ATTRS)
 
     def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
-        """Recompute the dirty buckets that end at or before ``before_ns`` (not those over a
-        lower bucket that is still dirty: they wait for it)."""
+        """Recompute the dirty buckets that end at or before ``before_ns``."""
         rows = con.execute(
             "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns + ? <= ?",
             (level_ns, level_ns, before_ns),
         ).fetchall()
-        lower = _LOWER_LEVEL[level_ns]
         for (bucket,) in rows:
-            if lower:
+            if level_ns == HOUR_NS:
                 pending = con.execute(
                     "SELECT 1 FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
                     "AND bucket_ns < ? LIMIT 1",
-                    (lower, bucket, bucket + level_ns),
+                    (MINUTE_NS, bucket, bucket + HOUR_NS),
                 ).fetchone()
                 if pending:
                     continue
@@ -717,11 +676,9 @@ class SqliteStore:
     def _apply_retention(self, con: sqlite3.Connection, newest_ns: int) -> None:
         raw_cut = newest_ns - self.retention_raw_ns
         con.execute("DELETE FROM samples WHERE time_ns < ?", (raw_cut,))
-        con.execute("DELETE FROM samples_10s WHERE time_ns < ?", (raw_cut,))
-        # A dirty bucket whose source rows are gone cannot be recomputed; keep the rollup as is.
+        # A dirty minute whose raw rows are gone cannot be recomputed; keep the rollup as is.
         con.execute(
-            "DELETE FROM rollup_dirty WHERE level_ns IN (?, ?) AND bucket_ns < ?",
-            (TEN_S_NS, MINUTE_NS, raw_cut),
+            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
         )
         con.execute("DELETE FROM samples_1m WHERE time_ns < ?", (newest_ns - self.retention_1m_ns,))
         packed.delete_before(con, MINUTE_NS, newest_ns - self._packed_retention_ns[MINUTE_NS])
@@ -733,16 +690,10 @@ class SqliteStore:
         packed.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)
 
     def flush_rollups(self) -> None:
-        """Roll what the data has moved past and recompute every dirty bucket now (normally
-        done by the writes that follow)."""
+        """Recompute every dirty bucket now (normally done once writes have moved past it)."""
         with self._lock, self._transaction(self._writer):
-            con = self._writer
-            meta = self._meta(con)
-            if "max_time_ns" not in meta:
-                return  # nothing written yet
-            newest = meta["max_time_ns"]
-            target = _floor(newest - self.rollup_grace_ns, TEN_S_NS)
-            self._roll_levels(con, meta, _rolled_up_to(meta, newest), target, 2**62)
+            self._recompute_dirty(self._writer, MINUTE_NS, 2**62)
+            self._recompute_dirty(self._writer, HOUR_NS, 2**62)
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -780,17 +731,14 @@ class SqliteStore:
         """Several ``series`` reads in one read transaction (they see the same data). The raw
         samples not rolled up yet, whose aggregation in SQL is most of the cost of a read that
         ends near now, are aggregated once for the reads that cover the same ones."""
-        memo: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+        memo: dict[tuple[Any, ...], dict[str, Any]] = {}
         with self._reader() as con:
             columns = [self._series_columns(con, memo, r) for r in reads]
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
         return [_frame(c, attrs, gpus) for c, attrs in columns]
 
     def _series_columns(
-        self,
-        con: sqlite3.Connection,
-        memo: dict[tuple[Any, ...], dict[str, Any] | None],
-        read: SeriesRead,
+        self, con: sqlite3.Connection, memo: dict[tuple[Any, ...], dict[str, Any]], read: SeriesRead
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
         attrs = _check_fields(read.fields)
         start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
@@ -844,23 +792,15 @@ class SqliteStore:
         attrs: Sequence[str],
         gpu_filter: str,
         filter_params: list[Any],
-        memo: dict[tuple[Any, ...], dict[str, Any] | None],
+        memo: dict[tuple[Any, ...], dict[str, Any]],
     ) -> dict[str, Any] | None:
         """Level rows over ``[start_ns, end_ns)`` as columns (with ``n_ok`` and ``t_last_ns``):
-        clean rolled-up buckets from the packed copy (see ``packed``; in SQL for a level without
-        one), the rest aggregated from the level below (raw samples in SQL, finer buckets in
-        numpy). None when part of the range predates the packed copy: the caller reads the
-        rollup tables instead. What is read in SQL is kept in ``memo`` (one read transaction)
-        for the next read of the same rows: several reads ending now share their tail."""
+        clean rolled-up buckets from the packed copy (see ``packed``), the rest aggregated from
+        the level below (raw samples in SQL, minutes in numpy). None when part of the range
+        predates the packed copy: the caller reads the rollup tables instead. Raw aggregates
+        are kept in ``memo`` (one read transaction) for the next read of the same rows."""
         import numpy as np
 
-        if level_ns not in _PACKED_LEVELS:
-            key = (level_ns, start_ns, end_ns, tuple(attrs), gpu_filter, tuple(filter_params))
-            if key not in memo:
-                memo[key] = self._unpacked_level_columns(
-                    con, meta, level_ns, start_ns, end_ns, attrs, gpu_filter, filter_params, memo
-                )
-            return memo[key]
         clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
         parts = []
         if clean is not None:
@@ -878,50 +818,6 @@ class SqliteStore:
             if part is None:
                 return None
             parts.append(part)
-        return _joined(
-            parts,
-            self._below_columns(con, meta, level_ns, below, attrs, gpu_filter, filter_params, memo),
-            attrs,
-        )
-
-    def _unpacked_level_columns(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        gpu_filter: str,
-        filter_params: list[Any],
-        memo: dict[tuple[Any, ...], dict[str, Any] | None],
-    ) -> dict[str, Any] | None:
-        """``_level_columns`` of a level without a packed copy: clean buckets read in SQL."""
-        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
-        parts = []
-        if clean is not None:
-            sql, params = _clean_level_sql(level_ns, clean, dirty, attrs, gpu_filter)
-            parts.append(_level_columns_of(con.execute(sql, [*params, *filter_params]), attrs))
-        return _joined(
-            parts,
-            self._below_columns(con, meta, level_ns, below, attrs, gpu_filter, filter_params, memo),
-            attrs,
-        )
-
-    def _below_columns(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        level_ns: int,
-        below: list[tuple[int, int]],
-        attrs: Sequence[str],
-        gpu_filter: str,
-        filter_params: list[Any],
-        memo: dict[tuple[Any, ...], dict[str, Any] | None],
-    ) -> list[dict[str, Any]] | None:
-        """The ranges ``below`` as ``level_ns`` rows aggregated from the level under it (None:
-        see ``_level_columns``)."""
-        parts = []
         lower = _LOWER_LEVEL[level_ns]
         for lo, hi in below:
             if lower == 0:
@@ -939,7 +835,9 @@ class SqliteStore:
                 if sub is None:
                     return None
                 parts.append(packed.rebucket(sub, level_ns, attrs, LAST_VALUE_ATTRS))
-        return parts
+        if not parts:
+            return _level_columns_of([], attrs)
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def _level_plan(
         self,
@@ -951,27 +849,22 @@ class SqliteStore:
     ) -> tuple[tuple[int, int] | None, list[int], list[tuple[int, int]]]:
         """How to read level rows over ``[start_ns, end_ns)``: the range whose buckets are rolled
         up (None: no such part), the dirty buckets in it (not to be trusted), and the ranges to
-        aggregate from the level below instead (those buckets, what is not rolled yet, and what
-        precedes a level added to an existing database)."""
+        aggregate from the level below instead (those buckets, and what is not rolled yet)."""
         up = meta.get(_rolled_key(level_ns))
-        since = meta.get(_since_key(level_ns))
-        first = start_ns if since is None else max(start_ns, since)
         clean: tuple[int, int] | None = None
         dirty: list[int] = []
         below: list[tuple[int, int]] = []
-        if start_ns < first:
-            below.append((start_ns, min(first, end_ns)))
-        if up is not None and first < min(end_ns, up):
-            clean = (first, min(end_ns, up))
+        if up is not None and start_ns < min(end_ns, up):
+            clean = (start_ns, min(end_ns, up))
             dirty = [
                 b
                 for (b,) in con.execute(
                     "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
                     "AND bucket_ns < ?",
-                    (level_ns, _floor(first, level_ns), clean[1]),
+                    (level_ns, _floor(start_ns, level_ns), clean[1]),
                 )
             ]
-            below += [(max(b, first), min(b + level_ns, end_ns)) for b in dirty]
+            below += [(max(b, start_ns), min(b + level_ns, end_ns)) for b in dirty]
         tail_start = start_ns if up is None else max(start_ns, up)
         if tail_start < end_ns:
             below.append((tail_start, end_ns))
@@ -1018,9 +911,13 @@ class SqliteStore:
         parts: list[str] = []
         params: list[Any] = []
         if clean is not None:
-            sql, clean_params = _clean_level_sql(level_ns, clean, dirty, attrs, gpu_filter)
-            parts.append(sql)
-            params += [*clean_params, *filter_params]
+            not_dirty = f" AND time_ns NOT IN ({', '.join('?' * len(dirty))})" if dirty else ""
+            parts.append(
+                f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in attrs)} "
+                f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
+                f"{not_dirty}{gpu_filter}"
+            )
+            params += [*clean, *dirty, *filter_params]
         if below:
             src, p = self._below_src(con, meta, level_ns, below, attrs, gpu_filter, filter_params)
             parts.append(src)
@@ -1028,33 +925,6 @@ class SqliteStore:
         if not parts:  # an empty range
             return _raw_agg_sql(level_ns, attrs, gpu_filter), [0, 0, *filter_params]
         return " UNION ALL ".join(parts), params
-
-
-def _joined(
-    parts: list[dict[str, Any]], below: list[dict[str, Any]] | None, attrs: Sequence[str]
-) -> dict[str, Any] | None:
-    """Level-row column sets joined into one (None if ``below`` is None)."""
-    import numpy as np
-
-    if below is None:
-        return None
-    parts = parts + below
-    if not parts:
-        return _level_columns_of([], attrs)
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-def _clean_level_sql(
-    level_ns: int, clean: tuple[int, int], dirty: list[int], attrs: Sequence[str], gpu_filter: str
-) -> tuple[str, list[Any]]:
-    """SQL (and its parameters before the GPU filter's) for the clean buckets of a level."""
-    not_dirty = f" AND time_ns NOT IN ({', '.join('?' * len(dirty))})" if dirty else ""
-    sql = (
-        f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in attrs)} "
-        f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
-        f"{not_dirty}{gpu_filter}"
-    )
-    return sql, [*clean, *dirty]
 
 
 def _raw_level_rows(
@@ -1083,25 +953,9 @@ def _raw_level_rows(
 _FEW_BUCKETS = 4
 
 
-def _rolled_up_to(meta: dict[str, int], first_ns: int) -> dict[int, int]:
-    """Per level, the end of its rolled-up buckets (a new database: the bucket of ``first_ns``,
-    the first sample written)."""
-    out = {}
-    for level in _LEVELS:
-        up = meta.get(_rolled_key(level))
-        out[level] = _floor(first_ns, level) if up is None else up
-    return out
-
-
 def _rolled_key(level_ns: int) -> str:
     """The meta key of the end of the rolled-up buckets of a level."""
     return f"rolled_{level_ns // NS_PER_S}"
-
-
-def _since_key(level_ns: int) -> str:
-    """The meta key of the first bucket of a level added to an existing database (absent: the
-    level has every bucket its retention keeps)."""
-    return f"since_{level_ns // NS_PER_S}"
 
 
 def _packed_key(level_ns: int) -> str:
@@ -1111,7 +965,7 @@ def _packed_key(level_ns: int) -> str:
 
 def _level_for(step_ns: int) -> int:
     """The coarsest stored level whose buckets tile ``step_ns`` (0: raw samples)."""
-    for level in reversed(_LEVELS):
+    for level in (HOUR_NS, MINUTE_NS):
         if step_ns % level == 0:
             return level
     return 0
@@ -1143,23 +997,14 @@ def _columns(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any
     return out
 
 
-def _level_columns_of(rows: Iterable[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any]:
+def _level_columns_of(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any]:
     """Level rows (time_ns, gpu_id, n, n_ok, t_last_ns, attrs...) as numpy columns."""
     import numpy as np
 
-    columns = list(zip(*rows, strict=True))
-    if not columns:
-        out = _columns([], attrs)
-        return out | {"n_ok": np.zeros(0, np.int64), "t_last_ns": np.zeros(0, np.int64)}
-    out = {
-        "time_ns": np.array(columns[0], dtype=np.int64),
-        "gpu_id": np.array(columns[1], dtype=np.int64),
-    }
-    for a, column in zip(attrs, columns[5:], strict=True):
-        out[a] = np.array(column, dtype=np.float64)  # None -> NaN
-    out["n_ok"] = np.array(columns[3], dtype=np.int64)
+    out = _columns([(r[0], r[1], *r[5:]) for r in rows], attrs)
+    out["n_ok"] = np.array([r[3] for r in rows], dtype=np.int64)
     out["t_last_ns"] = np.array(
-        [packed.NULL_TIME if t is None else t for t in columns[4]], dtype=np.int64
+        [packed.NULL_TIME if r[4] is None else r[4] for r in rows], dtype=np.int64
     )
     return out
 
