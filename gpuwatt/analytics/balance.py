@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gpuwatt.analytics.windows import label_codes, run_lengths
+from gpuwatt.analytics.windows import label_codes, run_lengths, sorted_unique
 
 DEFAULT_INDEX = "cv"
 BALANCE_METRICS: tuple[str, ...] = ("utilization_gpu_pct", "power_w", "tensor_active_pct")
@@ -84,7 +84,7 @@ def balance_over_time(gw: pd.DataFrame, metrics: tuple[str, ...] = BALANCE_METRI
     key = wcodes[rows].astype(np.int64) * n_s + scope
     n_keys = n_w * n_s
     node_key = key * n_h + hcodes[rows]
-    nk_uniq, nk_inv = np.unique(node_key, return_inverse=True)
+    nk_uniq, nk_inv = sorted_unique(node_key)
     # rows sort by (window, scope, level, metric): scopes and levels are numbered in that order
     # already (cluster < job:..., gpu < node), metrics by name
     metric_rank = {m: i for i, m in enumerate(sorted(present))}

@@ -55,7 +55,7 @@ def _identity(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> _Identity:
     icodes, indexes = pd.factorize(frame["gpu_index"], use_na_sentinel=False)
     hosts, uuids = np.asarray(hosts, dtype=object), np.asarray(uuids, dtype=object)
     combo = (hcodes.astype(np.int64) * len(indexes) + icodes) * len(uuids) + ucodes
-    uniq, inverse = _sorted_unique(combo)
+    uniq, inverse = sorted_unique(combo)
     u_code = uniq % len(uuids)
     rest = uniq // len(uuids)
     h_code, i_code = rest // len(indexes), rest % len(indexes)
@@ -84,7 +84,7 @@ def _identity(frame: pd.DataFrame, jobs: Mapping[str, str] | None) -> _Identity:
     return _Identity(key_code[inverse].astype(np.int64), keys, job_per_row, host_code, job_code)
 
 
-def _sorted_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sorted_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` for many integers with few distinct values:
     hashing them and sorting only the distinct ones is cheaper than sorting them all."""
     codes, uniques = pd.factorize(values)
