@@ -156,6 +156,13 @@ def escape_tag(value: str) -> str:
     return value.translate(_TAG_ESCAPES)
 
 
+def _escape_str(value: str) -> str:
+    """A string field's value escaped (translate is ~20x the cost of the checks that skip it)."""
+    if '"' in value or "\\" in value:
+        return value.translate(_STR_ESCAPES)
+    return value
+
+
 def format_processes(processes: Iterable[ProcessSample]) -> str:
     if type(processes) is tuple and len(processes) == 1:  # the usual case: one per GPU
         (p,) = processes
@@ -246,23 +253,24 @@ class _FieldEncoder:
             self._direct[mask] = _compile_direct(mask)
         self._last = self._direct[mask]
         try:
-            return fmt(values)
+            body = fmt(values)
         except (ValueError, OverflowError):  # NaN or inf in an integer field
             return _numeric_fields_slow(values)
+        # a float field's NaN or inf ("nan", "inf", "-inf"; no field name contains either)
+        if "nan" in body or "inf" in body:
+            return _numeric_fields_slow(values)
+        return body
 
     def __call__(self, s: GpuSample) -> str:
         try:
             body = self._last(s)
-        except (ValueError, OverflowError):  # NaN or inf in an integer field
+        except (ValueError, OverflowError):  # NaN or inf in a field
             body = _numeric_fields_slow(self._getter(s))
         except TypeError:  # a present field is None (another pattern)
             body = self._numeric(s)
         else:
             if body is None:  # an absent field is set (another pattern)
                 body = self._numeric(s)
-        # a float field's NaN or inf ("nan", "inf", "-inf"; no field name contains either)
-        if "nan" in body or "inf" in body:
-            body = _numeric_fields_slow(self._getter(s))
         extra = []
         if s.energy_method is not None:
             extra.append(_ENERGY_METHOD_FIELD[s.energy_method])
@@ -276,7 +284,7 @@ class _FieldEncoder:
             if s.processes:
                 extra.append(f'{FIELD_PROCESSES}="{format_processes(s.processes)}"')
         if s.job_id is not None:
-            extra.append(f'{FIELD_JOB_ID}="{s.job_id.translate(_STR_ESCAPES)}"')
+            extra.append(f'{FIELD_JOB_ID}="{_escape_str(s.job_id)}"')
         if extra:
             return body + "," + ",".join(extra)
         return body
@@ -319,22 +327,27 @@ def _compile_direct(mask: tuple[bool, ...]) -> Callable[[GpuSample], str | None]
     """The format of ``_compile_numeric(mask)`` reading the sample's attributes itself.
 
     Returns None when a field absent from ``mask`` is set or a boolean field of it is None; an
-    integer or float field of it that is None raises TypeError (from the ``%`` format).
+    integer or float field of it that is None raises TypeError (from the sum of the floats or
+    the ``%`` format); NaN or inf in a float field raises ValueError.
     """
-    pieces = [
-        _field_piece(i, spec, f"s.{spec.attr}") for i, spec in enumerate(FIELDS) if not mask[i]
-    ]
+    present = [(i, spec) for i, spec in enumerate(FIELDS) if not mask[i]]
+    # Float fields are read into locals once: formatted, and summed for the finiteness check.
+    local = {i: f"f{i}" for i, spec in present if spec.kind is Kind.FLOAT}
+    pieces = [_field_piece(i, spec, local.get(i, f"s.{spec.attr}")) for i, spec in present]
     fmt = ",".join([f"{FIELD_LOST}=false"] + [p for p, _ in pieces])
     args = "".join(f"{a}, " for _, a in pieces)
     checks = [f"s.{spec.attr} is not None" for i, spec in enumerate(FIELDS) if mask[i]]
-    checks += [
-        f"s.{spec.attr} is None"
-        for i, spec in enumerate(FIELDS)
-        if not mask[i] and spec.kind is Kind.BOOL
-    ]
+    checks += [f"s.{spec.attr} is None" for i, spec in present if spec.kind is Kind.BOOL]
     source = "def fmt(s):\n"
     if checks:
         source += f"    if {' or '.join(checks)}:\n        return None\n"
+    if local:
+        source += "".join(f"    {name} = s.{FIELDS[i].attr}\n" for i, name in local.items())
+        # NaN or inf in any float field makes the sum NaN or inf, and x - x NaN (a finite sum
+        # that overflows only sends this sample down the general path): line protocol has no
+        # NaN, and one check is ~3x cheaper than searching the formatted text for "nan"/"inf".
+        source += f"    x = {' + '.join(local.values())}\n"
+        source += "    if x - x != 0.0:\n        raise ValueError('not finite')\n"
     source += f"    return FORMAT % ({args})\n"
     namespace: dict[str, Any] = {"FORMAT": fmt}
     exec(compile(source, "<gpuwatt.schema direct field encoder>", "exec"), namespace)

@@ -90,6 +90,21 @@ def test_non_finite_values_are_dropped() -> None:
     assert "temperature_memory_c" not in fields
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_dropped_on_the_hot_path_too(bad: float) -> None:
+    """The same presence pattern as the sample before (the compiled direct format)."""
+    enc = LineEncoder()
+    base = dataclasses.replace(BASE, power_w=300.5, energy_j=5.0, temperature_memory_c=61.0)
+    before = parse_line(enc.encode(base))[2]
+    assert {"power_draw", "energy_j", "temperature_memory_c"} <= before.keys()
+    fields = parse_line(enc.encode(dataclasses.replace(base, power_w=bad)))[2]
+    assert fields == {k: v for k, v in before.items() if k != "power_draw"}
+    # Finite values whose sum overflows take the general path and are all kept.
+    huge = dataclasses.replace(base, power_w=1e308, energy_j=1e308)
+    assert parse_line(enc.encode(huge))[2]["power_draw"] == 1e308
+    assert parse_line(enc.encode(base))[2] == before
+
+
 def test_presence_patterns_are_encoded_independently() -> None:
     enc = LineEncoder()
     a = enc.encode(dataclasses.replace(BASE, power_w=1.0))
