@@ -64,6 +64,14 @@ def test_lost_gpu_rows_are_ignored() -> None:
     assert "GPU-01-03" not in set(s.energy_by_gpu["uuid"])
 
 
+def test_a_range_where_every_gpu_was_lost_gives_the_empty_summary() -> None:
+    f = _frame()
+    f["lost"] = True
+    s = analyze(f, now_ns=T0_NS + 900 * NS)
+    assert s.windows == [] and s.stragglers == [] and s.energy_by_gpu.empty
+    assert "every GPU was lost" in render_text(s)
+
+
 def test_prepared_codes_match_factorizing_the_labels() -> None:
     """``prepare``'s host and job codes give what factorizing the strings gives, including a
     job filter, rows without a job, and a frame that never went through ``prepare``."""

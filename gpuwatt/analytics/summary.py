@@ -247,6 +247,8 @@ def analyze(
         return _empty(now_ns, window_s, tariff, "no samples in the analysed range")
     if "lost" in rows.columns:
         rows = rows.loc[~rows["lost"].fillna(False).astype(bool)]
+        if rows.empty:
+            return _empty(now_ns, window_s, tariff, "every GPU was lost in the analysed range")
     step_ns = median_step_ns(rows)
     add_row_energy(rows, step_ns=step_ns)
     add_row_tflops(rows, tensor_precision=tensor_precision)
