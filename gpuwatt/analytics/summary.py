@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,14 @@ from gpuwatt.analytics.quality import Figure, Quality, not_available, worst
 from gpuwatt.analytics.reasons import add_bit_columns
 from gpuwatt.analytics.reported import JobWork, reported_work
 from gpuwatt.analytics.stragglers import Straggler, StragglerConfig, find_stragglers, score_windows
-from gpuwatt.analytics.windows import NS_PER_S, label_codes, per_gpu_window, prepare, window_list
+from gpuwatt.analytics.windows import (
+    NS_PER_S,
+    label_codes,
+    per_gpu_window,
+    prepare,
+    sorted_unique,
+    window_list,
+)
 
 
 @dataclass(frozen=True)
@@ -112,14 +120,6 @@ def _nansum_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
     return np.where(cnt > 0, tot, np.nan)
 
 
-def _present(keys: np.ndarray, size: int) -> np.ndarray:
-    """The distinct ``keys`` (integers in ``[0, size)``), sorted, as ``np.unique`` gives them:
-    marked in a table when it is not much larger than the keys, which is cheaper than a sort."""
-    if size > 4 * len(keys) + 1024:
-        return np.unique(keys)
-    return np.flatnonzero(np.bincount(keys, minlength=size))
-
-
 def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd.DataFrame:
     """Energy, power and utilisation per node (``host``) or per job, from the GPU windows."""
     all_codes, uniq = label_codes(gw, key)
@@ -130,7 +130,7 @@ def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd
     n = len(uniq)
     gcode = gw["gpu_code"].to_numpy(dtype=np.int64)[keep]
     n_gpu = int(gw["gpu_code"].max()) + 1
-    pairs = _present(codes * n_gpu + gcode, n * n_gpu)
+    pairs, _ = sorted_unique(codes * n_gpu + gcode)
 
     def values(c: str) -> np.ndarray:
         return gw[c].to_numpy(dtype=float)[keep]
@@ -189,7 +189,7 @@ def _newest_rows(codes: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return newest
 
 
-def _newest_valid(col: pd.Series, codes: np.ndarray, rows: np.ndarray, present: np.ndarray):
+def _newest_valid(col: pd.Series, codes: np.ndarray, rows: np.ndarray, present: np.ndarray) -> Any:
     """``col``'s newest non-missing value per GPU, as ``groupby.last()``: the value of its newest
     row (``rows``) unless missing; only then is the column searched for the newest value.
     Taking one row per GPU avoids testing the strings of every row for missing values."""
