@@ -27,7 +27,15 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from dashboard.timerange import NS_PER_S, TimeRange
-from gpuwatt.analytics import ANALYSIS_FIELDS, AnalysisSummary, Straggler, Tariff, analyze
+from gpuwatt.analytics import (
+    ANALYSIS_FIELDS,
+    AnalysisSummary,
+    Straggler,
+    StragglerFindings,
+    Tariff,
+    analyze,
+    find_stragglers_in,
+)
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.store.base import SeriesRead, Store, series_many
@@ -67,10 +75,10 @@ class WindowData:
     summary: AnalysisSummary
     latest: list[GpuSample]
     jobs: dict[str, str]  # uuid -> job id (from each GPU's newest sample)
-    #: The newest hour analysed in 1-minute windows, when the range's windows are coarser: a
-    #: straggler of the last minutes persists over several 1-minute windows long before it
-    #: does over several hourly ones.
-    recent: AnalysisSummary | None = None
+    #: The stragglers of the newest hour in 1-minute windows, when the range's windows are
+    #: coarser: a straggler of the last minutes persists over several 1-minute windows long
+    #: before it does over several hourly ones. The cached default view's summary when fresh.
+    recent: AnalysisSummary | StragglerFindings | None = None
 
     @property
     def empty(self) -> bool:
@@ -110,6 +118,16 @@ class WindowData:
 def _describe(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
+
+
+def _analysis(compute: Callable[[], T]) -> T:
+    """Run an analysis; a failure becomes a ``DataError`` for the page and one log line."""
+    try:
+        return compute()
+    except Exception as exc:
+        log.error("analysis failed: %s: %s", type(exc).__name__, _describe(exc))
+        log.debug("analysis failed", exc_info=True)
+        raise DataError(f"the analysis of this range failed: {_describe(exc)}") from None
 
 
 class DashboardData:
@@ -291,7 +309,7 @@ class DashboardData:
             if shared is not None:
                 recent = shared.summary
             else:
-                recent = self._analyze(frames[1], tr.end_ns, recent_start, RECENT_STEP_S, jobs)
+                recent = self._recent_stragglers(frames[1], tr.end_ns, recent_start, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent)
 
     def _shared_recent(self) -> WindowData | None:
@@ -309,8 +327,8 @@ class DashboardData:
         self, frame: pd.DataFrame, end_ns: int, start_ns: int, step_s: int, jobs: dict[str, str]
     ) -> AnalysisSummary:
         t = self.tariff
-        try:
-            return analyze(
+        return _analysis(
+            lambda: analyze(
                 frame,
                 now_ns=end_ns,
                 start_ns=start_ns,
@@ -320,10 +338,18 @@ class DashboardData:
                 carbon_g_per_kwh=t.carbon_g_per_kwh,
                 currency=t.currency,
             )
-        except Exception as exc:
-            log.error("analysis failed: %s: %s", type(exc).__name__, _describe(exc))
-            log.debug("analysis failed", exc_info=True)
-            raise DataError(f"the analysis of this range failed: {_describe(exc)}") from None
+        )
+
+    @staticmethod
+    def _recent_stragglers(
+        frame: pd.DataFrame, end_ns: int, start_ns: int, jobs: dict[str, str]
+    ) -> StragglerFindings:
+        """The newest hour's stragglers only: the rest of its analysis is not shown."""
+        return _analysis(
+            lambda: find_stragglers_in(
+                frame, now_ns=end_ns, start_ns=start_ns, window_s=float(RECENT_STEP_S), jobs=jobs
+            )
+        )
 
     def energy_today(self, now_ns: int) -> AnalysisSummary:
         """The analytics summary of energy since midnight UTC (5-minute buckets)."""

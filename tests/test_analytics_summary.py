@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from test_analytics_support import NS, T0_NS, cluster_frame, straggle
 
-from gpuwatt.analytics import analyze, render_text
+from gpuwatt.analytics import analyze, find_stragglers_in, render_text
 
 
 def _frame() -> pd.DataFrame:
@@ -37,6 +37,24 @@ def test_input_frame_is_not_modified() -> None:
     before = f.copy()
     analyze(f, now_ns=T0_NS + 900 * NS)
     pd.testing.assert_frame_equal(f, before)
+
+
+def test_stragglers_alone_are_those_of_the_whole_analysis() -> None:
+    f = _frame()
+    for kwargs in (
+        {"now_ns": T0_NS + 900 * NS},
+        {"now_ns": T0_NS + 900 * NS, "start_ns": T0_NS + 300 * NS, "window_s": 120.0},
+        {"now_ns": T0_NS + 900 * NS, "job": "train", "jobs": {"GPU-00-02": "other"}},
+    ):
+        whole = analyze(f, **kwargs)
+        alone = find_stragglers_in(f, **kwargs)
+        assert alone.stragglers == whole.stragglers
+        pd.testing.assert_frame_equal(alone.straggler_windows, whole.straggler_windows)
+    assert [s.uuid for s in find_stragglers_in(f, now_ns=T0_NS + 900 * NS).stragglers] == [
+        "GPU-00-02"
+    ]
+    nothing = find_stragglers_in(f, now_ns=T0_NS)
+    assert nothing.stragglers == [] and nothing.straggler_windows.empty
 
 
 def test_empty_frame() -> None:

@@ -9,7 +9,13 @@ from gpuwatt.analytics.quality import Figure, Quality
 from gpuwatt.analytics.render import render_text
 from gpuwatt.analytics.reported import JobWork, reported_work
 from gpuwatt.analytics.stragglers import Straggler, StragglerConfig
-from gpuwatt.analytics.summary import ANALYSIS_FIELDS, AnalysisSummary, analyze
+from gpuwatt.analytics.summary import (
+    ANALYSIS_FIELDS,
+    AnalysisSummary,
+    StragglerFindings,
+    analyze,
+    find_stragglers_in,
+)
 
 __all__ = [
     "ANALYSIS_FIELDS",
@@ -20,8 +26,10 @@ __all__ = [
     "Quality",
     "Straggler",
     "StragglerConfig",
+    "StragglerFindings",
     "Tariff",
     "analyze",
+    "find_stragglers_in",
     "render_text",
     "reported_work",
 ]
