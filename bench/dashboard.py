@@ -9,15 +9,22 @@
    ``--interval-s 1`` that is 88.5 M samples (~25 min here); ``--db`` keeps the database for
    later runs (a larger interval only thins the raw table: the rollups every page reads are the
    same size).
-2. For each page, for the default range (1 h) and 24 h: the server time of the page's content
-   callback (a real POST to ``/_dash-update-component``; median and p95 over ``--repeat`` runs,
-   each with a cold cache, the worst case a refresh meets) and the size of its response.
+2. For each page, the server time of the page's content callback (a real POST to
+   ``/_dash-update-component``; median and p95 over ``--repeat`` runs) and its response size:
+   - the default range (1 h) and 24 h, preset ranges the server keeps computed in the background
+     (``dashboard.server.start``): served from its cache, which is what a visitor waits for; the
+     same callbacks with an emptied cache are printed beside them (what a background
+     recomputation costs, or a request in the first seconds after the server started);
+   - a 1 h and a 24 h range no one has viewed (absolute, ending an hour ago), cold: the cache
+     emptied before each request.
+   Then the CPU one recomputation of each preset costs the warmer, and its share of a core.
 3. Time until the page is drawn in headless Chromium (content present and every plot's SVG in
    place), from navigation start.
 4. The naive approach for comparison: raw points, one line per GPU, for 1 h of raw samples (the
    24 h figure is scaled from it: it cannot be built in memory).
 
-Targets (issue 4): callback p95 <= 500 ms, no response over 2 MB, every page drawn within 3 s.
+Targets (issue 4): callback p95 <= 500 ms (served presets; cold ranges no one has viewed), no
+response over 2 MB, every page drawn within 3 s.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backfill import Cluster, backfill
 
 from dashboard.app import PAGES, create_app
+from dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S
+from dashboard.timerange import DEFAULT_RANGE
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -105,36 +114,33 @@ def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, Ca
     return out
 
 
-def cold_beside_warm_default(app: Any, repeat: int, query: dict[str, str]) -> dict[str, float]:
-    """Per page: median server time (CPU) of the content callback for a range no one has viewed,
-    while the default view (the last hour) is in the cache, as a running server keeps it
-    (``start_warming``): a coarse range then takes its newest hour from it."""
-    from dashboard.timerange import parse_range
+def warm_costs(app: Any, repeat: int) -> dict[str, float]:
+    """Per preset range: the median CPU time of one recomputation by the server's warmer (the
+    default view first, as the warmer orders them: the coarse ranges share its newest hour)."""
+    from dashboard.timerange import PRESETS, parse_range
 
-    client = app.server.test_client()
     data = app.server.config["GPUWATT_DATA"]
-    default = parse_range({}, data.now_ns())[0]
-    key = ("window-live", default.end_ns - default.start_ns, default.step_s)
-    kept = data.window(default)
-    out = {}
-    for page in PAGES:
-        body = callback_body(page, {**query, "host": "node-057", "gpu": "3"})
-        cpu = []
-        for _ in range(repeat):
-            data.clear_cache()
-            data._store(key, kept)  # just computed by the warmer
+    data.clear_cache()
+    order = [DEFAULT_RANGE, *(p for p in PRESETS if p != DEFAULT_RANGE)]
+    cpu: dict[str, list[float]] = {p: [] for p in order}
+    for _ in range(repeat):
+        for preset in order:
+            tr = parse_range({"range": preset}, data.now_ns())[0]
             c = time.process_time()
-            resp = client.post("/_dash-update-component", json=body)
-            cpu.append(time.process_time() - c)
-            assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
-        out[page.PAGE] = statistics.median(cpu)
-    return out
+            data._warm(tr)
+            cpu[preset].append(time.process_time() - c)
+    return {p: statistics.median(v) for p, v in cpu.items()}
+
+
+def _iso(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // NS))
 
 
 def draw_times(app_url: str, query: str, cached_loads: int = 3) -> dict[str, tuple[float, float]]:
-    """Per page: seconds from navigation until drawn, on the first load of the range (the
-    server computes it) and the median of ``cached_loads`` further loads (served from the
-    server's cache: almost all of it is browser time, which varies a lot on a shared machine)."""
+    """Per page: seconds from navigation until drawn, on the first load of the page in this
+    browser and the median of ``cached_loads`` further loads (the data served from the server's
+    cache, kept computed for the preset ranges: almost all of it is browser time, which varies a
+    lot on a shared machine)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -206,23 +212,42 @@ def main() -> None:
         size = sum(p.stat().st_size for p in args.db.parent.glob(args.db.name + "*")) / 1e9
         print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s), {size:.1f} GB on disk")
     app = create_app(store, now_ns=END_NS)
-    ok = cold_ok = True
+    ok = True
     for label, query in (("default (1h)", {}), ("24h", {"range": "24h"})):
-        print(f"\ncallbacks, range {label}: cold median / p95 (CPU median); served p95; response")
+        print(
+            f"\ncallbacks, preset range {label}: served p95 (the server keeps presets computed); "
+            "response; cold median / p95 (CPU median): a background recomputation, or a "
+            "request right at server start"
+        )
         for page, r in time_callbacks(app, args.repeat, query).items():
             flag = "" if r.served_p95_s <= 0.5 and r.size_bytes <= 2e6 else "  <- MISSED target"
-            if not flag and r.cold_p95_s > 0.5:
-                flag = "  (cold over 500 ms)"
-                cold_ok = False
-            ok &= "MISSED" not in flag
+            ok &= not flag
             print(
-                f"  {page:11s} {r.cold_median_s * 1e3:6.0f} / {r.cold_p95_s * 1e3:6.0f} ms "
-                f"({r.cold_cpu_median_s * 1e3:5.0f} ms CPU); {r.served_p95_s * 1e3:5.0f} ms; "
-                f"{r.size_bytes / 1e3:5.0f} kB{flag}"
+                f"  {page:11s} {r.served_p95_s * 1e3:5.0f} ms; {r.size_bytes / 1e3:5.0f} kB; "
+                f"cold {r.cold_median_s * 1e3:4.0f} / {r.cold_p95_s * 1e3:4.0f} ms "
+                f"({r.cold_cpu_median_s * 1e3:4.0f} ms CPU){flag}"
             )
-    print("\ncallbacks, range 24h, the default view kept warm (as the server keeps it): cold CPU")
-    for page, cpu_s in cold_beside_warm_default(app, args.repeat, {"range": "24h"}).items():
-        print(f"  {page:11s} {cpu_s * 1e3:6.0f} ms{'  (over 500 ms)' if cpu_s > 0.5 else ''}")
+    for label, span_s in (("1h", 3600), ("24h", 86_400)):
+        query = {"from": _iso(END_NS - 3600 * NS - span_s * NS), "to": _iso(END_NS - 3600 * NS)}
+        print(
+            f"\ncallbacks, a {label} range no one has viewed ({query['from']} to {query['to']}): "
+            "cold median / p95 (CPU median); response"
+        )
+        for page, r in time_callbacks(app, args.repeat, query).items():
+            flag = "" if r.cold_p95_s <= 0.5 and r.size_bytes <= 2e6 else "  <- MISSED target"
+            ok &= not flag
+            print(
+                f"  {page:11s} {r.cold_median_s * 1e3:4.0f} / {r.cold_p95_s * 1e3:4.0f} ms "
+                f"({r.cold_cpu_median_s * 1e3:4.0f} ms CPU); {r.size_bytes / 1e3:5.0f} kB{flag}"
+            )
+    print("\nbackground: one recomputation of each preset range, as the server's warmer does it")
+    cpu_per_10min = 0.0
+    for preset, cpu_s in warm_costs(app, args.repeat).items():
+        every_s = WARM_EVERY_S if preset == DEFAULT_RANGE else WARM_PRESETS_EVERY_S
+        cpu_per_10min += cpu_s * 600 / every_s
+        print(f"  {preset:4s} {cpu_s * 1e3:5.0f} ms CPU, every {every_s:.0f} s")
+    share_pct = cpu_per_10min / 6  # of 600 s
+    print(f"  in all: {cpu_per_10min:.1f} s of CPU per 10 minutes ({share_pct:.1f} % of a core)")
     if not args.no_browser:
         from dashboard.server import start
 
@@ -231,7 +256,7 @@ def main() -> None:
             for label, q in (("default (1h)", "?range=1h"), ("24h", "?range=24h")):
                 print(f"\ndrawn in headless Chromium, range {label}: first load / cached")
                 for page, (first, cached) in draw_times(running.url, q).items():
-                    flag = "" if cached <= 3.0 else "  <- MISSED target (3 s)"
+                    flag = "" if max(first, cached) <= 3.0 else "  <- MISSED target (3 s)"
                     ok &= not flag
                     print(f"  {page:11s} {first:6.2f} s {cached:6.2f} s{flag}")
         finally:
@@ -250,8 +275,6 @@ def main() -> None:
     if tmp is not None:
         tmp.cleanup()
     print("\nall targets met" if ok else "\nsome targets missed (see above)")
-    if not cold_ok:
-        print("cold callbacks (a range no one has viewed yet) over 500 ms on some pages")
 
 
 if __name__ == "__main__":

@@ -265,31 +265,48 @@ class DashboardData:
         now = self.now_ns()
         return replace(tr, start_ns=now - (tr.end_ns - tr.start_ns), end_ns=now)
 
-    def start_warming(self, ranges: Sequence[TimeRange], every_s: float = 30.0) -> None:
+    def start_warming(
+        self, ranges: Sequence[tuple[TimeRange, float]] | Sequence[TimeRange], every_s: float = 30.0
+    ) -> threading.Event:
         """Keep the windows of these live ranges computed, one background thread recomputing
-        them every ``every_s``: the first visitor after a quiet spell, and every visitor of
-        the default view, finds the data ready instead of waiting for a cold read of the
-        whole cluster (seconds at 1,000 GPUs)."""
+        each every ``every_s`` (or its own period, given as ``(range, period_s)``), in the
+        order given: the first visitor after a quiet spell, and every visitor of the default
+        view and the preset ranges, finds the data ready instead of waiting for a cold read and
+        analysis of the whole cluster (0.2-0.7 s of CPU at 1,000 GPUs). Returns an event set
+        once the first range has been computed (or has failed)."""
+        plan = [(r, every_s) if isinstance(r, TimeRange) else r for r in ranges]
+        first_done = threading.Event()
         if self._warmer is not None:
-            return
+            first_done.set()
+            return first_done
         stop = threading.Event()
 
         def run() -> None:
+            due = [0.0] * len(plan)
             while not stop.is_set():
-                for tr in ranges:
-                    key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
-                    try:
-                        self._store(key, self._window(self._moved(tr)))
-                    except DataError:
-                        pass  # logged as one line; the page will say it
-                    except Exception as exc:  # never let the warmer die silently
-                        log.error("warming the cache failed: %s", _describe(exc))
+                for i, (tr, period_s) in enumerate(plan):
+                    if time.monotonic() < due[i]:
+                        continue
+                    due[i] = time.monotonic() + period_s
+                    self._warm(tr)
+                    if i == 0:
+                        first_done.set()
                     if stop.is_set():
                         return
-                stop.wait(every_s)
+                stop.wait(max(0.0, min(due) - time.monotonic()))
 
         self._warmer = (stop, threading.Thread(target=run, name="gpuwatt-warm", daemon=True))
         self._warmer[1].start()
+        return first_done
+
+    def _warm(self, tr: TimeRange) -> None:
+        key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
+        try:
+            self._store(key, self._window(self._moved(tr)))
+        except DataError:
+            pass  # logged as one line; the page will say it
+        except Exception as exc:  # never let the warmer die silently
+            log.error("warming the cache failed: %s", _describe(exc))
 
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()

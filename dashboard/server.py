@@ -20,15 +20,20 @@ from dashboard.alerts_hook import AlertsSource
 from dashboard.app import create_app
 from dashboard.auth import load_credentials, require_credentials_for
 from dashboard.data import DashboardData
-from dashboard.timerange import parse_range
+from dashboard.timerange import PRESETS, parse_range
 from gpuwatt.config import Config
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.dashboard")
 
-#: How often the default view's data is recomputed in the background (about 1 s of CPU per
+#: How often the default view's data is recomputed in the background (0.35 s of CPU per
 #: recomputation at 1,024 GPUs on a small machine; nothing noticeable at a few dozen).
 WARM_EVERY_S = 30.0
+#: The other preset ranges: less often, but within the cache's ``max_stale_s`` (300 s), so a
+#: visitor is always served at once (and a refresh follows in the background).
+WARM_PRESETS_EVERY_S = 120.0
+#: ``start`` returns once the default view is computed, or after this long.
+FIRST_WARM_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -55,12 +60,15 @@ def start(
     environ: Mapping[str, str] | None = None,
     alerts: AlertsSource | None = None,
     warm_every_s: float | None = WARM_EVERY_S,
+    warm_presets_every_s: float | None = WARM_PRESETS_EVERY_S,
     **app_kwargs: Any,
 ) -> RunningDashboard:
-    """Serve the dashboard from a background thread; returns at once with the address.
+    """Serve the dashboard from a background thread; returns with the address once the
+    default view's data is computed (at most ``FIRST_WARM_TIMEOUT_S``).
 
-    The default view's data is computed before the first visitor asks and kept current every
-    ``warm_every_s`` (None: not at all). Raises ``ConfigError`` for a non-loopback ``host``
+    The default view is kept current every ``warm_every_s`` and the other preset ranges every
+    ``warm_presets_every_s`` (None: not at all), in the background: no visitor of a preset
+    waits for a cold read and analysis. Raises ``ConfigError`` for a non-loopback ``host``
     without credentials, ``OSError`` when the port is taken. ``port=0`` picks a free port.
     """
     credentials = load_credentials(environ)
@@ -74,7 +82,15 @@ def start(
     thread.start()
     data: DashboardData = app.server.config["GPUWATT_DATA"]
     if warm_every_s is not None:
-        data.start_warming([parse_range({}, data.now_ns())[0]], every_s=warm_every_s)
+        now_ns = data.now_ns()
+        default = parse_range({}, now_ns)[0]
+        plan = [(default, warm_every_s)]
+        if warm_presets_every_s is not None:
+            for preset in PRESETS:
+                tr = parse_range({"range": preset}, now_ns)[0]
+                if tr.preset != default.preset:
+                    plan.append((tr, warm_presets_every_s))
+        data.start_warming(plan).wait(FIRST_WARM_TIMEOUT_S)
     log.info("dashboard serving on %s%s", url, " (authentication required)" if credentials else "")
     return RunningDashboard(url, server, thread, data)
 

@@ -152,3 +152,48 @@ def test_a_coarse_live_range_takes_its_newest_hour_from_the_fresh_default_view(
         assert [s.uuid for s in six.stragglers] == [s.uuid for s in day.stragglers]
     finally:
         data.close()
+
+
+def test_preset_ranges_are_kept_computed_each_at_its_own_period(demo_store: SqliteStore) -> None:
+    store = CountingStore(demo_store)
+    clock = Clock(DEMO_END_NS)
+    data = DashboardData(store, clock_ns=clock, ttl_s=3600.0)  # type: ignore[arg-type]
+    hour = parse_range({}, clock())[0]
+    six = parse_range({"range": "6h"}, clock())[0]
+    six_span = (six.end_ns - six.start_ns, DEMO_END_NS)
+    first = data.start_warming([(hour, 0.01), (six, 3600.0)])
+    try:
+        assert first.wait(60), "the first range was never computed"
+        deadline = time.monotonic() + 60
+        while len(store.series_calls) < 12 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        spans = [(end - start, end) for start, end in store.series_calls]
+        assert spans.count(six_span) == 1  # once, at start: its period is an hour
+        assert spans.count((hour.end_ns - hour.start_ns, DEMO_END_NS)) >= 5
+        with store.lock:
+            seen = len(store.threads)
+        win = data.window(parse_range({"range": "6h"}, clock())[0])  # a visitor of the preset
+        assert win.range.end_ns - win.range.start_ns == six_span[0] and not win.empty
+        with store.lock:
+            assert "MainThread" not in store.threads[seen:]  # served, not read for the visitor
+    finally:
+        data.close()
+
+
+def test_the_server_answers_once_the_default_view_is_computed(demo_store: SqliteStore) -> None:
+    from dashboard.server import start
+
+    store = CountingStore(demo_store)
+    running = start(store, "127.0.0.1", 0, environ={}, now_ns=DEMO_END_NS)  # type: ignore[arg-type]
+    try:
+        assert store.series_calls, "start() returned before the default view was read"
+        assert set(store.threads) == {"gpuwatt-warm"}
+        with store.lock:
+            seen = len(store.threads)
+        data = running.data
+        assert data is not None
+        assert not data.window(parse_range({}, data.now_ns())[0]).empty
+        with store.lock:
+            assert "MainThread" not in store.threads[seen:]
+    finally:
+        running.stop()
