@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatt.store import open_store
+from gpuwatt.store.sqlite import SqliteStore
 
 GPUS = 32
 
@@ -57,14 +57,9 @@ def test_collect_simulated_writes_one_sample_per_gpu_per_interval(tmp_path: Path
         home=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    with sqlite3.connect(db) as con:
-        counts = dict(
-            con.execute(
-                "SELECT g.host || ':' || g.gpu_index, count(*) FROM samples s "
-                "JOIN gpus g ON g.id = s.gpu_id GROUP BY s.gpu_id"
-            ).fetchall()
-        )
-    con.close()
+    with SqliteStore(db) as store:
+        raw = store.series(0, 2**62, ["power_w"])
+    counts = raw.groupby(["host", "gpu_index"]).size().to_dict()
     assert len(counts) == GPUS
     # 6 s at 0.5 s: 12 ticks, exact within one interval, and the same count for every GPU
     assert len(set(counts.values())) == 1

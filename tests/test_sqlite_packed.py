@@ -140,11 +140,12 @@ def test_a_database_without_the_packed_copy_is_read_from_its_rollups(
 
 
 def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
-    tmp_path: Path, make_sample
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A range at 1 h and its last hour at 1 min (the dashboard's 24 h view) read together:
-    the same frames as two ``series`` calls, with the not-yet-rolled raw samples aggregated in
-    SQL once, not once per read."""
+    the same frames as two ``series`` calls, with the not-yet-rolled raw samples aggregated
+    once, not once per read."""
+    from gpuwatt.store import rounds
     from gpuwatt.store.base import SeriesRead, series_many
 
     with SqliteStore(tmp_path / "m.db") as store:
@@ -155,21 +156,18 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
             SeriesRead(end - 3600 * S, end, FIELDS, 60),
             SeriesRead(end - 3600 * S, end, FIELDS, 60, ["node1"]),
         ]
-        raw_aggregations: list[str] = []
+        raw_aggregations: list[tuple[int, int]] = []
+        aggregate = rounds.aggregate
 
-        def trace(sql: str) -> None:
-            if "FROM samples" in sql and "GROUP BY" in sql and "avg(" in sql:
-                raw_aggregations.append(sql)
+        def counted(raw: rounds.RawRange, *args: Any) -> dict[str, Any]:
+            raw_aggregations.append((len(raw.time_ns), args[0]))
+            return aggregate(raw, *args)
+
+        monkeypatch.setattr(rounds, "aggregate", counted)
 
         def traced(read: Callable[[], object]) -> tuple[Any, int]:
             raw_aggregations.clear()
-            with store._reader() as con:  # the pooled connection the reads will use
-                con.set_trace_callback(trace)
-            try:
-                return read(), len(raw_aggregations)
-            finally:
-                with store._reader() as con:
-                    con.set_trace_callback(None)
+            return read(), len(raw_aggregations)
 
         got, together = traced(lambda: series_many(store, reads))
         separate = [
@@ -187,26 +185,3 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
         for frame, (want, _) in zip(got, separate, strict=True):
             assert not frame.empty and frame["time_ns"].max() >= end - 100 * S
             pd.testing.assert_frame_equal(frame, want)
-
-
-@pytest.mark.parametrize("hosts", [None, ["node2"]])
-def test_a_tail_of_a_few_buckets_aggregates_as_one_grouped_read(
-    tmp_path: Path, make_sample, hosts: list[str] | None
-) -> None:
-    """The not-yet-rolled tail read bucket by bucket (grouped by GPU alone) gives the rows the
-    single read grouped by bucket and GPU gives, lost samples and a host filter included."""
-    from gpuwatt.store.sqlite import MINUTE_NS, _raw_agg_sql, _raw_level_rows
-
-    with SqliteStore(tmp_path / "t.db") as store:
-        write_hours(store, make_sample, 0, 400, every_s=5)
-        lo, hi = T0 + 125 * S, T0 + 290 * S  # three buckets, partly
-        gpu_filter, params = "", []
-        if hosts is not None:
-            gpu_filter, params = " AND gpu_id IN (SELECT id FROM gpus WHERE host IN (?))", hosts
-        with store._reader() as con:
-            one = con.execute(_raw_agg_sql(MINUTE_NS, FIELDS, gpu_filter), (lo, hi, *params))
-            want = sorted(one.fetchall())
-            got = sorted(_raw_level_rows(con, MINUTE_NS, lo, hi, FIELDS, gpu_filter, params))
-        assert len({r[0] for r in want}) == 3
-        assert any(r[3] < r[2] for r in want) == (hosts is None)  # n_ok < n: node1's lost GPU
-        assert got == want

@@ -65,7 +65,7 @@ def assert_matches_raw(store: SqliteStore, start_ns: int, end_ns: int, step_s: i
 def test_wal_mode_and_tables(store: SqliteStore) -> None:
     assert peek(store.path, "PRAGMA journal_mode") == [("wal",)]
     tables = {r[0] for r in peek(store.path, "SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"gpus", "samples", "samples_1m", "samples_1h"} <= tables
+    assert {"gpus", "raw_rounds", "tails", "samples_1m", "samples_1h"} <= tables
 
 
 def test_writing_the_same_samples_twice_stores_them_once(store: SqliteStore, make_sample) -> None:
@@ -135,7 +135,7 @@ def test_retention_by_data_time(tmp_path: Path, make_sample) -> None:
         for batch in rounds(make_sample, 0, 900, 10):
             store.write_samples(batch)
         # Newest data 890 s: raw kept from >= ~770 s (checked once a minute of data time).
-        oldest_raw = peek(store.path, "SELECT min(time_ns) FROM samples")[0][0]
+        oldest_raw = peek(store.path, "SELECT min(time_ns) FROM raw_rounds")[0][0]
         assert T0 + 700 * S <= oldest_raw <= T0 + 780 * S
         oldest_1m = peek(store.path, "SELECT min(time_ns) FROM samples_1m")[0][0]
         assert T0 + 200 * S <= oldest_1m <= T0 + 300 * S

@@ -4,9 +4,9 @@ Tables:
 
 - ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample,
   so ``latest()`` is one point lookup per GPU.
-- ``samples``: one wide row per GPU and time, keyed by ``(time_ns, gpu_id)`` (WITHOUT ROWID, so
-  rows are clustered by time: appends go to the end of one B-tree and a time range is one range
-  scan). Model units and attribute names (bytes, not Telegraf's MiB).
+- ``raw_rounds`` and ``tails``: the raw samples, one row per write and time with every GPU's
+  values packed (see ``rounds``: one INSERT per collector round, decoded with numpy). Model units
+  and attribute names (bytes, not Telegraf's MiB).
 - ``samples_1m``, ``samples_1h``: per-GPU buckets keyed by ``(time_ns, gpu_id)`` (bucket start):
   the mean of gauges and the last value of ``LAST_VALUE_ATTRS`` (counters, booleans), the sample
   count ``n``, the count of non-lost samples ``n_ok`` and the time of the last non-lost sample.
@@ -29,10 +29,8 @@ the newest data time with it; the collector stamps samples with a synchronised c
 from __future__ import annotations
 
 import contextlib
-import enum
+import dataclasses
 import json
-import math
-import operator
 import queue
 import sqlite3
 import threading
@@ -40,16 +38,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod, make_gpu_sample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
-    FIELDS,
     Kind,
     decode_line,
     format_processes,
     parse_processes,
 )
-from gpuwatt.store import LAST_VALUE_ATTRS, packed
+from gpuwatt.store import LAST_VALUE_ATTRS, legacy, packed, rounds
 from gpuwatt.store.base import SeriesRead
 
 if TYPE_CHECKING:
@@ -61,50 +60,28 @@ HOUR_NS = 3600 * NS_PER_S
 DAY_S = 86_400
 
 #: Every schema field, stored under its model attribute name.
-METRIC_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS)
-_SQL_TYPE = {Kind.INT: "INTEGER", Kind.FLOAT: "REAL", Kind.BOOL: "INTEGER", Kind.STR: "TEXT"}
+METRIC_ATTRS: tuple[str, ...] = rounds.METRIC_ATTRS
 _ROLLUP_TABLES = {MINUTE_NS: "samples_1m", HOUR_NS: "samples_1h"}
 _LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
 _RETENTION_CHECK_NS = MINUTE_NS
-
-# Binding cost decides the ingest rate. CPython's sqlite3 binds an exact int, float or str in
-# ~30 ns, but sends anything else (None, bool, an enum member) through its adaptation protocol,
-# ~450 ns each. So a row is built from exact types only: booleans, enum members and the tail are
-# converted once per GPU while they do not change (``_GpuState``), a missing flag or tail value
-# is bound as NaN (which SQLite stores as NULL), and a metric a GPU does not report is left out of
-# the INSERT (its column defaults to NULL; see ``_Plan``).
-#: Numeric metrics: bound as they are.
-_VALUE_COLUMNS: tuple[str, ...] = ("time_ns", *(f.attr for f in FIELDS if f.kind is not Kind.BOOL))
-#: Booleans and enums: mapped to 0/1, the enum's text, or NaN for None.
-_FLAG_COLUMNS: tuple[str, ...] = (
-    "lost",
-    *(f.attr for f in FIELDS if f.kind is Kind.BOOL),
-    "energy_method",
-    "tflops_method",
-)
-#: The non-metric columns, in the order ``latest()`` reads them.
-_EXTRA_COLUMNS = ("energy_method", "tflops_method", "xid_last", "xid_count", "processes", "job_id")
-_TAIL_COLUMNS = ("gpu_id", "xid_last", "xid_count", "processes", "job_id")
-_INSERT_COLUMNS: tuple[str, ...] = (*_VALUE_COLUMNS, *_FLAG_COLUMNS, *_TAIL_COLUMNS)
-#: The GPU's identity, its flags and the fields that make the tail: they rarely change from one
-#: sample of a GPU to the next, so the bound suffix (flags + tail) is kept per GPU and reused
-#: while they are equal (one tuple comparison, mostly of identical objects).
+#: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
+#: sample of a GPU to the next (one tuple comparison, mostly of identical objects), its id and
+#: tail id are reused.
 _KEY_ATTRS: tuple[str, ...] = (
     "host",
     "gpu_index",
     "uuid",
     "name",
-    *_FLAG_COLUMNS,
+    "energy_method",
+    "tflops_method",
     "xid_errors",
     "processes",
     "job_id",
 )
-#: Binds as NULL at the cost of a float (sqlite3_bind_double stores a NaN as NULL).
-_NULL = math.nan
+_encode = rounds.compile_encoder(_KEY_ATTRS)
 
 
 def _schema_sql() -> str:
-    metric_cols = ",\n  ".join(f"{f.attr} {_SQL_TYPE[f.kind]}" for f in FIELDS)
     rollup_cols = ",\n  ".join(f"{a} REAL" for a in METRIC_ATTRS)
     rollups = "\n".join(
         f"""CREATE TABLE IF NOT EXISTS {t} (
@@ -128,19 +105,7 @@ CREATE TABLE IF NOT EXISTS gpus (
   last_time_ns INTEGER,
   UNIQUE (host, gpu_index, uuid)
 );
-CREATE TABLE IF NOT EXISTS samples (
-  time_ns INTEGER NOT NULL,
-  gpu_id INTEGER NOT NULL,
-  lost INTEGER NOT NULL,
-  {metric_cols},
-  energy_method TEXT,
-  tflops_method TEXT,
-  xid_last INTEGER,
-  xid_count INTEGER,
-  processes TEXT,
-  job_id TEXT,
-  PRIMARY KEY (time_ns, gpu_id)
-) WITHOUT ROWID;
+{rounds.SCHEMA_SQL}
 {rollups}
 CREATE TABLE IF NOT EXISTS rollup_dirty (
   level_ns INTEGER NOT NULL,
@@ -151,122 +116,34 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER);
 {packed.SCHEMA_SQL}"""
 
 
-def _insert_sql(kept: Sequence[int] | None = None) -> str:
-    """INSERT of the value columns at positions ``kept`` (all: None), then flags and tail."""
-    values = _VALUE_COLUMNS if kept is None else tuple(_VALUE_COLUMNS[i] for i in kept)
-    cols = (*values, *_FLAG_COLUMNS, *_TAIL_COLUMNS)
+def _tail_row(
+    key: tuple[Any, ...],
+) -> tuple[str | None, str | None, int | None, int | None, str | None, str | None]:
+    """A key's tail (``_KEY_ATTRS[4:]``) as stored in ``tails``."""
+    em, tm, xids, procs, job = key[4:]
     return (
-        f"INSERT OR REPLACE INTO samples ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        None if em is None else em.value,
+        None if tm is None else tm.value,
+        xids[-1] if xids else None,
+        len(xids) if xids else None,
+        None if procs is None else format_processes(procs),
+        job,
     )
-
-
-_INSERT_SQL = _insert_sql()
-
-
-def _plain(v: Any) -> Any:
-    """A flag value as an exact int or str, NaN (NULL) for None."""
-    if v is None:
-        return _NULL
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, enum.Enum):
-        v = v.value
-    return str(v) if isinstance(v, str) else v
-
-
-def _picker(idx: Sequence[int]) -> Any:
-    """A callable returning the items at ``idx`` as a tuple (itemgetter returns a bare item for
-    one index)."""
-    if not idx:
-        return lambda v: ()
-    if len(idx) == 1:
-        i = idx[0]
-        return lambda v: (v[i],)
-    return operator.itemgetter(*idx)
-
-
-class _Plan:
-    """How a GPU's rows are bound when it leaves some metrics None: the positions of those
-    (checked on every row: they must still be None) and the positions and INSERT of the others.
-    """
-
-    __slots__ = ("kept", "masked", "nones", "sql")
-
-    def __init__(self, masked: list[int], kept: list[int]) -> None:
-        self.masked = _picker(masked)
-        self.nones = (None,) * len(masked)
-        self.kept = _picker(kept)
-        self.sql = _insert_sql(kept)
-
-
-def _plan(vals: tuple[Any, ...]) -> _Plan | None:
-    """The plan for a row of values (None: every value is set, bind them all)."""
-    masked = [i for i, v in enumerate(vals) if v is None]
-    if not masked:
-        return None
-    return _Plan(masked, [i for i, v in enumerate(vals) if v is not None])
 
 
 class _GpuState:
-    """What the writer keeps per GPU: its id, the last ``_KEY_ATTRS`` values and their bound
-    form (flags, then the tail), and its ``_Plan``."""
+    """What the writer keeps per GPU: its id, its last ``_KEY_ATTRS`` values, the id of that
+    tail (a float: it is packed with the values) and its ``rounds.Masked`` plan."""
 
-    __slots__ = ("gid", "key", "plan", "suffix")
+    __slots__ = ("gid", "key", "plan", "tail")
 
-    def __init__(self, gid: int, key: tuple[Any, ...], plan: _Plan | None) -> None:
+    def __init__(
+        self, gid: int, key: tuple[Any, ...], tail: float, plan: rounds.Masked | None
+    ) -> None:
         self.gid = gid
         self.key = key
+        self.tail = tail
         self.plan = plan
-        flags = key[4 : 4 + len(_FLAG_COLUMNS)]
-        xids, procs, job = key[4 + len(_FLAG_COLUMNS) :]
-        self.suffix = (
-            *map(_plain, flags),
-            gid,
-            xids[-1] if xids else _NULL,
-            len(xids) if xids else _NULL,
-            _NULL if procs is None else format_processes(procs),
-            _NULL if job is None else job,
-        )
-
-
-def _compile_fill_rows() -> Any:
-    """The writer's per-sample loop, compiled with every attribute read spelled out.
-
-    ``fill(samples, get_state, new_state, full_append, by_sql, gids_append, times_append)``
-    appends each sample's parameter tuple (to ``full_append`` when every value is bound, else to
-    ``by_sql[plan.sql]``), GPU id and time. ``new_state(key, vals)`` makes and records the
-    ``_GpuState`` of a GPU seen for the first time or whose key changed.
-
-    Plain ``s.attr`` reads in generated code are specialised by the interpreter into slot loads;
-    the same reads through ``operator.attrgetter`` take the generic attribute lookup, and building
-    the key and the values with them was ~40 % of the writer's Python time per sample.
-    """
-    key = ", ".join(f"s.{a}" for a in _KEY_ATTRS)
-    vals = ", ".join(f"s.{c}" for c in _VALUE_COLUMNS)
-    source = (
-        "def fill(samples, get_state, new_state, full_append, by_sql, gids_append, times_append):\n"
-        "    for s in samples:\n"
-        f"        key = ({key})\n"
-        f"        vals = ({vals})\n"
-        f"        st = get_state(key[{_KEY_ATTRS.index('uuid')}])\n"
-        "        if st is None or st.key != key:\n"
-        "            st = new_state(key, vals)\n"
-        "        plan = st.plan\n"
-        "        if plan is not None and plan.masked(vals) != plan.nones:\n"
-        "            plan = st.plan = _plan(vals)  # the GPU reports other metrics than before\n"
-        "        if plan is None:\n"
-        "            full_append(vals + st.suffix)\n"
-        "        else:\n"
-        "            by_sql.setdefault(plan.sql, []).append(plan.kept(vals) + st.suffix)\n"
-        "        gids_append(st.gid)\n"
-        "        times_append(vals[0])\n"
-    )
-    namespace: dict[str, Any] = {"_plan": _plan}
-    exec(compile(source, "<sqlite store rows>", "exec"), namespace)
-    return namespace["fill"]
-
-
-_fill_rows = _compile_fill_rows()
 
 
 def _floor(t_ns: int, step_ns: int) -> int:
@@ -293,61 +170,6 @@ def _agg_sql(step_ns: int, src: str, attrs: Sequence[str]) -> str:
         + "".join(f", {c} AS {a}" for c, a in zip(cols, attrs, strict=True))
         + f" FROM ({src}) GROUP BY 1, gpu_id"
     )
-
-
-def _raw_avg_columns(attrs: Sequence[str]) -> str:
-    """The select-list of raw aggregates: means, or the bare value of a last-value attribute."""
-    return "".join(f", {a}" if a in LAST_VALUE_ATTRS else f", avg({a}) AS {a}" for a in attrs)
-
-
-def _raw_agg_sql(step_ns: int, attrs: Sequence[str], gpu_filter: str) -> str:
-    """Aggregate raw samples in ``time_ns >= ? AND time_ns < ?`` into step buckets (level rows).
-
-    The same result as ``_agg_sql`` over raw rows of weight 1, with plain avg() (lost samples
-    have no metrics), which is cheaper.
-    """
-    cols = _raw_avg_columns(attrs)
-    return (
-        f"SELECT s.time_ns / {step_ns} * {step_ns} AS time_ns, gpu_id, count(*) AS n, "
-        f"sum(1 - lost) AS n_ok, max(CASE WHEN lost = 0 THEN s.time_ns END) AS t_last_ns{cols} "
-        f"FROM samples s WHERE s.time_ns >= ? AND s.time_ns < ?{gpu_filter} GROUP BY 1, gpu_id"
-    )
-
-
-def _raw_bucket_agg_sql(attrs: Sequence[str], gpu_filter: str) -> str:
-    """``_raw_agg_sql`` for a range inside one bucket, given as the first parameter: grouped by
-    GPU alone, SQLite's sorter keys on the GPU id instead of an expression, ~12 % cheaper."""
-    cols = _raw_avg_columns(attrs)
-    return (
-        "SELECT ? AS time_ns, gpu_id, count(*) AS n, sum(1 - lost) AS n_ok, "
-        f"max(CASE WHEN lost = 0 THEN time_ns END) AS t_last_ns{cols} "
-        f"FROM samples WHERE time_ns >= ? AND time_ns < ?{gpu_filter} GROUP BY gpu_id"
-    )
-
-
-def _minute_roll_sql() -> str:
-    """Roll the raw samples of the minute ``[?1, ?2)`` into ``samples_1m``.
-
-    The same rows as ``_raw_agg_sql`` (one per GPU), without its sort of every wide row by GPU:
-    GPUs are the outer loop, each seeking its samples at the minute's distinct times (found by
-    a skip scan of the primary key), so groups come out in order and stream. ~30 % cheaper.
-    """
-    cols = "".join(f", s.{a}" if a in LAST_VALUE_ATTRS else f", avg(s.{a})" for a in METRIC_ATTRS)
-    names = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
-    return (
-        "WITH RECURSIVE t(x) AS ("
-        "SELECT min(time_ns) FROM samples WHERE time_ns >= ?1 AND time_ns < ?2 UNION ALL "
-        "SELECT (SELECT min(time_ns) FROM samples WHERE time_ns > x AND time_ns < ?2) "
-        "FROM t WHERE x IS NOT NULL) "
-        f"INSERT INTO samples_1m ({names}) "
-        "SELECT ?1, g.id, count(*), sum(1 - s.lost), "
-        f"max(CASE WHEN s.lost = 0 THEN s.time_ns END){cols} "
-        "FROM gpus g CROSS JOIN t CROSS JOIN samples s ON s.time_ns = t.x AND s.gpu_id = g.id "
-        "GROUP BY g.id"
-    )
-
-
-_MINUTE_ROLL_SQL = _minute_roll_sql()
 
 
 class SqliteStore:
@@ -382,6 +204,7 @@ class SqliteStore:
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
         self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
         self._states: dict[str, _GpuState] = {}  # by UUID
+        self._tail_ids: dict[tuple[Any, ...], int] = {}
         self._closed = False
         self._writer = self._connect()
         # Rows are wide (~330 B): 16 KiB pages halve the insert cost of the clustered table.
@@ -394,6 +217,10 @@ class SqliteStore:
         self._writer.executescript(f"BEGIN IMMEDIATE;\n{_schema_sql()}\nCOMMIT;")
         with self._transaction(self._writer):
             self._init_packed(self._writer)
+        if legacy.has_wide_samples(self._writer):
+            legacy.migrate_wide_samples(
+                self._writer, lambda: self._transaction(self._writer), self.path
+            )
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -485,49 +312,59 @@ class SqliteStore:
             try:
                 self._write(con, samples)
             except BaseException:
-                self._gpu_ids.clear()  # ids inserted by the rolled-back transaction are gone
-                self._states.clear()
+                self._forget_ids()  # ids inserted by the rolled-back transaction are gone
                 raise
+
+    def _forget_ids(self) -> None:
+        self._gpu_ids.clear()
+        self._tail_ids.clear()
+        self._states.clear()
 
     def _write(self, con: sqlite3.Connection, samples: Sequence[GpuSample]) -> None:
         with self._transaction(con):
-            by_sql, gids, times = self._rows(con, samples)
-            mixed = sum(1 for rows in by_sql.values() if rows) > 1
-            if mixed and len(set(zip(gids, times, strict=True))) < len(gids):
-                # The same GPU and time twice, bound by different statements: keep the last, as
-                # one statement in batch order would.
-                last_of = {(g, t): s for g, t, s in zip(gids, times, samples, strict=True)}
-                by_sql, gids, times = self._rows(con, list(last_of.values()))
-            for sql, rows in by_sql.items():
-                if rows:
-                    con.executemany(sql, rows)
+            parts, gids, times = self._encode(con, samples)
             t_min, t_max = min(times), max(times)
-            if t_min == t_max:  # a collector round: one time
-                by_time = {t_max: set(gids)}
+            if t_min == t_max and len(set(gids)) == len(gids):  # a round: one time, GPUs once
+                rounds.insert(con, t_max, gids, b"".join(parts))
             else:
-                last: dict[int, int] = {}
-                for g, t in zip(gids, times, strict=True):
-                    if last.get(g, -1) < t:
-                        last[g] = t
-                by_time = {}
-                for g, t in last.items():
-                    by_time.setdefault(t, set()).add(g)
-            for t, ids in by_time.items():
-                lo, hi = min(ids), max(ids)
-                if hi - lo + 1 == len(ids):  # a contiguous range of ids: no id list to parse
-                    con.execute(
-                        "UPDATE gpus SET last_time_ns = ?1 WHERE id BETWEEN ?2 AND ?3 "
-                        "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                        (t, lo, hi),
-                    )
-                else:
-                    con.execute(
-                        "UPDATE gpus SET last_time_ns = ?1 "
-                        "WHERE id IN (SELECT value FROM json_each(?2)) "
-                        "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                        (t, json.dumps(sorted(ids))),
-                    )
+                by_time: dict[int, dict[int, int]] = {}
+                for i, (g, t) in enumerate(zip(gids, times, strict=True)):
+                    by_time.setdefault(t, {})[g] = i  # the same GPU and time twice: keep the last
+                for t in sorted(by_time):
+                    rows = by_time[t]
+                    rounds.insert(con, t, list(rows), b"".join(parts[i] for i in rows.values()))
+            self._update_last_times(con, gids, times, t_min, t_max)
             self._maintain(con, times, t_min, t_max)
+
+    @staticmethod
+    def _update_last_times(
+        con: sqlite3.Connection, gids: list[int], times: list[int], t_min: int, t_max: int
+    ) -> None:
+        if t_min == t_max:
+            by_time = {t_max: set(gids)}
+        else:
+            last: dict[int, int] = {}
+            for g, t in zip(gids, times, strict=True):
+                if last.get(g, -1) < t:
+                    last[g] = t
+            by_time = {}
+            for g, t in last.items():
+                by_time.setdefault(t, set()).add(g)
+        for t, ids in by_time.items():
+            lo, hi = min(ids), max(ids)
+            if hi - lo + 1 == len(ids):  # a contiguous range of ids: no id list to parse
+                con.execute(
+                    "UPDATE gpus SET last_time_ns = ?1 WHERE id BETWEEN ?2 AND ?3 "
+                    "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                    (t, lo, hi),
+                )
+            else:
+                con.execute(
+                    "UPDATE gpus SET last_time_ns = ?1 "
+                    "WHERE id IN (SELECT value FROM json_each(?2)) "
+                    "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                    (t, json.dumps(sorted(ids))),
+                )
 
     def _gpu_id(self, con: sqlite3.Connection, key: tuple[str, int, str, str]) -> int:
         gid = self._gpu_ids.get(key)
@@ -541,30 +378,44 @@ class SqliteStore:
             self._gpu_ids[key] = gid
         return gid
 
-    def _rows(
+    def _tail_id(self, con: sqlite3.Connection, key: tuple[Any, ...], time_ns: int) -> int:
+        """The id of a key's tail in ``tails``, inserted when not seen yet (by this writer)."""
+        tail = _tail_row(key)
+        tid = self._tail_ids.get(tail)
+        if tid is None:
+            if len(self._tail_ids) >= 65536:
+                self._tail_ids.clear()
+            (tid,) = con.execute(
+                f"INSERT INTO tails ({', '.join(rounds.TAIL_COLUMNS)}, last_ns) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (*tail, time_ns),
+            ).fetchone()
+            self._tail_ids[tail] = tid
+        return tid
+
+    def _encode(
         self, con: sqlite3.Connection, samples: Sequence[GpuSample]
-    ) -> tuple[dict[str, list[tuple[Any, ...]]], list[int], list[int]]:
-        """Parameter tuples by INSERT statement (see ``_Plan``), and each sample's GPU id and
-        time. Every parameter is an exact int, float or str (see ``_VALUE_COLUMNS``)."""
+    ) -> tuple[list[bytes], list[int], list[int]]:
+        """Each sample's packed row (``rounds``), GPU id and time."""
         states = self._states
 
-        def new_state(key: tuple[Any, ...], vals: tuple[Any, ...]) -> _GpuState:
+        def new_state(key: tuple[Any, ...], time_ns: int) -> _GpuState:
             st = states.get(key[2])
             if st is not None and st.key[:4] == key[:4]:
-                st = _GpuState(st.gid, key, st.plan)
+                gid, plan = st.gid, st.plan
             else:  # a new GPU (or another GPU with the same UUID)
                 if len(states) >= 65536:
                     states.clear()
-                st = _GpuState(self._gpu_id(con, key[:4]), key, _plan(vals))
+                gid, plan = self._gpu_id(con, key[:4]), None
+            st = _GpuState(gid, key, float(self._tail_id(con, key, time_ns)), plan)
             states[key[2]] = st
             return st
 
-        full: list[tuple[Any, ...]] = []
-        by_sql: dict[str, list[tuple[Any, ...]]] = {_INSERT_SQL: full}
+        parts: list[bytes] = []
         gids: list[int] = []
         times: list[int] = []
-        _fill_rows(samples, states.get, new_state, full.append, by_sql, gids.append, times.append)
-        return by_sql, gids, times
+        _encode(samples, states.get, new_state, parts.append, gids.append, times.append)
+        return parts, gids, times
 
     # --- rollups and retention ----------------------------------------------------------------
 
@@ -635,13 +486,13 @@ class SqliteStore:
             bucket = start_ns
             while bucket < end_ns:
                 (first,) = con.execute(
-                    "SELECT min(time_ns) FROM samples WHERE time_ns >= ? AND time_ns < ?",
+                    "SELECT min(time_ns) FROM raw_rounds WHERE time_ns >= ? AND time_ns < ?",
                     (bucket, end_ns),
                 ).fetchone()
                 if first is None:
                     break
                 bucket = _floor(first, MINUTE_NS)
-                con.execute(_MINUTE_ROLL_SQL, (bucket, bucket + MINUTE_NS))
+                self._roll_minute(con, bucket)
                 bucket += MINUTE_NS
         else:
             src = (
@@ -652,6 +503,34 @@ class SqliteStore:
             cols = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
             con.execute(f"INSERT INTO {table} ({cols}) {select}", (start_ns, end_ns))
         packed.repack(con, level_ns, table, start_ns, end_ns, METRIC_ATTRS)
+
+    @staticmethod
+    def _roll_minute(con: sqlite3.Connection, bucket_ns: int) -> None:
+        """Roll the raw samples of one minute into ``samples_1m``, and note in ``tails`` that
+        the tails they refer to are still in use (see ``_apply_retention``)."""
+        raw = rounds.read_attrs(con, bucket_ns, bucket_ns + MINUTE_NS, METRIC_ATTRS, with_tail=True)
+        cols = rounds.aggregate(raw, MINUTE_NS, METRIC_ATTRS, LAST_VALUE_ATTRS)
+        t_last = [None if t == packed.NULL_TIME else t for t in cols["t_last_ns"].tolist()]
+        rows = zip(
+            cols["time_ns"].tolist(),
+            cols["gpu_id"].tolist(),
+            cols["n"].tolist(),
+            cols["n_ok"].tolist(),
+            t_last,
+            *(cols[a].tolist() for a in METRIC_ATTRS),  # NaN binds as NULL
+            strict=True,
+        )
+        names = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
+        con.executemany(
+            f"INSERT INTO samples_1m ({names}) VALUES ({', '.join('?' * (5 + len(METRIC_ATTRS)))})",
+            rows,
+        )
+        tails = np.unique(raw.values[:, -1]).astype(np.int64).tolist()
+        con.execute(
+            "UPDATE tails SET last_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
+            "AND last_ns < ?1",
+            (bucket_ns + MINUTE_NS - 1, json.dumps(tails)),
+        )
 
     def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
         """Recompute the dirty buckets that end at or before ``before_ns``."""
@@ -675,7 +554,11 @@ class SqliteStore:
 
     def _apply_retention(self, con: sqlite3.Connection, newest_ns: int) -> None:
         raw_cut = newest_ns - self.retention_raw_ns
-        con.execute("DELETE FROM samples WHERE time_ns < ?", (raw_cut,))
+        con.execute("DELETE FROM raw_rounds WHERE time_ns < ?", (raw_cut,))
+        # A tail is in use until the last minute rolled with it (``_roll_minute``) or its first
+        # sample: not referred to by any raw sample kept.
+        if con.execute("DELETE FROM tails WHERE last_ns < ?", (raw_cut,)).rowcount:
+            self._forget_ids()
         # A dirty minute whose raw rows are gone cannot be recomputed; keep the rollup as is.
         con.execute(
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
@@ -699,22 +582,52 @@ class SqliteStore:
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         with self._reader() as con:
-            (n,) = con.execute(
-                "SELECT count(*) FROM samples WHERE time_ns >= ? AND time_ns < ?",
+            (n_bytes,) = con.execute(
+                "SELECT coalesce(sum(length(gpu_ids)), 0) FROM raw_rounds "
+                "WHERE time_ns >= ? AND time_ns < ?",
                 (start_ns, end_ns),
             ).fetchone()
-        return int(n)
+        return int(n_bytes) // 8  # one int64 id per sample; no (time, GPU) twice (``rounds``)
 
     def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
-        cols = ", ".join(f"s.{c}" for c in ("lost", *METRIC_ATTRS, *_EXTRA_COLUMNS))
         with self._reader() as con:
-            rows = con.execute(
-                f"SELECT s.time_ns, g.host, g.gpu_index, g.uuid, g.name, {cols} "
-                "FROM gpus g JOIN samples s ON s.time_ns = g.last_time_ns AND s.gpu_id = g.id "
-                "WHERE g.last_time_ns >= ? ORDER BY g.host, g.gpu_index, g.uuid",
+            gpus = con.execute(
+                "SELECT id, host, gpu_index, uuid, name, last_time_ns FROM gpus "
+                "WHERE last_time_ns >= ? ORDER BY host, gpu_index, uuid",
                 (-(2**63) if since_ns is None else since_ns,),
             ).fetchall()
-        return [_sample_from_row(r) for r in rows]
+            wanted = {g[0]: g[5] for g in gpus}
+            found: dict[int, list[float]] = {}
+            times = sorted(set(wanted.values()))
+            for lo in range(0, len(times), 500):
+                chunk = times[lo : lo + 500]
+                for t, ids, vals in con.execute(
+                    "SELECT time_ns, gpu_ids, vals FROM raw_rounds "
+                    f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                ):
+                    rows = np.frombuffer(vals, dtype="<f8").reshape(-1, rounds.WIDTH)
+                    for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
+                        if wanted.get(g) == t:
+                            found[g] = rows[i].tolist()
+            tail_ids = sorted({int(v[rounds.TAIL]) for v in found.values()})
+            tails = {
+                r[0]: r[1:]
+                for r in con.execute(
+                    f"SELECT id, {', '.join(rounds.TAIL_COLUMNS)} FROM tails "
+                    "WHERE id IN (SELECT value FROM json_each(?))",
+                    (json.dumps(tail_ids),),
+                )
+            }
+        out = []
+        for gid, host, gpu_index, uuid, name, t in gpus:
+            vals = found.get(gid)
+            if vals is None:  # its newest sample is past the raw retention
+                continue
+            tail = tails.get(int(vals[rounds.TAIL]), (None,) * len(rounds.TAIL_COLUMNS))
+            row = (t, host, gpu_index, uuid, name, *vals[: rounds.TAIL], *tail)
+            out.append(_sample_from_row(row))
+        return out
 
     def series(
         self,
@@ -729,8 +642,8 @@ class SqliteStore:
 
     def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
         """Several ``series`` reads in one read transaction (they see the same data). The raw
-        samples not rolled up yet, whose aggregation in SQL is most of the cost of a read that
-        ends near now, are aggregated once for the reads that cover the same ones."""
+        samples not rolled up yet, whose aggregation is most of the cost of a read that ends
+        near now, are aggregated once for the reads that cover the same ones."""
         memo: dict[tuple[Any, ...], dict[str, Any]] = {}
         with self._reader() as con:
             columns = [self._series_columns(con, memo, r) for r in reads]
@@ -742,45 +655,47 @@ class SqliteStore:
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
         attrs = _check_fields(read.fields)
         start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
-        gpu_filter, filter_params = "", []
+        gpu_ids = None
         if hosts is not None:
-            marks = ", ".join("?" * len(hosts))
-            gpu_filter = f" AND gpu_id IN (SELECT id FROM gpus WHERE host IN ({marks}))"
-            filter_params = list(hosts)
-        if step_s is None:
-            sql = (
-                "SELECT s.time_ns, s.gpu_id"
-                + "".join(f", s.{a}" for a in attrs)
-                + " FROM samples s WHERE s.time_ns >= ? AND s.time_ns < ?"
-                + gpu_filter.replace("gpu_id", "s.gpu_id")
+            found = con.execute(
+                f"SELECT id FROM gpus WHERE host IN ({', '.join('?' * len(hosts))})", list(hosts)
             )
-            rows = con.execute(sql, (start_ns, end_ns, *filter_params)).fetchall()
-            return _columns(rows, attrs), attrs
+            gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
+        if step_s is None:
+            raw = rounds.read_attrs(con, start_ns, end_ns, attrs, gpu_ids)
+            columns = {"time_ns": raw.time_ns, "gpu_id": raw.gpu_id}
+            return columns | {a: raw.values[:, 1 + j] for j, a in enumerate(attrs)}, attrs
         step_ns = int(step_s) * NS_PER_S
         if step_ns <= 0:
             raise ValueError("step_s must be positive")
         level = _level_for(step_ns)
-        meta = self._meta(con)
-        if level > 0:
-            columns = self._level_columns(
-                con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params, memo
-            )
-            if columns is not None:
-                if step_ns != level:
-                    columns = packed.rebucket(columns, step_ns, attrs, LAST_VALUE_ATTRS)
-                return columns, attrs
         if level == 0:
-            agg = _raw_agg_sql(step_ns, attrs, gpu_filter)
-            params = [start_ns, end_ns, *filter_params]
-        else:
-            src, params = self._level_src(
-                con, meta, level, start_ns, end_ns, attrs, gpu_filter, filter_params
-            )
-            # Level rows are already one per (bucket, GPU): re-aggregate only when the step
-            # spans several buckets of the level.
-            agg = src if step_ns == level else _agg_sql(step_ns, src, attrs)
-        sql = "SELECT a.time_ns, a.gpu_id" + "".join(f", a.{a}" for a in attrs)
-        return _columns(con.execute(f"{sql} FROM ({agg}) a", params).fetchall(), attrs), attrs
+            return self._raw_level(con, memo, step_ns, start_ns, end_ns, attrs, gpu_ids), attrs
+        scope = _Scope(attrs, gpu_ids, memo)
+        columns = self._level_columns(con, self._meta(con), level, start_ns, end_ns, scope)
+        if step_ns != level:
+            columns = packed.rebucket(columns, step_ns, attrs, LAST_VALUE_ATTRS)
+        return columns, attrs
+
+    @staticmethod
+    def _raw_level(
+        con: sqlite3.Connection,
+        memo: dict[tuple[Any, ...], dict[str, Any]],
+        step_ns: int,
+        start_ns: int,
+        end_ns: int,
+        attrs: tuple[str, ...],
+        gpu_ids: np.ndarray | None,
+    ) -> dict[str, Any]:
+        """Raw samples in ``[start_ns, end_ns)`` as level columns of ``step_ns`` buckets; kept in
+        ``memo`` (one read transaction) for the next read of the same samples."""
+        ids = None if gpu_ids is None else tuple(gpu_ids.tolist())
+        key = (step_ns, start_ns, end_ns, attrs, ids)
+        if key not in memo:
+            raw = rounds.read_attrs(con, start_ns, end_ns, attrs, gpu_ids)
+            cols = rounds.aggregate(raw, step_ns, attrs, LAST_VALUE_ATTRS)
+            memo[key] = {k: cols[k] for k in (*_LEVEL_KEYS, *attrs)}
+        return memo[key]
 
     def _level_columns(
         self,
@@ -789,54 +704,36 @@ class SqliteStore:
         level_ns: int,
         start_ns: int,
         end_ns: int,
-        attrs: Sequence[str],
-        gpu_filter: str,
-        filter_params: list[Any],
-        memo: dict[tuple[Any, ...], dict[str, Any]],
-    ) -> dict[str, Any] | None:
+        scope: _Scope,
+    ) -> dict[str, Any]:
         """Level rows over ``[start_ns, end_ns)`` as columns (with ``n_ok`` and ``t_last_ns``):
-        clean rolled-up buckets from the packed copy (see ``packed``), the rest aggregated from
-        the level below (raw samples in SQL, minutes in numpy). None when part of the range
-        predates the packed copy: the caller reads the rollup tables instead. Raw aggregates
-        are kept in ``memo`` (one read transaction) for the next read of the same rows."""
-        import numpy as np
-
+        clean rolled-up buckets from the packed copy (see ``packed``) or, where it does not
+        reach, the rollup table; the rest aggregated from the level below (raw samples, or
+        minutes) in numpy."""
         clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
         parts = []
         if clean is not None:
             since = meta.get(_packed_key(level_ns), 2**62)
             if "max_time_ns" in meta:  # rows before the packed retention are gone
                 since = max(since, meta["max_time_ns"] - self._packed_retention_ns[level_ns])
-            if clean[0] < since:
-                return None
-            gpu_ids = None
-            if filter_params:
-                marks = ", ".join("?" * len(filter_params))
-                found = con.execute(f"SELECT id FROM gpus WHERE host IN ({marks})", filter_params)
-                gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
-            part = packed.read(con, level_ns, *clean, attrs, exclude=dirty, gpu_ids=gpu_ids)
+            part = None
+            if clean[0] >= since:
+                part = packed.read(
+                    con, level_ns, *clean, scope.attrs, exclude=dirty, gpu_ids=scope.gpu_ids
+                )
             if part is None:
-                return None
+                part = _rollup_table_columns(con, level_ns, clean, dirty, scope)
             parts.append(part)
         lower = _LOWER_LEVEL[level_ns]
         for lo, hi in below:
             if lower == 0:
-                key = (level_ns, lo, hi, tuple(attrs), gpu_filter, tuple(filter_params))
-                if key not in memo:
-                    memo[key] = _level_columns_of(
-                        _raw_level_rows(con, level_ns, lo, hi, attrs, gpu_filter, filter_params),
-                        attrs,
-                    )
-                parts.append(memo[key])
+                sub = self._raw_level(con, scope.memo, level_ns, lo, hi, scope.attrs, scope.gpu_ids)
+                parts.append(sub)
             else:
-                sub = self._level_columns(
-                    con, meta, lower, lo, hi, attrs, gpu_filter, filter_params, memo
-                )
-                if sub is None:
-                    return None
-                parts.append(packed.rebucket(sub, level_ns, attrs, LAST_VALUE_ATTRS))
+                sub = self._level_columns(con, meta, lower, lo, hi, scope)
+                parts.append(packed.rebucket(sub, level_ns, scope.attrs, LAST_VALUE_ATTRS))
         if not parts:
-            return _level_columns_of([], attrs)
+            return _level_columns_of([], scope.attrs)
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def _level_plan(
@@ -870,87 +767,42 @@ class SqliteStore:
             below.append((tail_start, end_ns))
         return clean, dirty, below
 
-    def _below_src(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        level_ns: int,
-        below: list[tuple[int, int]],
-        attrs: Sequence[str],
-        gpu_filter: str,
-        filter_params: list[Any],
-    ) -> tuple[str, list[Any]]:
-        """SQL aggregating the ranges ``below`` from the level under ``level_ns``."""
-        parts: list[str] = []
-        params: list[Any] = []
-        lower = _LOWER_LEVEL[level_ns]
-        for lo, hi in below:
-            if lower == 0:
-                parts.append(_raw_agg_sql(level_ns, attrs, gpu_filter))
-                params += [lo, hi, *filter_params]
-            else:
-                src, p = self._level_src(con, meta, lower, lo, hi, attrs, gpu_filter, filter_params)
-                parts.append(_agg_sql(level_ns, src, attrs))
-                params += p
-        return " UNION ALL ".join(parts), params
 
-    def _level_src(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        gpu_filter: str,
-        filter_params: list[Any],
-    ) -> tuple[str, list[Any]]:
-        """SQL for level rows over ``[start_ns, end_ns)``: clean rolled-up buckets from the
-        rollup table, everything else (not yet rolled, dirty) aggregated from the level below."""
-        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
-        parts: list[str] = []
-        params: list[Any] = []
-        if clean is not None:
-            not_dirty = f" AND time_ns NOT IN ({', '.join('?' * len(dirty))})" if dirty else ""
-            parts.append(
-                f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in attrs)} "
-                f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
-                f"{not_dirty}{gpu_filter}"
-            )
-            params += [*clean, *dirty, *filter_params]
-        if below:
-            src, p = self._below_src(con, meta, level_ns, below, attrs, gpu_filter, filter_params)
-            parts.append(src)
-            params += p
-        if not parts:  # an empty range
-            return _raw_agg_sql(level_ns, attrs, gpu_filter), [0, 0, *filter_params]
-        return " UNION ALL ".join(parts), params
+#: The columns of level rows besides the attributes (``_level_columns``).
+_LEVEL_KEYS = ("time_ns", "gpu_id", "n_ok", "t_last_ns")
 
 
-def _raw_level_rows(
+@dataclasses.dataclass(frozen=True)
+class _Scope:
+    """What one ``series`` read asks of every level it reads: the attributes, the GPUs (None:
+    all) and the memo of raw aggregates of its read transaction."""
+
+    attrs: tuple[str, ...]
+    gpu_ids: np.ndarray | None
+    memo: dict[tuple[Any, ...], dict[str, Any]]
+
+
+def _rollup_table_columns(
     con: sqlite3.Connection,
     level_ns: int,
-    lo: int,
-    hi: int,
-    attrs: Sequence[str],
-    gpu_filter: str,
-    filter_params: list[Any],
-) -> list[tuple[Any, ...]]:
-    """Raw samples in ``[lo, hi)`` aggregated into ``level_ns`` buckets (level rows). A range of
-    a few buckets (the usual not-yet-rolled tail) is read bucket by bucket, grouped by GPU alone."""
-    first = _floor(lo, level_ns)
-    if hi - first > _FEW_BUCKETS * level_ns:
-        sql = _raw_agg_sql(level_ns, attrs, gpu_filter)
-        return con.execute(sql, (lo, hi, *filter_params)).fetchall()
-    sql = _raw_bucket_agg_sql(attrs, gpu_filter)
-    rows: list[tuple[Any, ...]] = []
-    for b in range(first, hi, level_ns):
-        rows += con.execute(sql, (b, max(lo, b), min(hi, b + level_ns), *filter_params))
-    return rows
-
-
-#: Up to this many buckets, raw samples are aggregated one bucket at a time (see above).
-_FEW_BUCKETS = 4
+    clean: tuple[int, int],
+    dirty: Sequence[int],
+    scope: _Scope,
+) -> dict[str, Any]:
+    """The clean buckets of ``clean`` (not those in ``dirty``) read from the rollup table, for
+    buckets the packed copy does not reach (older than it, or a database that predates it)."""
+    sql = (
+        f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in scope.attrs)} "
+        f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
+    )
+    params: list[Any] = [*clean]
+    if dirty:
+        sql += " AND time_ns NOT IN (SELECT value FROM json_each(?))"
+        params.append(json.dumps(list(dirty)))
+    if scope.gpu_ids is not None:
+        sql += " AND gpu_id IN (SELECT value FROM json_each(?))"
+        params.append(json.dumps(scope.gpu_ids.tolist()))
+    return _level_columns_of(con.execute(sql, params).fetchall(), scope.attrs)
 
 
 def _rolled_key(level_ns: int) -> str:
@@ -1042,18 +894,21 @@ def _frame(
     return out
 
 
-#: (attribute, how to convert its stored value) per metric column, in METRIC_ATTRS order.
-_METRIC_CONVERTERS: tuple[tuple[str, Callable[[Any], Any] | None], ...] = tuple(
-    (a, {Kind.BOOL: bool, Kind.FLOAT: float}.get(FIELD_BY_ATTR[a].kind)) for a in METRIC_ATTRS
+#: (attribute, how to convert its stored float) per metric, in METRIC_ATTRS order.
+_METRIC_CONVERTERS: tuple[tuple[str, Callable[[float], Any]], ...] = tuple(
+    (a, {Kind.BOOL: bool, Kind.FLOAT: float, Kind.INT: int}[FIELD_BY_ATTR[a].kind])
+    for a in METRIC_ATTRS
 )
 
 
 def _sample_from_row(row: Sequence[Any]) -> GpuSample:
+    """A sample from (time_ns, host, gpu_index, uuid, name, lost, metrics... (NaN: not
+    measured), then the tail's columns)."""
     time_ns, host, gpu_index, uuid, name, lost = row[:6]
     kwargs: dict[str, Any] = {
-        attr: v if convert is None else convert(v)
+        attr: convert(v)
         for (attr, convert), v in zip(_METRIC_CONVERTERS, row[6:], strict=False)
-        if v is not None
+        if v == v  # not NaN
     }
     em, tm, xid_last, _xid_count, procs, job_id = row[6 + len(METRIC_ATTRS) :]
     if em is not None:
