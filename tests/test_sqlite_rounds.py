@@ -1,0 +1,225 @@
+"""Raw samples stored as rounds (``gpuwatt.store.rounds``): aggregates against a reference
+computed from the samples written, rewrites of part of a round, tails and their retention, the
+upgrade of a database with the old wide table, and a value that is not a number."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpuwatt.model import GpuSample
+from gpuwatt.schema import FIELDS, Kind, format_processes
+from gpuwatt.store import LAST_VALUE_ATTRS
+from gpuwatt.store.sqlite import SqliteStore
+
+S = 1_000_000_000
+T0 = 1_699_999_200 * S  # a whole hour
+ATTRS = ["power_w", "fan_speed_pct", "energy_j", "clock_event_reasons", "mig_enabled"]
+GPUS = [(h, g) for h in ("node1", "node2") for g in range(3)]
+
+
+def cluster(make_sample, seconds: int, *, shuffle: bool) -> list[list[GpuSample]]:
+    """Rounds of 6 GPUs, one per 2 s: lost samples, a GPU without a fan reading, a GPU missing
+    from some rounds, and (``shuffle``) the GPUs in a different order in every round."""
+    rng = random.Random(7)
+    batches = []
+    for t in range(0, seconds, 2):
+        batch = []
+        for host, g in GPUS:
+            if host == "node2" and g == 0 and t % 22 == 4:
+                continue  # not in this round
+            s = make_sample(
+                T0 + t * S,
+                host,
+                g,
+                power_w=100.0 + (t * 7 + g * 13) % 101 + 0.125,
+                fan_speed_pct=None if g == 2 else float(t % 17),
+                energy_j=1000.0 * t + g,
+                clock_event_reasons=(t // 10 + g) % 4,
+                mig_enabled=(t // 6) % 2 == 0,
+            )
+            if host == "node1" and g == 1 and t % 14 in (2, 4):
+                s = GpuSample(s.time_ns, s.host, s.gpu_index, s.uuid, s.name, lost=True)
+            batch.append(s)
+        if shuffle:
+            rng.shuffle(batch)
+        batches.append(batch)
+    return batches
+
+
+def reference(
+    batches: list[list[GpuSample]], lo: int, hi: int, step_s: int, hosts: list[str] | None
+) -> dict[tuple[int, str, int], list[float]]:
+    """(bucket, host, GPU) -> the attributes' aggregates, computed from the samples alone."""
+    groups: dict[tuple[int, str, int], list[GpuSample]] = {}
+    for s in sorted((s for b in batches for s in b), key=lambda s: s.time_ns):
+        if lo <= s.time_ns < hi and (hosts is None or s.host in hosts):
+            bucket = s.time_ns // (step_s * S) * step_s * S
+            groups.setdefault((bucket, s.host, s.gpu_index), []).append(s)
+    out = {}
+    for key, samples in groups.items():
+        ok = [s for s in samples if not s.lost]
+        row = []
+        for a in ATTRS:
+            if a in LAST_VALUE_ATTRS:
+                v = getattr(ok[-1], a) if ok else None
+                row.append(math.nan if v is None else float(v))
+            else:
+                vs = [getattr(s, a) for s in samples if getattr(s, a) is not None]
+                row.append(sum(vs) / len(vs) if vs else math.nan)
+        out[key] = row
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["same-order", "shuffled"])
+@pytest.mark.parametrize("hosts", [None, ["node2"]])
+@pytest.mark.parametrize("step_s", [20, 60, 120])
+def test_aggregates_equal_a_reference_from_the_samples_written(
+    tmp_path: Path, make_sample, shuffle: bool, hosts: list[str] | None, step_s: int
+) -> None:
+    """Rolled minutes and the raw tail (rounds in the same GPU order, aggregated without a sort,
+    and shuffled ones, sorted) give the means and last values computed from the samples."""
+    batches = cluster(make_sample, 330, shuffle=shuffle)
+    with SqliteStore(tmp_path / "r.db") as store:
+        for b in batches:
+            store.write_samples(b)
+        lo, hi = T0, T0 + 330 * S  # minutes rolled up to 4 min, the rest a raw tail
+        got = store.series(lo, hi, ATTRS, step_s=step_s, hosts=hosts)
+    want = reference(batches, lo, hi, step_s, hosts)
+    assert len(got) == len(want) > 0
+    for row in got.itertuples(index=False):
+        expected = want[(row.time_ns, row.host, row.gpu_index)]
+        actual = [getattr(row, a) for a in ATTRS]
+        assert actual == pytest.approx(expected, rel=1e-12, nan_ok=True), (row, expected)
+    assert got["fan_speed_pct"].isna().sum() == (got["gpu_index"] == 2).sum() > 0
+
+
+def test_rewriting_some_gpus_of_a_round_replaces_them_and_keeps_the_others(
+    tmp_path: Path, make_sample
+) -> None:
+    with SqliteStore(tmp_path / "w.db") as store:
+        store.write_samples([make_sample(T0, "node1", g, power_w=100.0 + g) for g in range(4)])
+        again = [make_sample(T0, "node1", g, power_w=500.0 + g) for g in (1, 3)]
+        store.write_samples(again)
+        store.write_samples(again)  # twice: still one sample per GPU
+        assert store.count_samples(T0, T0 + S) == 4
+        raw = store.series(T0, T0 + S, ["power_w"])
+        assert raw.sort_values("gpu_index")["power_w"].tolist() == [100.0, 501.0, 102.0, 503.0]
+        assert [s.power_w for s in store.latest()] == [100.0, 501.0, 102.0, 503.0]
+        # one batch with two times and the same GPU twice at one of them: the last one wins
+        store.write_samples(
+            [
+                make_sample(T0 + S, "node1", 0, power_w=1.0),
+                make_sample(T0 + 2 * S, "node1", 0, power_w=2.0),
+                make_sample(T0 + S, "node1", 0, power_w=3.0),
+            ]
+        )
+        assert store.count_samples(T0 + S, T0 + 3 * S) == 2
+        raw = store.series(T0 + S, T0 + 3 * S, ["power_w"])
+        assert raw["power_w"].tolist() == [3.0, 2.0]
+
+
+def test_a_tail_in_use_outlives_the_raw_retention_and_one_no_longer_used_goes(
+    tmp_path: Path, make_sample
+) -> None:
+    """GPU 0 keeps job "a" from the first sample on, GPU 1 moves from job "b" to "c": after
+    ten minutes with a two-minute raw retention, "a" is still read back, "b" is gone."""
+    with SqliteStore(tmp_path / "t.db", retention_raw_s=120, rollup_grace_s=5) as store:
+        for t in range(0, 600, 5):
+            store.write_samples(
+                [
+                    make_sample(T0 + t * S, "node1", 0, job_id="a"),
+                    make_sample(T0 + t * S, "node1", 1, job_id="b" if t < 120 else "c"),
+                ]
+            )
+        assert [s.job_id for s in store.latest()] == ["a", "c"]
+        assert store.latest()[0] == make_sample(T0 + 595 * S, "node1", 0, job_id="a")
+        with contextlib.closing(sqlite3.connect(store.path)) as con:
+            jobs = {j for (j,) in con.execute("SELECT job_id FROM tails")}
+        assert jobs == {"a", "c"}
+        # a GPU back after its tail was deleted gets it again
+        store.write_samples([make_sample(T0 + 600 * S, "node1", 1, job_id="b")])
+        assert [s.job_id for s in store.latest()] == ["a", "b"]
+
+
+def test_a_value_that_is_not_a_number_is_refused_with_its_name(tmp_path: Path, make_sample) -> None:
+    with SqliteStore(tmp_path / "n.db") as store:
+        with pytest.raises(TypeError, match="power_w='high' is not a number"):
+            store.write_samples([make_sample(T0, power_w="high")])
+        assert store.count_samples(0, 2**62) == 0
+        store.write_samples([make_sample(T0)])  # the writer's state survives the refusal
+        assert store.latest() == [make_sample(T0)]
+
+
+_SQL_TYPE = {Kind.INT: "INTEGER", Kind.FLOAT: "REAL", Kind.BOOL: "INTEGER", Kind.STR: "TEXT"}
+#: The raw table of gpuwatt before rounds (up to cfc3885), as it was created.
+_WIDE_SAMPLES_SQL = f"""
+CREATE TABLE samples (
+  time_ns INTEGER NOT NULL,
+  gpu_id INTEGER NOT NULL,
+  lost INTEGER NOT NULL,
+  {", ".join(f"{f.attr} {_SQL_TYPE[f.kind]}" for f in FIELDS)},
+  energy_method TEXT,
+  tflops_method TEXT,
+  xid_last INTEGER,
+  xid_count INTEGER,
+  processes TEXT,
+  job_id TEXT,
+  PRIMARY KEY (time_ns, gpu_id)
+) WITHOUT ROWID
+"""
+
+
+def _wide_row(s: GpuSample, gpu_id: int) -> tuple:
+    def plain(v):
+        return int(v) if isinstance(v, bool) else v
+
+    return (
+        s.time_ns,
+        gpu_id,
+        int(s.lost),
+        *(plain(getattr(s, f.attr)) for f in FIELDS),
+        None if s.energy_method is None else s.energy_method.value,
+        None if s.tflops_method is None else s.tflops_method.value,
+        s.xid_errors[-1] if s.xid_errors else None,
+        len(s.xid_errors) if s.xid_errors else None,
+        None if s.processes is None else format_processes(s.processes),
+        s.job_id,
+    )
+
+
+def test_a_database_with_the_wide_samples_table_is_moved_to_rounds(
+    tmp_path: Path, make_sample
+) -> None:
+    """A database written before rounds opens with every raw sample read back as it was
+    (latest, raw series, counts, aggregates), and the old table gone."""
+    path = tmp_path / "old.db"
+    batches = cluster(make_sample, 200, shuffle=True)
+    with SqliteStore(path) as store:  # the gpus table, rollups and meta, as before
+        for b in batches:
+            store.write_samples(b)
+        want_latest = store.latest()
+        want_raw = store.series(T0, T0 + 200 * S, ATTRS)
+        want_minutes = store.series(T0, T0 + 200 * S, ATTRS, step_s=60)
+    with contextlib.closing(sqlite3.connect(path)) as con, con:
+        ids = {(h, g): i for i, h, g in con.execute("SELECT id, host, gpu_index FROM gpus")}
+        con.execute("DELETE FROM raw_rounds")
+        con.execute("DELETE FROM tails")
+        con.execute(_WIDE_SAMPLES_SQL)
+        rows = [_wide_row(s, ids[(s.host, s.gpu_index)]) for b in batches for s in b]
+        con.executemany(f"INSERT INTO samples VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    with SqliteStore(path) as store:
+        assert store.latest() == want_latest
+        assert store.count_samples(T0, T0 + 200 * S) == len(rows)
+        pd.testing.assert_frame_equal(store.series(T0, T0 + 200 * S, ATTRS), want_raw)
+        minutes = store.series(T0, T0 + 200 * S, ATTRS, step_s=60)
+        pd.testing.assert_frame_equal(minutes, want_minutes, check_exact=False, rtol=1e-12)
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master")}
+    assert "samples" not in tables
