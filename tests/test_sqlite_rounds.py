@@ -25,15 +25,16 @@ GPUS = [(h, g) for h in ("node1", "node2") for g in range(3)]
 
 
 def cluster(make_sample, seconds: int, *, shuffle: bool) -> list[list[GpuSample]]:
-    """Rounds of 6 GPUs, one per 2 s: lost samples, a GPU without a fan reading, a GPU missing
-    from some rounds, and (``shuffle``) the GPUs in a different order in every round."""
+    """Rounds of 6 GPUs, one per 2 s: lost samples (among them the last of some buckets), a GPU
+    without a fan reading, a GPU missing from two rounds, and (``shuffle``) the GPUs in a
+    different order in every round."""
     rng = random.Random(7)
     batches = []
     for t in range(0, seconds, 2):
         batch = []
         for host, g in GPUS:
-            if host == "node2" and g == 0 and t % 22 == 4:
-                continue  # not in this round
+            if host == "node2" and g == 0 and t in (100, 102):
+                continue  # not in these rounds: their buckets are not whole rounds
             s = make_sample(
                 T0 + t * S,
                 host,
@@ -132,13 +133,14 @@ def test_a_tail_in_use_outlives_the_raw_retention_and_one_no_longer_used_goes(
     ten minutes with a two-minute raw retention, "a" is still read back, "b" is gone."""
     with SqliteStore(tmp_path / "t.db", retention_raw_s=120, rollup_grace_s=5) as store:
         for t in range(0, 600, 5):
+            job = "b" if t < 120 else "c"
             store.write_samples(
                 [
                     make_sample(T0 + t * S, "node1", 0, job_id="a"),
-                    make_sample(T0 + t * S, "node1", 1, job_id="b" if t < 120 else "c"),
+                    make_sample(T0 + t * S, "node1", 1, job_id=job),
                 ]
             )
-        assert [s.job_id for s in store.latest()] == ["a", "c"]
+            assert [s.job_id for s in store.latest()] == ["a", job], t
         assert store.latest()[0] == make_sample(T0 + 595 * S, "node1", 0, job_id="a")
         with contextlib.closing(sqlite3.connect(store.path)) as con:
             jobs = {j for (j,) in con.execute("SELECT job_id FROM tails")}
