@@ -196,19 +196,17 @@ def _wide_row(s: GpuSample, gpu_id: int) -> tuple:
     )
 
 
-def test_a_database_with_the_wide_samples_table_is_moved_to_rounds(
-    tmp_path: Path, make_sample
-) -> None:
-    """A database written before rounds opens with every raw sample read back as it was
-    (latest, raw series, counts, aggregates), and the old table gone."""
-    path = tmp_path / "old.db"
+def _make_wide(path: Path, make_sample) -> tuple[list[list[GpuSample]], tuple]:
+    """A database as written before rounds; what it reads back (latest, raw, minutes)."""
     batches = cluster(make_sample, 200, shuffle=True)
     with SqliteStore(path) as store:  # the gpus table, rollups and meta, as before
         for b in batches:
             store.write_samples(b)
-        want_latest = store.latest()
-        want_raw = store.series(T0, T0 + 200 * S, ATTRS)
-        want_minutes = store.series(T0, T0 + 200 * S, ATTRS, step_s=60)
+        want = (
+            store.latest(),
+            store.series(T0, T0 + 200 * S, ATTRS),
+            store.series(T0, T0 + 200 * S, ATTRS, step_s=60),
+        )
     with contextlib.closing(sqlite3.connect(path)) as con, con:
         ids = {(h, g): i for i, h, g in con.execute("SELECT id, host, gpu_index FROM gpus")}
         con.execute("DELETE FROM raw_rounds")
@@ -216,12 +214,58 @@ def test_a_database_with_the_wide_samples_table_is_moved_to_rounds(
         con.execute(_WIDE_SAMPLES_SQL)
         rows = [_wide_row(s, ids[(s.host, s.gpu_index)]) for b in batches for s in b]
         con.executemany(f"INSERT INTO samples VALUES ({', '.join('?' * len(rows[0]))})", rows)
-    with SqliteStore(path) as store:
-        assert store.latest() == want_latest
-        assert store.count_samples(T0, T0 + 200 * S) == len(rows)
-        pd.testing.assert_frame_equal(store.series(T0, T0 + 200 * S, ATTRS), want_raw)
-        minutes = store.series(T0, T0 + 200 * S, ATTRS, step_s=60)
-        pd.testing.assert_frame_equal(minutes, want_minutes, check_exact=False, rtol=1e-12)
+    return batches, want
+
+
+def _assert_reads(store: SqliteStore, batches: list[list[GpuSample]], want: tuple) -> None:
+    latest, raw, minutes = want
+    assert store.latest() == latest
+    assert store.count_samples(T0, T0 + 200 * S) == sum(map(len, batches))
+    pd.testing.assert_frame_equal(store.series(T0, T0 + 200 * S, ATTRS), raw)
+    got = store.series(T0, T0 + 200 * S, ATTRS, step_s=60)
+    pd.testing.assert_frame_equal(got, minutes, check_exact=False, rtol=1e-12)
+
+
+def _tables(path: Path) -> set[str]:
     with contextlib.closing(sqlite3.connect(path)) as con:
-        tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master")}
-    assert "samples" not in tables
+        return {n for (n,) in con.execute("SELECT name FROM sqlite_master")}
+
+
+def test_a_database_with_the_wide_samples_table_is_moved_to_rounds(
+    tmp_path: Path, make_sample
+) -> None:
+    """A database written before rounds opens with every raw sample read back as it was
+    (latest, raw series, counts, aggregates), and the old table gone."""
+    path = tmp_path / "old.db"
+    batches, want = _make_wide(path, make_sample)
+    with SqliteStore(path) as store:
+        _assert_reads(store, batches, want)
+    assert "samples" not in _tables(path)
+
+
+def test_a_move_interrupted_midway_resumes_without_losing_or_doubling_a_sample(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuwatt.store import legacy
+
+    path = tmp_path / "old.db"
+    batches, want = _make_wide(path, make_sample)
+    store_rounds = legacy._store_rounds
+    calls = []
+
+    def crash_on_the_third_minute(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a process stopped in the middle of the move
+        return store_rounds(*args)
+
+    monkeypatch.setattr(legacy, "_store_rounds", crash_on_the_third_minute)
+    with pytest.raises(KeyboardInterrupt):
+        SqliteStore(path)
+    monkeypatch.setattr(legacy, "_store_rounds", store_rounds)
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        (moved,) = con.execute("SELECT count(*) FROM raw_rounds").fetchone()
+    assert moved == 60  # the first two minutes, one round per 2 s
+    with SqliteStore(path) as store:
+        _assert_reads(store, batches, want)
+    assert "samples" not in _tables(path)

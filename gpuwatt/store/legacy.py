@@ -2,9 +2,9 @@
 
 Those versions kept one wide row per GPU and sample in a table ``samples`` (a column per metric,
 then the tail's columns). The rollups, the packed copy and the metadata did not change, so only
-the raw rows move: a minute of data time per transaction, each moved minute deleted from the old
-table in the same transaction, so an upgrade interrupted at any point resumes where it stopped
-and never holds a sample twice or loses one.
+the raw rows move: a minute of data time per transaction, which records how far the move went,
+so an upgrade interrupted at any point resumes where it stopped and never holds a sample twice
+or loses one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gpuwatt.store import rounds
 log = logging.getLogger(__name__)
 
 _MINUTE_NS = 60 * 1_000_000_000
+_MOVED_KEY = "legacy_samples_moved_until"  # the move is done below this time
 _COLUMNS = ("time_ns", "gpu_id", *rounds.ROW_ATTRS, *rounds.TAIL_COLUMNS)
 
 
@@ -35,16 +36,26 @@ def migrate_wide_samples(
     transaction: Callable[[], contextlib.AbstractContextManager[None]],
     path: object,
 ) -> int:
-    """Move every row of ``samples`` into rounds, then drop the table; the samples moved."""
+    """Move every row of ``samples`` into rounds, then drop the table; the samples moved.
+
+    A minute of data per transaction, which also records in ``meta`` how far the move went
+    (deleting the moved rows instead cost more than the move itself)."""
     (total,) = con.execute("SELECT count(*) FROM samples").fetchone()
     log.warning("%s: moving %d raw samples to the round layout (once)", path, total)
     tail_ids: dict[tuple[object, ...], int] = {}
-    moved = 0
+    moved = reported = 0
     while True:
         with transaction():
-            (lo,) = con.execute("SELECT min(time_ns) FROM samples").fetchone()
+            if not has_wide_samples(con):  # another process finished the move
+                break
+            done = con.execute("SELECT value FROM meta WHERE key = ?", (_MOVED_KEY,)).fetchone()
+            (lo,) = con.execute(
+                "SELECT min(time_ns) FROM samples WHERE time_ns >= ?",
+                (-(2**63) if done is None else done[0],),
+            ).fetchone()
             if lo is None:
                 con.execute("DROP TABLE samples")
+                con.execute("DELETE FROM meta WHERE key = ?", (_MOVED_KEY,))
                 break
             hi = lo + _MINUTE_NS
             rows = con.execute(
@@ -53,7 +64,10 @@ def migrate_wide_samples(
                 (lo, hi),
             ).fetchall()
             moved += _store_rounds(con, rows, tail_ids, hi - 1)
-            con.execute("DELETE FROM samples WHERE time_ns >= ? AND time_ns < ?", (lo, hi))
+            con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_MOVED_KEY, hi))
+        if moved >= reported + total // 10:
+            reported = moved
+            log.warning("%s: moved %d of %d raw samples", path, moved, total)
     log.warning("%s: moved %d raw samples", path, moved)
     return moved
 

@@ -218,9 +218,13 @@ class SqliteStore:
         with self._transaction(self._writer):
             self._init_packed(self._writer)
         if legacy.has_wide_samples(self._writer):
-            legacy.migrate_wide_samples(
-                self._writer, lambda: self._transaction(self._writer), self.path
-            )
+            try:
+                legacy.migrate_wide_samples(
+                    self._writer, lambda: self._transaction(self._writer), self.path
+                )
+            except BaseException:
+                self.close()  # the move resumes at the next open
+                raise
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
