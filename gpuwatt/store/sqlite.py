@@ -207,7 +207,8 @@ class SqliteStore:
         self._tail_ids: dict[tuple[Any, ...], int] = {}
         self._closed = False
         self._writer = self._connect()
-        # Rows are wide (~330 B): 16 KiB pages halve the insert cost of the clustered table.
+        # 16 KiB pages: a round (~330 B per GPU) spans fewer overflow pages, and the wide rollup
+        # rows insert at half the cost of 4 KiB pages.
         # Only takes effect on a new, empty file.
         self._writer.execute("PRAGMA page_size=16384").close()
         with contextlib.suppress(sqlite3.OperationalError):
