@@ -6,22 +6,23 @@ integrating power, tensor activity and an estimated TFLOPS from it; a thermal st
 ``STRAGGLER`` (node, GPU) for the last 6 hours slows its node's peers.
 
 88.5 M samples (1,024 GPUs x 24 h of 1-second samples) do not go through ``GpuSample`` objects
-and ``write_samples`` (~20 µs per sample here: ~1 h): values are generated with numpy, a minute
-of rounds at a time, and inserted as rows of the store's own ``samples`` table; rollups, their
-packed copy and retention are then run by the store's own maintenance, exactly as after a
-``write_samples`` batch. The first and the last round go through ``write_samples`` (they
-register the GPUs and set each GPU's newest sample).
+and ``write_samples`` (building the objects alone would take longer than the writes): values are
+generated with numpy, a minute of rounds at a time, and inserted as rounds of the store's own raw
+table (``rounds.insert``); rollups, their packed copy and retention are then run by the store's
+own maintenance, exactly as after a ``write_samples`` batch. The first and the last round go
+through ``write_samples`` (they register the GPUs and their tails, and set each GPU's newest
+sample).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import repeat
 
 import numpy as np
 
 from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod
+from gpuwatt.store import rounds
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -29,25 +30,6 @@ STRAGGLER = (57, 3)  # node-057 GPU 3
 NAME = "NVIDIA H100 80GB HBM3"
 PEAK_DENSE_FP16_TFLOPS = 989.4  # H100 SXM (gpuwatt.gpu_specs)
 MAX_CLOCK_MHZ = 1980.0
-COLUMNS = (
-    "time_ns",
-    "gpu_id",
-    "lost",
-    "utilization_gpu_pct",
-    "temperature_gpu_c",
-    "power_w",
-    "energy_j",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-    "clock_event_reasons",
-    "tensor_active_pct",
-    "tensor_hmma_active_pct",
-    "tflops_estimate",
-    "memory_used_bytes",
-    "energy_method",
-    "tflops_method",
-    "job_id",
-)
 
 
 class Cluster:
@@ -142,43 +124,27 @@ def backfill(
         for gid, h, i in store._writer.execute("SELECT id, host, gpu_index FROM gpus").fetchall()
     }
     gpu_ids = [ids[(h, i)] for h, i in zip(cluster.hosts, cluster.index, strict=True)]
-    sql = (
-        f"INSERT OR REPLACE INTO samples ({', '.join(COLUMNS)}) "
-        f"VALUES ({', '.join('?' * len(COLUMNS))})"
-    )
+    # The values that do not change, and each GPU's tail (its job) as the store recorded it.
+    base = np.full((cluster.gpus, rounds.WIDTH), np.nan)
+    base[:, rounds.LOST] = 0.0
+    base[:, rounds.COLUMN["sm_clock_max_mhz"]] = MAX_CLOCK_MHZ
+    base[:, rounds.COLUMN["memory_used_bytes"]] = 60 * 2**30
+    base[:, rounds.TAIL] = [store._states[u].tail for u in cluster.uuids]
     written, last = cluster.gpus, cluster.steps - 1
     t0 = time.perf_counter()
     next_report = 0.0
     k = 1
     while k < last:
         ks = range(k, min(k + rounds_per_batch, last))
-        rows: list[tuple] = []
-        for j in ks:
-            v = cluster.round(j)
-            rows += zip(
-                repeat(cluster.time_ns(j)),
-                gpu_ids,
-                repeat(0),
-                v["utilization_gpu_pct"].tolist(),
-                v["temperature_gpu_c"].tolist(),
-                v["power_w"].tolist(),
-                v["energy_j"].tolist(),
-                v["sm_clock_mhz"].tolist(),
-                repeat(MAX_CLOCK_MHZ),
-                v["clock_event_reasons"].tolist(),
-                v["tensor_active_pct"].tolist(),
-                v["tensor_hmma_active_pct"].tolist(),
-                v["tflops_estimate"].tolist(),
-                repeat(60 * 2**30),
-                repeat(EnergyMethod.COUNTER.value),
-                repeat(TflopsMethod.GPM.value),
-                cluster.jobs,
-            )
         t_lo, t_hi = cluster.time_ns(ks[0]), cluster.time_ns(ks[-1])
         with store._lock, store._transaction(store._writer):
-            store._writer.executemany(sql, rows)
+            for j in ks:
+                vals = base.copy()
+                for attr, column in cluster.round(j).items():
+                    vals[:, rounds.COLUMN[attr]] = column
+                rounds.insert(store._writer, cluster.time_ns(j), gpu_ids, vals.tobytes())
             store._maintain(store._writer, (t_lo, t_hi), t_lo, t_hi)
-        written += len(rows)
+        written += len(ks) * cluster.gpus
         k = ks[-1] + 1
         if k / last >= next_report:
             rate = written / (time.perf_counter() - t0)
