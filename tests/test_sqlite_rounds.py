@@ -150,6 +150,21 @@ def test_a_tail_in_use_outlives_the_raw_retention_and_one_no_longer_used_goes(
         assert [s.job_id for s in store.latest()] == ["a", "b"]
 
 
+def test_a_gpu_back_after_a_silence_longer_than_the_raw_retention_keeps_its_tail(
+    tmp_path: Path, make_sample
+) -> None:
+    """The retention run by the write that ends the silence must not delete the tail that
+    write's sample refers to (the writer still holds it as the GPU's current tail)."""
+    with SqliteStore(tmp_path / "s.db", retention_raw_s=120, rollup_grace_s=5) as store:
+        for t in range(0, 300, 5):
+            store.write_samples([make_sample(T0 + t * S, "node1", 0, job_id="a")])
+        store.write_samples([make_sample(T0 + 1000 * S, "node1", 0, job_id="a")])
+        assert store.latest() == [make_sample(T0 + 1000 * S, "node1", 0, job_id="a")]
+        with contextlib.closing(sqlite3.connect(store.path)) as con:
+            (n_tails,) = con.execute("SELECT count(*) FROM tails").fetchone()
+        assert n_tails == 1  # one job all along: one tail, never deleted and made again
+
+
 def test_a_value_that_is_not_a_number_is_refused_with_its_name(tmp_path: Path, make_sample) -> None:
     with SqliteStore(tmp_path / "n.db") as store:
         with pytest.raises(TypeError, match="power_w='high' is not a number"):

@@ -396,6 +396,10 @@ class SqliteStore:
                 (*tail, time_ns),
             ).fetchone()
             self._tail_ids[tail] = tid
+        else:  # in use again: not to be deleted before this sample is (``_apply_retention``)
+            con.execute(
+                "UPDATE tails SET last_ns = ?1 WHERE id = ?2 AND last_ns < ?1", (time_ns, tid)
+            )
         return tid
 
     def _encode(
@@ -560,10 +564,17 @@ class SqliteStore:
     def _apply_retention(self, con: sqlite3.Connection, newest_ns: int) -> None:
         raw_cut = newest_ns - self.retention_raw_ns
         con.execute("DELETE FROM raw_rounds WHERE time_ns < ?", (raw_cut,))
-        # A tail is in use until the last minute rolled with it (``_roll_minute``) or its first
-        # sample: not referred to by any raw sample kept.
-        if con.execute("DELETE FROM tails WHERE last_ns < ?", (raw_cut,)).rowcount:
-            self._forget_ids()
+        # A tail's last_ns is the newest of: its first sample, a GPU taking it up again
+        # (``_tail_id``), the last minute rolled with it (``_roll_minute``). Below the cut, no
+        # raw sample kept refers to it, unless it is a GPU's current tail (samples written now,
+        # after days without any): those stay.
+        current = json.dumps(sorted({int(st.tail) for st in self._states.values()}))
+        deleted = con.execute(
+            "DELETE FROM tails WHERE last_ns < ? AND id NOT IN (SELECT value FROM json_each(?))",
+            (raw_cut, current),
+        ).rowcount
+        if deleted:
+            self._tail_ids.clear()
         # A dirty minute whose raw rows are gone cannot be recomputed; keep the rollup as is.
         con.execute(
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
