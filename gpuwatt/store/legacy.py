@@ -93,8 +93,8 @@ def _store_rounds(
     )
     vals = np.array(
         [(*r[2 : 2 + n_row], tail_ids[t]) for r, t in zip(rows, tails, strict=True)],
-        dtype=np.float64,  # None -> NaN
-    ).astype("<f8")
+        dtype="<f8",  # None -> NaN
+    )
     times = [r[0] for r in rows]
     for lo, hi in _runs(times):
         gids = [r[1] for r in rows[lo:hi]]
