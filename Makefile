@@ -9,7 +9,7 @@ TEST_APT_PACKAGES := influxdb victoria-metrics chromium chromium-driver
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(VENV)/bin/pip install --quiet -e ".[test]"
 	touch $@
 

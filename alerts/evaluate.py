@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from alerts.clock import NS_PER_S
-from alerts.rules import (
+from gpuwatt.alerts.clock import NS_PER_S
+from gpuwatt.alerts.rules import (
     AnalyticsQuery,
     DeadmanQuery,
     EventQuery,

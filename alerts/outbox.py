@@ -15,8 +15,8 @@ import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from alerts.clock import NS_PER_S
-from alerts.notify.base import Channel, Delivered, Notification, Rejected, RetryLater
+from gpuwatt.alerts.clock import NS_PER_S
+from gpuwatt.alerts.notify.base import Channel, Delivered, Notification, Rejected, RetryLater
 
 log = logging.getLogger("gpuwatt.alerts.outbox")
 

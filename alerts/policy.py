@@ -14,13 +14,13 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from alerts.clock import NS_PER_S
-from alerts.notify.base import FIRING, RESOLVED, AlertItem, Notification
-from alerts.outbox import Outbox
-from alerts.silences import Silence
-from alerts.state import FIRING as STATE_FIRING
-from alerts.state import RESOLVED as STATE_RESOLVED
-from alerts.state import Alert
+from gpuwatt.alerts.clock import NS_PER_S
+from gpuwatt.alerts.notify.base import FIRING, RESOLVED, AlertItem, Notification
+from gpuwatt.alerts.outbox import Outbox
+from gpuwatt.alerts.silences import Silence
+from gpuwatt.alerts.state import FIRING as STATE_FIRING
+from gpuwatt.alerts.state import RESOLVED as STATE_RESOLVED
+from gpuwatt.alerts.state import Alert
 
 DEFAULT_GROUP_BY = ("alertname", "cluster")
 

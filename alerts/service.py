@@ -17,15 +17,15 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from alerts.clock import NS_PER_S, Clock
-from alerts.db import transaction
-from alerts.evaluate import Observation, evaluate_rule
-from alerts.notify.base import Channel, Notification
-from alerts.outbox import DeliveryReport, Outbox, RetryPolicy
-from alerts.policy import Policy, Route
-from alerts.rules import DeadmanQuery, Rule
-from alerts.silences import SilenceTable, silenced_by
-from alerts.state import FIRING, PENDING, RESOLVED, Alert, AlertTable, step_rule
+from gpuwatt.alerts.clock import NS_PER_S, Clock
+from gpuwatt.alerts.db import transaction
+from gpuwatt.alerts.evaluate import Observation, evaluate_rule
+from gpuwatt.alerts.notify.base import Channel, Notification
+from gpuwatt.alerts.outbox import DeliveryReport, Outbox, RetryPolicy
+from gpuwatt.alerts.policy import Policy, Route
+from gpuwatt.alerts.rules import DeadmanQuery, Rule
+from gpuwatt.alerts.silences import SilenceTable, silenced_by
+from gpuwatt.alerts.state import FIRING, PENDING, RESOLVED, Alert, AlertTable, step_rule
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.alerts")
@@ -155,7 +155,7 @@ class Evaluator:
 
     def send_test(self, channel: str) -> str:
         """Send a test notification now, bypassing rules and outbox; returns the result."""
-        from alerts.notify.base import test_notification
+        from gpuwatt.alerts.notify.base import test_notification
 
         if channel not in self.channels:
             raise KeyError(channel)

@@ -34,13 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from alerts.notify.base import Channel
-from alerts.notify.email import PLAIN, SECURITY, STARTTLS, TLS, EmailChannel
-from alerts.notify.slack import SlackChannel
-from alerts.notify.webhook import WebhookChannel
-from alerts.outbox import RetryPolicy
-from alerts.policy import DEFAULT_GROUP_BY, Route
-from alerts.silences import check_matchers
+from gpuwatt.alerts.notify.base import Channel
+from gpuwatt.alerts.notify.email import PLAIN, SECURITY, STARTTLS, TLS, EmailChannel
+from gpuwatt.alerts.notify.slack import SlackChannel
+from gpuwatt.alerts.notify.webhook import WebhookChannel
+from gpuwatt.alerts.outbox import RetryPolicy
+from gpuwatt.alerts.policy import DEFAULT_GROUP_BY, Route
+from gpuwatt.alerts.silences import check_matchers
 from gpuwatt.yamlfile import Located
 
 _TOP = {"cluster", "evaluation_interval", "state_db", "external_url", "channels", "routes", "retry"}

@@ -14,9 +14,9 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from alerts.clock import NS_PER_S
-from alerts.evaluate import Observation
-from alerts.rules import IncreaseQuery, Rule, ThresholdQuery, render_template
+from gpuwatt.alerts.clock import NS_PER_S
+from gpuwatt.alerts.evaluate import Observation
+from gpuwatt.alerts.rules import IncreaseQuery, Rule, ThresholdQuery, render_template
 
 PENDING = "pending"
 FIRING = "firing"

@@ -25,9 +25,9 @@ from typing import TypeVar
 
 import pandas as pd
 
-from collector.sim.scenario import load_scenario_text
-from collector.sim.simulator import Simulator
 from gpuwatt.analytics import ANALYSIS_FIELDS, analyze
+from gpuwatt.collector.sim.scenario import load_scenario_text
+from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample
 from gpuwatt.store.sqlite import SqliteStore
 

@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from nvml_fixtures import Activity, make_cluster, run_all
 
-from collector.nvml_source import NvmlSampler
-from collector.sim.fake_nvml import FakeNvml
-from collector.sim.state import SimCluster
+from gpuwatt.collector.nvml_source import NvmlSampler
+from gpuwatt.collector.sim.fake_nvml import FakeNvml
+from gpuwatt.collector.sim.state import SimCluster
 from gpuwatt.model import GpuSample, make_gpu_sample
 from gpuwatt.schema import LineEncoder
 

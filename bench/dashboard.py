@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backfill import Cluster, backfill
 
-from dashboard.app import PAGES, create_app
-from dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S
-from dashboard.timerange import DEFAULT_RANGE
+from gpuwatt.dashboard.app import PAGES, create_app
+from gpuwatt.dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S
+from gpuwatt.dashboard.timerange import DEFAULT_RANGE
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -117,7 +117,7 @@ def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, Ca
 def warm_costs(app: Any, repeat: int) -> dict[str, float]:
     """Per preset range: the median CPU time of one recomputation by the server's warmer (the
     default view first, as the warmer orders them: the coarse ranges share its newest hour)."""
-    from dashboard.timerange import PRESETS, parse_range
+    from gpuwatt.dashboard.timerange import PRESETS, parse_range
 
     data = app.server.config["GPUWATT_DATA"]
     data.clear_cache()
@@ -249,7 +249,7 @@ def main() -> None:
     share_pct = cpu_per_10min / 6  # of 600 s
     print(f"  in all: {cpu_per_10min:.1f} s of CPU per 10 minutes ({share_pct:.1f} % of a core)")
     if not args.no_browser:
-        from dashboard.server import start
+        from gpuwatt.dashboard.server import start
 
         running = start(store, "127.0.0.1", 0, environ={}, now_ns=END_NS)
         try:

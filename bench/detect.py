@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collector.sim.scenario import Scenario, list_shipped_scenarios, load_scenario
-from collector.sim.source import SimulatedClusterSource
 from gpuwatt.analytics import ANALYSIS_FIELDS, AnalysisSummary, analyze
+from gpuwatt.collector.sim.scenario import Scenario, list_shipped_scenarios, load_scenario
+from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000

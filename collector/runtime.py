@@ -21,7 +21,7 @@ from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from collector.spool import Spool, SpoolBatch
+from gpuwatt.collector.spool import Spool, SpoolBatch
 from gpuwatt.errors import GpuwattError, StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import LineEncoder

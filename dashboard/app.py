@@ -20,16 +20,16 @@ import dash_mantine_components as dmc
 from dash import ALL, Dash, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboard import csv_export
-from dashboard.alerts_hook import AlertsSource, firing_count
-from dashboard.auth import Credentials, install_basic_auth
-from dashboard.components import DEFAULT_REFRESH, empty_state, error_state, range_line
-from dashboard.context import PageContext
-from dashboard.data import DashboardData, DataError
-from dashboard.pages import alerts, balance, efficiency, node, overview, reports, stragglers
-from dashboard.timerange import DEFAULT_RANGE, parse_range, query_dict, to_search
 from gpuwatt.analytics import Tariff
 from gpuwatt.config import Config
+from gpuwatt.dashboard import csv_export
+from gpuwatt.dashboard.alerts_hook import AlertsSource, firing_count
+from gpuwatt.dashboard.auth import Credentials, install_basic_auth
+from gpuwatt.dashboard.components import DEFAULT_REFRESH, empty_state, error_state, range_line
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.data import DashboardData, DataError
+from gpuwatt.dashboard.pages import alerts, balance, efficiency, node, overview, reports, stragglers
+from gpuwatt.dashboard.timerange import DEFAULT_RANGE, parse_range, query_dict, to_search
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.dashboard")
@@ -224,7 +224,7 @@ def create_app(
     """The dashboard for ``store``. ``now_ns`` injects the clock (an int freezes it: tests).
 
     With ``credentials`` every request (pages, callbacks, assets, CSV routes) needs HTTP Basic
-    authentication. ``alerts`` connects the alert evaluator (see ``dashboard.alerts_hook``).
+    authentication. ``alerts`` connects the alert evaluator (see ``gpuwatt.dashboard.alerts_hook``).
     """
     data = DashboardData(
         store, clock_ns=_clock(now_ns), tariff=tariff_from(config), ttl_s=cache_ttl_s

@@ -8,9 +8,9 @@ from typing import Any
 import dash_mantine_components as dmc
 from dash import dcc, html
 
-from dashboard.figures import Fig
-from dashboard.timerange import PRESETS, TimeRange
 from gpuwatt.analytics import Figure, Quality
+from gpuwatt.dashboard.figures import Fig
+from gpuwatt.dashboard.timerange import PRESETS, TimeRange
 
 REFRESH_CHOICES: tuple[str, ...] = ("off", "30s", "60s", "5m")
 DEFAULT_REFRESH = "60s"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboard.alerts_hook import AlertsSource
-from dashboard.data import DashboardData, WindowData
-from dashboard.timerange import TimeRange
+from gpuwatt.dashboard.alerts_hook import AlertsSource
+from gpuwatt.dashboard.data import DashboardData, WindowData
+from gpuwatt.dashboard.timerange import TimeRange
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class PageContext:
 
     def link(self, path: str, **params: str) -> str:
         """A link to another page that keeps this view's time range."""
-        from dashboard.timerange import to_search
+        from gpuwatt.dashboard.timerange import to_search
 
         keep = {k: v for k, v in self.query.items() if k in ("range", "from", "to", "end")}
         keep.update(params)

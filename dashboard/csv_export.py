@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dashboard.data import DashboardData, DataError
-from dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
 from gpuwatt.analytics import AnalysisSummary
+from gpuwatt.dashboard.data import DashboardData, DataError
+from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
 from gpuwatt.schema import FIELD_BY_ATTR
 
 GROUPINGS: tuple[str, ...] = ("gpu", "node", "job")

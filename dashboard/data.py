@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.analytics import (
     ANALYSIS_FIELDS,
     AnalysisSummary,
@@ -36,6 +35,7 @@ from gpuwatt.analytics import (
     analyze,
     find_stragglers_in,
 )
+from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.store.base import SeriesRead, Store, series_many

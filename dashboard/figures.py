@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dashboard.timerange import NS_PER_S
+from gpuwatt.dashboard.timerange import NS_PER_S
 
 Fig = dict[str, Any]
 

@@ -2,7 +2,7 @@
 
 Both refuse a non-loopback bind without credentials (``dashboard.auth``) before anything listens.
 The server is werkzeug's threaded WSGI server: fine for the handful of users one dashboard has;
-behind a reverse proxy, or for more users, run ``dashboard.wsgi:application``-style
+behind a reverse proxy, or for more users, run ``gpuwatt.dashboard.wsgi:application``-style
 ``create_app(store).server`` under any WSGI server.
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from dashboard.alerts_hook import AlertsSource
-from dashboard.app import create_app
-from dashboard.auth import load_credentials, require_credentials_for
-from dashboard.data import DashboardData
-from dashboard.timerange import PRESETS, parse_range
 from gpuwatt.config import Config
+from gpuwatt.dashboard.alerts_hook import AlertsSource
+from gpuwatt.dashboard.app import create_app
+from gpuwatt.dashboard.auth import load_credentials, require_credentials_for
+from gpuwatt.dashboard.data import DashboardData
+from gpuwatt.dashboard.timerange import PRESETS, parse_range
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.dashboard")

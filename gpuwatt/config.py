@@ -71,7 +71,7 @@ class Config:
     source: str | None = None  # the file it came from
 
 
-# ``alerts:`` belongs to the alert evaluator, which validates it (``alerts.settings``).
+# ``alerts:`` belongs to the alert evaluator, which validates it (``gpuwatt.alerts.settings``).
 _TOP = {"collector", "store", "energy", "alerts"}
 _COLLECTOR = {
     "interval",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from collector.nvml import real_module
-from collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.collector.nvml import real_module
+from gpuwatt.collector.sim.state import SimCluster, SimGpuState
 from gpuwatt.gpu_specs import SPECS
 
 NV = real_module()

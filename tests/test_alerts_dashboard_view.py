@@ -9,14 +9,14 @@ import plotly.utils
 import pytest
 from test_dashboard_support import DEMO_END_NS, build_demo_store
 
-from alerts.db import open_db, transaction
-from alerts.silences import SilenceTable
-from alerts.state import Alert, AlertTable
-from dashboard.app import render_page
-from dashboard.data import DashboardData
-from dashboard.pages import alerts as alerts_page
-from dashboard.pages import stragglers
-from gpuwatt.cli_compose import AlertsDbView
+from gpuwatt.alerts.db import open_db, transaction
+from gpuwatt.alerts.silences import SilenceTable
+from gpuwatt.alerts.state import Alert, AlertTable
+from gpuwatt.cli.compose import AlertsDbView
+from gpuwatt.dashboard.app import render_page
+from gpuwatt.dashboard.data import DashboardData
+from gpuwatt.dashboard.pages import alerts as alerts_page
+from gpuwatt.dashboard.pages import stragglers
 
 NS = 1_000_000_000
 

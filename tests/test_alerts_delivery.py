@@ -10,14 +10,14 @@ from pathlib import Path
 
 from test_alerts_helpers import T0_NS, Reply, SlackStandIn, SmtpServer, free_port, parts
 
-from alerts.clock import NS_PER_S, ManualClock
-from alerts.db import open_db, transaction
-from alerts.notify import slack, webhook
-from alerts.notify.base import AlertItem, Notification, shorten
-from alerts.notify.email import EmailChannel
-from alerts.notify.slack import SlackChannel
-from alerts.notify.webhook import WebhookChannel
-from alerts.outbox import FAILED, PENDING, SENT, Outbox
+from gpuwatt.alerts.clock import NS_PER_S, ManualClock
+from gpuwatt.alerts.db import open_db, transaction
+from gpuwatt.alerts.notify import slack, webhook
+from gpuwatt.alerts.notify.base import AlertItem, Notification, shorten
+from gpuwatt.alerts.notify.email import EmailChannel
+from gpuwatt.alerts.notify.slack import SlackChannel
+from gpuwatt.alerts.notify.webhook import WebhookChannel
+from gpuwatt.alerts.outbox import FAILED, PENDING, SENT, Outbox
 
 
 def gpu_alert(host: str, gpu: int, summary: str = "", status: str = "firing") -> AlertItem:
@@ -119,7 +119,7 @@ def test_slack_404_is_permanent_recorded_and_visible(tmp_path: Path, capsys) -> 
     assert e.attempts == 1
     assert e.last_error.startswith("rejected: http://127.0.0.1:")
     assert e.last_error.endswith("/… answered HTTP 404: channel_not_found")
-    from gpuwatt.cli_alerts import main
+    from gpuwatt.cli.alerts import main
 
     cfg = tmp_path / "gpuwatt.yaml"
     cfg.write_text(f"alerts:\n  state_db: {db}\n")

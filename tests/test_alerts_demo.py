@@ -19,14 +19,14 @@ from test_alerts_helpers import (
     parts,
 )
 
-from alerts.clock import ManualClock
-from alerts.db import open_db
-from alerts.notify.email import EmailChannel
-from alerts.notify.slack import SlackChannel
-from alerts.rules import load_rules
-from alerts.service import Evaluator
-from collector.sim.scenario import load_scenario
-from collector.sim.source import SimulatedClusterSource
+from gpuwatt.alerts.clock import ManualClock
+from gpuwatt.alerts.db import open_db
+from gpuwatt.alerts.notify.email import EmailChannel
+from gpuwatt.alerts.notify.slack import SlackChannel
+from gpuwatt.alerts.rules import load_rules
+from gpuwatt.alerts.service import Evaluator
+from gpuwatt.collector.sim.scenario import load_scenario
+from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.store.sqlite import SqliteStore
 
 RUNBOOK = "https://github.com/gpuwatt/gpuwatt/blob/main/docs/runbooks.md#gputemperaturehigh"

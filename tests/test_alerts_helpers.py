@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from alerts.clock import NS_PER_S, ManualClock
-from alerts.service import Evaluator
+from gpuwatt.alerts.clock import NS_PER_S, ManualClock
+from gpuwatt.alerts.service import Evaluator
 from gpuwatt.store.base import Store
 
 SMTP_USER = "gpuwatt"

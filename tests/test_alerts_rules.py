@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from test_alerts_helpers import SlackStandIn
 
-from alerts.rules import load_rules, validate_rules_file
-from alerts.settings import parse_alert_settings
-from gpuwatt.cli_alerts import main
+from gpuwatt.alerts.rules import load_rules, validate_rules_file
+from gpuwatt.alerts.settings import parse_alert_settings
+from gpuwatt.cli.alerts import main
 from gpuwatt.errors import ConfigError
 from gpuwatt.yamlfile import load_text
 
@@ -60,7 +60,7 @@ def test_shipped_rules_load_and_validate() -> None:
         "GpuIdleAllocated", "GpuStraggler",
     ]  # fmt: skip
     assert all(r.runbook_url.startswith("https://") for r in rules)
-    from alerts.rules import DEFAULT_RULES_PATH
+    from gpuwatt.alerts.rules import DEFAULT_RULES_PATH
 
     assert validate_rules_file(DEFAULT_RULES_PATH) == "ok (alert rules: 10)"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from test_alerts_helpers import T0_NS, SlackStandIn
 
-from alerts.clock import NS_PER_S, ManualClock
-from alerts.db import open_db, transaction
-from alerts.notify.slack import SlackChannel
-from alerts.rules import Rule, load_rules, parse_rules
-from alerts.service import Evaluator
+from gpuwatt.alerts.clock import NS_PER_S, ManualClock
+from gpuwatt.alerts.db import open_db, transaction
+from gpuwatt.alerts.notify.slack import SlackChannel
+from gpuwatt.alerts.rules import Rule, load_rules, parse_rules
+from gpuwatt.alerts.service import Evaluator
 from gpuwatt.model import GpuSample
 from gpuwatt.store.sqlite import SqliteStore
 from gpuwatt.yamlfile import load_text
@@ -200,7 +200,7 @@ def test_restart_resends_nothing_and_forgets_nothing(tmp_path: Path) -> None:
 def test_scheduler_wiring_starts_and_stops_without_waiting(tmp_path: Path) -> None:
     import threading
 
-    from alerts.service import run
+    from gpuwatt.alerts.service import run
 
     with rig(tmp_path) as r:
         stop = threading.Event()

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.sim.scenario import Scenario, load_scenario
-from collector.sim.source import SimulatedClusterSource
 from gpuwatt.analytics import ANALYSIS_FIELDS, AnalysisSummary, Quality, analyze
+from gpuwatt.collector.sim.scenario import Scenario, load_scenario
+from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000

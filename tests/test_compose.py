@@ -56,7 +56,7 @@ def test_alert_evaluator_reads_its_secrets_from_files() -> None:
 
 
 def test_the_shipped_deploy_config_is_valid(tmp_path: Path) -> None:
-    from gpuwatt.cli_alerts import load_settings
+    from gpuwatt.cli.alerts import load_settings
 
     # the secrets the compose stack mounts, as files in a stand-in /run/secrets
     secrets = tmp_path / "secrets"

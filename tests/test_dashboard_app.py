@@ -14,12 +14,12 @@ import plotly.io
 import pytest
 from test_dashboard_support import DEMO_END_NS, UnreachableStore, build_demo_store
 
-from dashboard import figures
-from dashboard.app import PAGES, create_app, render_page
-from dashboard.auth import Credentials, load_credentials, require_credentials_for
-from dashboard.data import DashboardData
-from dashboard.pages import node, overview, stragglers
-from dashboard.server import start
+from gpuwatt.dashboard import figures
+from gpuwatt.dashboard.app import PAGES, create_app, render_page
+from gpuwatt.dashboard.auth import Credentials, load_credentials, require_credentials_for
+from gpuwatt.dashboard.data import DashboardData
+from gpuwatt.dashboard.pages import node, overview, stragglers
+from gpuwatt.dashboard.server import start
 from gpuwatt.errors import ConfigError
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -115,7 +115,7 @@ def test_a_failing_view_is_contained(data: DashboardData, caplog: pytest.LogCapt
 
 
 def test_figures_stay_within_the_point_budget(data: DashboardData) -> None:
-    from dashboard.timerange import parse_range
+    from gpuwatt.dashboard.timerange import parse_range
 
     tr, _ = parse_range({"range": "15m"}, DEMO_END_NS)
     s = data.window(tr).summary
@@ -265,7 +265,7 @@ def test_plotly_bundle_is_the_installed_plotly_version(demo_store: SqliteStore) 
     """The served partial bundle is the plotly.js version the installed plotly/dash expect."""
     from plotly.offline import get_plotlyjs_version
 
-    from dashboard.app import ASSETS
+    from gpuwatt.dashboard.app import ASSETS
 
     version = get_plotlyjs_version()
     bundle = ASSETS / f"plotly-cartesian-{version}.min.js"

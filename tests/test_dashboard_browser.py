@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_dashboard_support import DEMO_END_NS, build_demo_store, chrome, have_browser
 
-from dashboard.server import RunningDashboard, start
+from gpuwatt.dashboard.server import RunningDashboard, start
 
 pytestmark = pytest.mark.skipif(
     not have_browser(), reason="needs Debian's chromium and chromium-driver (make test-deps)"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_dashboard_support import build_demo_store
 
-from gpuwatt.cli_dashboard import add_dashboard_parser, add_report_parser, report_query
+from gpuwatt.cli.dashboard import add_dashboard_parser, add_report_parser, report_query
 from gpuwatt.errors import ConfigError, GpuwattError
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from test_dashboard_support import DEMO_END_NS, NS, UnreachableStore, build_demo_store
 
-from dashboard.app import create_app
-from dashboard.csv_export import build_report, neutralise, report_csv
-from dashboard.data import DashboardData
-from dashboard.timerange import parse_range
 from gpuwatt.analytics import ANALYSIS_FIELDS, Tariff, analyze
 from gpuwatt.config import Config, EnergyConfig
+from gpuwatt.dashboard.app import create_app
+from gpuwatt.dashboard.csv_export import build_report, neutralise, report_csv
+from gpuwatt.dashboard.data import DashboardData
+from gpuwatt.dashboard.timerange import parse_range
 from gpuwatt.model import EnergyMethod, GpuSample
 from gpuwatt.store.sqlite import SqliteStore
 

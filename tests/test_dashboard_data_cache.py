@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from test_dashboard_support import DEMO_END_NS, build_demo_store
 
-from dashboard.data import DashboardData
-from dashboard.timerange import parse_range
+from gpuwatt.dashboard.data import DashboardData
+from gpuwatt.dashboard.timerange import parse_range
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000
@@ -181,7 +181,7 @@ def test_preset_ranges_are_kept_computed_each_at_its_own_period(demo_store: Sqli
 
 
 def test_the_server_answers_once_the_default_view_is_computed(demo_store: SqliteStore) -> None:
-    from dashboard.server import start
+    from gpuwatt.dashboard.server import start
 
     store = CountingStore(demo_store)
     running = start(store, "127.0.0.1", 0, environ={}, now_ns=DEMO_END_NS)  # type: ignore[arg-type]

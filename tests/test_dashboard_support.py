@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from collector.sim.scenario import load_scenario
-from collector.sim.source import SimulatedClusterSource
+from gpuwatt.collector.sim.scenario import load_scenario
+from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.store.sqlite import SqliteStore
 

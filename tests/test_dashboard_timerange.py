@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard.timerange import (
+from gpuwatt.dashboard.timerange import (
     MAX_BUCKETS,
     NS_PER_S,
     choose_step_s,

@@ -8,7 +8,7 @@ import pynvml
 import pytest
 from nvml_fixtures import make_cluster
 
-from collector.sim.fake_nvml import FakeNvml
+from gpuwatt.collector.sim.fake_nvml import FakeNvml
 
 
 @pytest.fixture(scope="module")

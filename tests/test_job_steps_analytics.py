@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from test_analytics_support import NS, T0_NS, cluster_frame
 
-from collector.sim.scenario import load_scenario_text
-from collector.sim.simulator import Simulator
-from collector.sim.work import SimulatedWorkReporter
 from gpuwatt.analytics import analyze, render_text
+from gpuwatt.collector.sim.scenario import load_scenario_text
+from gpuwatt.collector.sim.simulator import Simulator
+from gpuwatt.collector.sim.work import SimulatedWorkReporter
 from gpuwatt.schema import JOB_STEP_COLUMNS, JobStep
 
 FLOPS = 3.166e15  # per step, whole job: 3166 TFLOPS at 1 s per step = 40.0 % of 8 x 989.4

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.jobs import (
+from gpuwatt.collector.jobs import (
     ChainResolver,
     KubernetesResolver,
     MappingDirResolver,
@@ -110,16 +110,16 @@ def test_no_permission_to_read_proc_means_unknown(tmp_path: Path) -> None:
     world = Path(tempfile.mkdtemp(prefix="gpuwatt-jobs-", dir="/tmp"))
     try:
         world.chmod(0o755)
-        for rel in ("gpuwatt/__init__.py", "gpuwatt/model.py", "collector/__init__.py",
-                    "collector/jobs.py"):  # fmt: skip
-            (world / rel).parent.mkdir(exist_ok=True, mode=0o755)
+        for rel in ("gpuwatt/__init__.py", "gpuwatt/model.py", "gpuwatt/collector/__init__.py",
+                    "gpuwatt/collector/jobs.py"):  # fmt: skip
+            (world / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
             shutil.copy(repo / rel, world / rel)
         _proc(world / "proc", 100, "0::/system.slice/slurmstepd.scope/job_777/step_0\n")
         for d in (world / "proc", world / "proc" / "100"):
             d.chmod(0o755)
         (world / "proc" / "100" / "cgroup").chmod(0o600)
         script = (
-            "from collector.jobs import SlurmCgroupResolver\n"
+            "from gpuwatt.collector.jobs import SlurmCgroupResolver\n"
             f"print(SlurmCgroupResolver({str(world / 'proc')!r}).job_of(0, 'GPU-a', [100]))\n"
         )
         run = subprocess.run(

@@ -23,9 +23,9 @@ from nvml_fixtures import (
     scenario_unknown_error_one_gpu,
 )
 
-from collector.nvml_source import _SAMPLE_FIELDS, NvmlSampler
-from collector.sim.fake_nvml import FakeNvml
-from collector.sim.state import SimCluster
+from gpuwatt.collector.nvml_source import _SAMPLE_FIELDS, NvmlSampler
+from gpuwatt.collector.sim.fake_nvml import FakeNvml
+from gpuwatt.collector.sim.state import SimCluster
 from gpuwatt.gpu_specs import SPECS
 from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod
 from gpuwatt.schema import LineEncoder, parse_line
@@ -137,7 +137,7 @@ def test_not_supported_field_is_none_absent_from_the_line_and_logged_once(
     cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
 ) -> None:
     scenario_no_fan(cluster)
-    with caplog.at_level(logging.INFO, logger="collector.nvml_source"):
+    with caplog.at_level(logging.INFO, logger="gpuwatt.collector.nvml_source"):
         for _ in range(10):
             samples = tick(cluster, clock, sampler)
     assert all(s.fan_speed_pct is None for s in samples)
@@ -152,7 +152,7 @@ def test_a_transient_error_makes_the_field_none_for_that_tick_only(
     cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster.gpus[0].failing["nvmlDeviceGetPowerUsage"] = NV.NVML_ERROR_TIMEOUT
-    with caplog.at_level(logging.INFO, logger="collector.nvml_source"):
+    with caplog.at_level(logging.INFO, logger="gpuwatt.collector.nvml_source"):
         assert tick(cluster, clock, sampler)[0].power_w is None
         assert tick(cluster, clock, sampler)[0].power_w is None
     assert len([r for r in caplog.records if "power_w" in r.getMessage()]) == 1
@@ -165,7 +165,7 @@ def test_gpu_is_lost_marks_only_that_gpu(
 ) -> None:
     tick(cluster, clock, sampler)
     scenario_failing_one_gpu(cluster, index=1)
-    with caplog.at_level(logging.WARNING, logger="collector.nvml_source"):
+    with caplog.at_level(logging.WARNING, logger="gpuwatt.collector.nvml_source"):
         for _ in range(5):
             samples = tick(cluster, clock, sampler)
     lost = samples[1]

@@ -6,8 +6,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from collector.runtime import Flusher, Sampler, run
-from collector.spool import Spool
+from gpuwatt.collector.runtime import Flusher, Sampler, run
+from gpuwatt.collector.spool import Spool
 from gpuwatt.errors import GpuwattError, StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import decode_line

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from collector.sim.scenario import (
+from gpuwatt.collector.sim.scenario import (
     FAULT_PARAMS,
     GroundTruth,
     gpu_profile,

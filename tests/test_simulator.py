@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from collector.sim.scenario import load_scenario, load_scenario_text
-from collector.sim.simulator import Simulator
-from collector.sim.state import SimGpuState
+from gpuwatt.collector.sim.scenario import load_scenario, load_scenario_text
+from gpuwatt.collector.sim.simulator import Simulator
+from gpuwatt.collector.sim.state import SimGpuState
 from gpuwatt.gpu_specs import lookup
 from gpuwatt.schema import (
     REASON_GPU_IDLE,

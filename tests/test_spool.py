@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.spool import Spool
+from gpuwatt.collector.spool import Spool
 
 
 def _lines(start: int, n: int) -> list[str]:
@@ -96,7 +96,7 @@ def test_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from collector.spool import Spool
+        from gpuwatt.collector.spool import Spool
         spool = Spool({str(tmp_path)!r}, segment_bytes=4096)
         i = 0
         while True:

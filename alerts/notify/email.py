@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime
 
-from alerts.notify.base import (
+from gpuwatt.alerts.notify.base import (
     Delivered,
     DeliveryResult,
     Notification,

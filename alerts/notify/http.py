@@ -13,7 +13,7 @@ from email.message import Message
 from typing import Any
 from urllib.parse import urlsplit
 
-from alerts.notify.base import Delivered, DeliveryResult, Rejected, RetryLater
+from gpuwatt.alerts.notify.base import Delivered, DeliveryResult, Rejected, RetryLater
 
 MAX_BODY_SHOWN = 200
 RETRY_AFTER_MAX_S = 3600.0

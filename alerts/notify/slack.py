@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.notify.base import (
+from gpuwatt.alerts.notify.base import (
     FIRING,
     DeliveryResult,
     Notification,
@@ -21,7 +21,7 @@ from alerts.notify.base import (
     shorten,
     title,
 )
-from alerts.notify.http import post_json
+from gpuwatt.alerts.notify.http import post_json
 
 HEADER_MAX = 150
 SECTION_MAX = 3000

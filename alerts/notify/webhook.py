@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.notify.base import DeliveryResult, Notification, rfc3339
-from alerts.notify.http import post_json
+from gpuwatt.alerts.notify.base import DeliveryResult, Notification, rfc3339
+from gpuwatt.alerts.notify.http import post_json
 
 MAX_ALERTS = 500
 

@@ -31,9 +31,9 @@ import struct
 import time
 from typing import Any
 
-from collector.nvml import real_module
-from collector.nvml_source import gpm_codecs, struct_codec
-from collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.collector.nvml import real_module
+from gpuwatt.collector.nvml_source import gpm_codecs, struct_codec
+from gpuwatt.collector.sim.state import SimCluster, SimGpuState
 
 _NV = real_module()
 

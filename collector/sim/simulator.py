@@ -63,13 +63,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collector.sim.scenario import (
+from gpuwatt.collector.sim.scenario import (
     FaultSpec,
     JobSpec,
     Scenario,
     gpu_profile,
 )
-from collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.collector.sim.state import SimCluster, SimGpuState
 from gpuwatt.schema import (
     REASON_GPU_IDLE,
     REASON_HW_POWER_BRAKE,

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from collector.nvml_source import NvmlSampler
-from collector.sim.fake_nvml import FakeNvml
-from collector.sim.scenario import Scenario
-from collector.sim.simulator import Simulator
+from gpuwatt.collector.nvml_source import NvmlSampler
+from gpuwatt.collector.sim.fake_nvml import FakeNvml
+from gpuwatt.collector.sim.scenario import Scenario
+from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.model import GpuSample
 
 NS_PER_S = 1_000_000_000

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.sim.scenario import JobSpec
-from collector.sim.simulator import Simulator
+from gpuwatt.collector.sim.scenario import JobSpec
+from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.schema import JobStep
 
 NS_PER_S = 1_000_000_000

@@ -6,9 +6,9 @@ from typing import Any
 
 import dash_mantine_components as dmc
 
-from dashboard.components import page_frame, section
-from dashboard.context import PageContext
-from dashboard.timerange import fmt_ns
+from gpuwatt.dashboard.components import page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.timerange import fmt_ns
 
 PAGE = "alerts"
 PATH = "/alerts"

@@ -6,9 +6,9 @@ from typing import Any
 
 import dash_mantine_components as dmc
 
-from dashboard.components import graph, page_frame, section
-from dashboard.context import PageContext
-from dashboard.figures import imbalance_figure, imbalance_grid, time_heatmap
+from gpuwatt.dashboard.components import graph, page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.figures import imbalance_figure, imbalance_grid, time_heatmap
 
 PAGE = "balance"
 PATH = "/balance"

@@ -8,9 +8,16 @@ from typing import Any
 import dash_mantine_components as dmc
 import numpy as np
 
-from dashboard.components import QUALITY_TEXT, data_table, figure_kpi, graph, page_frame, section
-from dashboard.context import PageContext
-from dashboard.figures import bar_figure, efficiency_figure
+from gpuwatt.dashboard.components import (
+    QUALITY_TEXT,
+    data_table,
+    figure_kpi,
+    graph,
+    page_frame,
+    section,
+)
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.figures import bar_figure, efficiency_figure
 
 PAGE = "efficiency"
 PATH = "/efficiency"

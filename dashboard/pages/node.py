@@ -8,10 +8,10 @@ import dash_mantine_components as dmc
 import numpy as np
 import pandas as pd
 
-from dashboard.components import graph, page_frame, section
-from dashboard.context import PageContext
-from dashboard.figures import node_lines
 from gpuwatt.analytics.reasons import FAULT_FRACTIONS, LABELS, add_bit_columns
+from gpuwatt.dashboard.components import graph, page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.figures import node_lines
 
 PAGE = "node"
 PATH = "/node"

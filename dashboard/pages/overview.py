@@ -8,11 +8,11 @@ import dash_mantine_components as dmc
 import pandas as pd
 from dash import dcc, html
 
-from dashboard.components import figure_kpi, graph, kpi, page_frame, section
-from dashboard.context import PageContext
-from dashboard.data import DataError
-from dashboard.figures import node_gpu_heatmap
 from gpuwatt.analytics import Straggler
+from gpuwatt.dashboard.components import figure_kpi, graph, kpi, page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.data import DataError
+from gpuwatt.dashboard.figures import node_gpu_heatmap
 
 PAGE = "overview"
 PATH = "/"

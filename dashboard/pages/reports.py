@@ -7,10 +7,10 @@ from typing import Any
 import dash_mantine_components as dmc
 from dash import html
 
-from dashboard.components import data_table, page_frame, section
-from dashboard.context import PageContext
-from dashboard.csv_export import GROUPINGS, build_report
-from dashboard.timerange import to_search
+from gpuwatt.dashboard.components import data_table, page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.csv_export import GROUPINGS, build_report
+from gpuwatt.dashboard.timerange import to_search
 
 PAGE = "reports"
 PATH = "/reports"

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 from dash import dcc
 
-from dashboard.components import data_table, graph, page_frame, section
-from dashboard.context import PageContext
-from dashboard.figures import LABELS, band_figure
-from dashboard.timerange import fmt_ns
 from gpuwatt.analytics import Straggler
+from gpuwatt.dashboard.components import data_table, graph, page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.figures import LABELS, band_figure
+from gpuwatt.dashboard.timerange import fmt_ns
 
 PAGE = "stragglers"
 PATH = "/stragglers"

@@ -6,7 +6,7 @@
     gpuwatt alerts status                                           active alerts, failed sends
 
 Channels, routes and where alert state lives come from the ``alerts:`` section of the config file
-(see ``alerts.settings``); secrets from environment variables or files, never from here.
+(see ``gpuwatt.alerts.settings``); secrets from environment variables or files, never from here.
 Wire into ``gpuwatt.cli`` with ``add_alerts_parser(sub)``; ``validate_rules_file`` serves
 ``check-config``.
 """
@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from alerts.rules import looks_like_rules, validate_rules_file
+from gpuwatt.alerts.rules import looks_like_rules, validate_rules_file
 from gpuwatt.config import Config, gpuwatt_home, parse_config
 from gpuwatt.errors import ConfigError, GpuwattError
 from gpuwatt.yamlfile import Located, load_file
@@ -71,7 +71,7 @@ def _common(p: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 def load_settings(config_path: str | None, environ: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     """The gpuwatt config and its ``alerts:`` section, both validated."""
-    from alerts.settings import parse_alert_settings
+    from gpuwatt.alerts.settings import parse_alert_settings
 
     env = dict(os.environ if environ is None else environ)
     if config_path is None:
@@ -86,10 +86,10 @@ def load_settings(config_path: str | None, environ: dict[str, str] | None = None
 
 
 def _build(args: argparse.Namespace, clock=None):  # type: ignore[no-untyped-def]
-    from alerts.clock import SystemClock
-    from alerts.db import open_db
-    from alerts.rules import load_rules
-    from alerts.service import Evaluator
+    from gpuwatt.alerts.clock import SystemClock
+    from gpuwatt.alerts.db import open_db
+    from gpuwatt.alerts.rules import load_rules
+    from gpuwatt.alerts.service import Evaluator
     from gpuwatt.store import default_store_url, open_store
 
     rules = load_rules(getattr(args, "rules", None))
@@ -110,7 +110,7 @@ def _build(args: argparse.Namespace, clock=None):  # type: ignore[no-untyped-def
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from alerts.service import run
+    from gpuwatt.alerts.service import run
 
     evaluator, settings, store, con, db_path = _build(args)
     stop = threading.Event()
@@ -146,8 +146,8 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_silence(args: argparse.Namespace) -> int:
-    from alerts.db import open_db, transaction
-    from alerts.silences import MAINTENANCE, SILENCE, SilenceTable
+    from gpuwatt.alerts.db import open_db, transaction
+    from gpuwatt.alerts.silences import MAINTENANCE, SILENCE, SilenceTable
     from gpuwatt.yamlfile import parse_duration_s
 
     _, settings = load_settings(getattr(args, "config", None))
@@ -181,10 +181,10 @@ def cmd_silence(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from alerts.db import open_db
-    from alerts.outbox import FAILED, Outbox
-    from alerts.silences import SilenceTable
-    from alerts.state import AlertTable
+    from gpuwatt.alerts.db import open_db
+    from gpuwatt.alerts.outbox import FAILED, Outbox
+    from gpuwatt.alerts.silences import SilenceTable
+    from gpuwatt.alerts.state import AlertTable
 
     _, settings = load_settings(getattr(args, "config", None))
     db_path = settings.state_db or gpuwatt_home(os.environ) / "alerts.db"

@@ -62,8 +62,8 @@ def _open(args: argparse.Namespace):
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from dashboard.server import serve
-    from gpuwatt.cli_compose import AlertsDbView, alerts_db_path
+    from gpuwatt.cli.compose import AlertsDbView, alerts_db_path
+    from gpuwatt.dashboard.server import serve
 
     alerts = AlertsDbView(alerts_db_path(args.config))
     store, config = _open(args)
@@ -76,7 +76,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def report_query(start: str, end: str) -> dict[str, str]:
     """``--from``/``--to`` as the dashboard's URL query (same parser, same rules)."""
-    from dashboard.timerange import parse_duration_s
+    from gpuwatt.dashboard.timerange import parse_duration_s
 
     if parse_duration_s(start) is not None:
         return {"range": start, **({"end": end} if end else {})}
@@ -84,10 +84,10 @@ def report_query(start: str, end: str) -> dict[str, str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dashboard.app import tariff_from
-    from dashboard.csv_export import build_report, report_csv
-    from dashboard.data import DashboardData, DataError
-    from dashboard.timerange import parse_range
+    from gpuwatt.dashboard.app import tariff_from
+    from gpuwatt.dashboard.csv_export import build_report, report_csv
+    from gpuwatt.dashboard.data import DashboardData, DataError
+    from gpuwatt.dashboard.timerange import parse_range
 
     now = time.time_ns()
     tr, problem = parse_range(report_query(args.start, args.end), now)

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from alerts.silences import SilenceTable
-from alerts.state import Alert, AlertTable
-from dashboard.alerts_hook import AlertView, SilenceView
+from gpuwatt.alerts.silences import SilenceTable
+from gpuwatt.alerts.state import Alert, AlertTable
+from gpuwatt.dashboard.alerts_hook import AlertView, SilenceView
 
 
 class AlertsDbView:
-    """``dashboard.alerts_hook.AlertsSource`` over the evaluator's ``alerts.db``."""
+    """``gpuwatt.dashboard.alerts_hook.AlertsSource`` over the evaluator's ``gpuwatt.alerts.db``."""
 
     def __init__(self, db_path: str | Path, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.db_path = Path(db_path)
@@ -92,7 +92,7 @@ def alerts_db_path(config_path: str | None) -> Path:
     """Where the alert evaluator keeps its state for this config (its ``alerts.state_db``)."""
     import os
 
-    from gpuwatt.cli_alerts import load_settings
+    from gpuwatt.cli.alerts import load_settings
     from gpuwatt.config import gpuwatt_home
 
     _, settings = load_settings(config_path)

@@ -66,15 +66,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from gpuwatt.store import open_store
 
     if scenario is not None:
-        from collector.sim.source import SimulatedClusterSource
+        from gpuwatt.collector.sim.source import SimulatedClusterSource
 
         sources = [
             SimulatedClusterSource(scenario, tensor_precision=config.collector.tensor_precision)
         ]
     else:
-        from collector.jobs import JobAttributingSource, default_resolver
-        from collector.nvml import init_real_nvml
-        from collector.nvml_source import NvmlSampler
+        from gpuwatt.collector.jobs import JobAttributingSource, default_resolver
+        from gpuwatt.collector.nvml import init_real_nvml
+        from gpuwatt.collector.nvml_source import NvmlSampler
 
         nvml = init_real_nvml()  # fails fast, before anything is opened or written
         sampler = NvmlSampler(
@@ -93,7 +93,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     scenario = _load_scenario(args.scenario)
     store_url = _store_url(args, config)
-    from collector.sim.source import SimulatedClusterSource
+    from gpuwatt.collector.sim.source import SimulatedClusterSource
     from gpuwatt.store import open_store
 
     interval_s = config.collector.interval_s
@@ -160,11 +160,11 @@ class _DemoServices:
 
     def start_dashboard(self, store: object, args: argparse.Namespace, config: Config) -> None:
         try:
-            from dashboard.server import start
+            from gpuwatt.dashboard.server import start
         except ImportError:
             print("dashboard: not installed (pip install 'gpuwatt[dashboard]'); skipping it")
             return
-        from gpuwatt.cli_compose import AlertsDbView, alerts_db_path
+        from gpuwatt.cli.compose import AlertsDbView, alerts_db_path
 
         try:
             self.dashboard = start(
@@ -195,7 +195,7 @@ class _DemoServices:
 
 def _report_simulated_work(source: object, store_url: str, config: Config) -> None:
     """The demo's training jobs report their steps, as a real job does with gpuwatt.work."""
-    from collector.sim.work import SimulatedWorkReporter
+    from gpuwatt.collector.sim.work import SimulatedWorkReporter
     from gpuwatt.store.job_steps import open_job_step_store
 
     steps_store = open_job_step_store(store_url)
@@ -285,16 +285,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             doc = load_file(path)
             kind = _kind_of(doc.value)
             if kind == "scenario":
-                from collector.sim.scenario import parse_scenario
+                from gpuwatt.collector.sim.scenario import parse_scenario
 
                 scenario = parse_scenario(doc)
                 print(f"{path}: ok (scenario {scenario.name!r})")
             elif kind == "rules":
-                from gpuwatt.cli_alerts import validate_rules_file
+                from gpuwatt.cli.alerts import validate_rules_file
 
                 print(f"{path}: ok ({validate_rules_file(path)})")
             else:
-                from gpuwatt.cli_alerts import load_settings
+                from gpuwatt.cli.alerts import load_settings
 
                 load_settings(path)  # the config proper and its alerts: section
                 print(f"{path}: ok (config)")
@@ -305,7 +305,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _kind_of(value: object) -> str:
-    from gpuwatt.cli_alerts import looks_like_rules
+    from gpuwatt.cli.alerts import looks_like_rules
 
     if isinstance(value, dict) and ({"cluster", "jobs", "faults"} & set(value)):
         return "scenario"
@@ -328,8 +328,8 @@ def _run_collector(
     quiet: bool,
     summary_every_s: float = 5.0,
 ) -> int:
-    from collector.runtime import Flusher, Sampler, run
-    from collector.spool import Spool
+    from gpuwatt.collector.runtime import Flusher, Sampler, run
+    from gpuwatt.collector.spool import Spool
     from gpuwatt.status import LiveSummary
 
     stop = threading.Event()
@@ -375,7 +375,7 @@ def _install_signal_handlers(stop: threading.Event) -> None:
 
 
 def _load_scenario(name_or_path: str):
-    from collector.sim.scenario import load_scenario
+    from gpuwatt.collector.sim.scenario import load_scenario
 
     return load_scenario(name_or_path)
 
@@ -452,8 +452,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--job", metavar="ID", help="only this job")
     a.set_defaults(func=cmd_analyze)
 
-    from gpuwatt.cli_alerts import add_alerts_parser
-    from gpuwatt.cli_dashboard import add_dashboard_parser, add_report_parser
+    from gpuwatt.cli.alerts import add_alerts_parser
+    from gpuwatt.cli.dashboard import add_dashboard_parser, add_report_parser
 
     add_alerts_parser(sub)
     add_dashboard_parser(sub)
