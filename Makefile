@@ -7,15 +7,22 @@ TEST_APT_PACKAGES := influxdb victoria-metrics chromium chromium-driver
 
 .PHONY: demo test install test-deps lint format bench clean
 
-$(VENV)/.installed: pyproject.toml
+# `make demo` installs what the product needs (the dashboard extra); `make test` adds the test tools.
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip "setuptools>=77" wheel
-	$(VENV)/bin/pip install --quiet -e ".[test]"
+
+$(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -e ".[dashboard]"
 	touch $@
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -e ".[test]"
+	touch $@ $(VENV)/.installed-demo
 
 install: $(VENV)/.installed
 
-demo: install
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/gpuwatt demo $(ARGS)
 
 test-deps:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,31 +42,129 @@ def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def render_status(samples: Sequence[GpuSample], *, now_ns: int, stale_after_s: float = 30) -> str:
-    """One row per GPU, sorted by host and index; lost and stale GPUs say so."""
+#: A GPU at or above this temperature is "hot" when no clock-event reason says more.
+HOT_C = 85.0
+
+#: The states ``gpuwatt status`` shows, most urgent first; anything but "ok" is a problem.
+STATES: tuple[str, ...] = ("lost", "stale", "throttled", "hot", "ok")
+
+
+def gpu_state(s: GpuSample, *, now_ns: int, stale_after_s: float = 30, hot_c: float = HOT_C) -> str:
+    """The one word a person scanning a terminal needs: lost, stale, throttled, hot or ok.
+
+    "throttled" means a fault reason is active (HW slowdown, HW thermal, HW power brake, SW
+    thermal); the SW power cap is normal at full load and is not a problem.
+    """
+    if s.lost:
+        return "lost"
+    if (now_ns - s.time_ns) / 1e9 > stale_after_s:
+        return "stale"
+    if s.clock_event_reasons is not None and s.clock_event_reasons & sum(FAULT_REASONS):
+        return "throttled"
+    if s.temperature_gpu_c is not None and s.temperature_gpu_c >= hot_c:
+        return "hot"
+    return "ok"
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders ``gpu-2`` before ``gpu-10`` (numbers compared as numbers)."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part
+    )
+
+
+def select_samples(
+    samples: Sequence[GpuSample],
+    *,
+    now_ns: int,
+    host: str | None = None,
+    job: str | None = None,
+    problems: bool = False,
+    stale_after_s: float = 30,
+    hot_c: float = HOT_C,
+) -> list[GpuSample]:
+    """The samples ``gpuwatt status`` shows: ``host`` is a shell pattern (``node-1*``), ``job``
+    an exact job id, ``problems`` keeps only GPUs whose state is not "ok"."""
+    chosen = []
+    for s in samples:
+        if host is not None and not fnmatch.fnmatchcase(s.host, host):
+            continue
+        if job is not None and s.job_id != job:
+            continue
+        state = gpu_state(s, now_ns=now_ns, stale_after_s=stale_after_s, hot_c=hot_c)
+        if problems and state == "ok":
+            continue
+        chosen.append(s)
+    return chosen
+
+
+def render_status(
+    samples: Sequence[GpuSample],
+    *,
+    now_ns: int,
+    stale_after_s: float = 30,
+    hot_c: float = HOT_C,
+    total: int | None = None,
+) -> str:
+    """One row per GPU, in natural host order then index; the last line counts each state.
+
+    ``total`` is the number of GPUs before any filter (the footer then says how many are shown).
+    """
     header = (
-        f"{'HOST':<12} {'GPU':>3} {'NAME':<24} {'STATE':<6} {'UTIL%':>5} {'MEM GiB':>13} "
-        f"{'TEMP':>5} {'POWER W':>13} {'SM MHz':>6} {'TFLOPS':>7} {'CLOCKS':<18} {'AGE':>5}"
+        f"{'HOST':<12} {'GPU':>3} {'NAME':<24} {'STATE':<9} {'UTIL%':>5} {'MEM GiB':>13} "
+        f"{'TEMP':>5} {'POWER W':>13} {'SM MHz':>6} {'TFLOPS':>7} {'CLOCKS':<18} {'JOB':<12} "
+        f"{'AGE':>5}"
     )
     rows = [header]
-    for s in sorted(samples, key=lambda s: (s.host, s.gpu_index)):
+    counts = dict.fromkeys(STATES, 0)
+    for s in sorted(samples, key=lambda s: (natural_key(s.host), s.gpu_index)):
         age_s = (now_ns - s.time_ns) / 1e9
-        state = "LOST" if s.lost else ("stale" if age_s > stale_after_s else "ok")
+        state = gpu_state(s, now_ns=now_ns, stale_after_s=stale_after_s, hot_c=hot_c)
+        counts[state] += 1
         mem = (
             f"{_fmt(s.memory_used_bytes and s.memory_used_bytes / GIB, '.1f')}/"
             f"{_fmt(s.memory_total_bytes and s.memory_total_bytes / GIB, '.0f')}"
         )
         power = f"{_fmt(s.power_w, '.0f')}/{_fmt(s.power_limit_w, '.0f')}"
+        job = (s.job_id or "-").replace("\n", " ")[:12]
         rows.append(
-            f"{s.host[:12]:<12} {s.gpu_index:>3} {s.name[:24]:<24} {state:<6} "
+            f"{s.host[:12]:<12} {s.gpu_index:>3} {s.name[:24]:<24} {state:<9} "
             f"{_fmt(s.utilization_gpu_pct, '.0f'):>5} {mem:>13} "
             f"{_fmt(s.temperature_gpu_c, '.0f'):>5} {power:>13} "
             f"{_fmt(s.sm_clock_mhz, '.0f'):>6} {_fmt(s.tflops_estimate, '.1f'):>7} "
-            f"{reasons_text(s.clock_event_reasons):<18} {age_s:>4.0f}s"
+            f"{reasons_text(s.clock_event_reasons):<18} {job:<12} {age_s:>4.0f}s"
         )
-    lost = sum(1 for s in samples if s.lost)
-    rows.append(f"{len(samples)} GPUs, {lost} lost")
+    footer = f"{len(samples)} GPUs, " + ", ".join(f"{counts[k]} {k}" for k in STATES)
+    if total is not None and total != len(samples):
+        footer += f" (showing {len(samples)} of {total})"
+    rows.append(footer)
     return "\n".join(rows)
+
+
+def watch(
+    frame: Callable[[], str],
+    *,
+    every_s: float,
+    out: TextIO = sys.stdout,
+    sleep_s: Callable[[float], None] = time.sleep,
+    iterations: int | None = None,
+) -> None:
+    """Redraw ``frame()`` every ``every_s`` seconds until interrupted (``gpuwatt status --watch``).
+
+    On a terminal the screen is cleared before each frame; piped output gets the frames one
+    after another. ``iterations`` bounds the loop (tests); Ctrl-C ends it quietly.
+    """
+    clear = "\x1b[H\x1b[2J" if out.isatty() else ""
+    done = 0
+    try:
+        while iterations is None or done < iterations:
+            out.write(clear + frame() + "\n")
+            out.flush()
+            done += 1
+            if iterations is None or done < iterations:
+                sleep_s(every_s)
+    except KeyboardInterrupt:
+        pass
 
 
 class LiveSummary:

@@ -51,6 +51,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"gpuwatt: this command needs the {extra!r} extra, which is not installed "
+            f"(no module {exc.name!r}): pip install 'gpuwatt[{extra}]'",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+
+
+#: Modules that only an optional extra installs, and that extra's name (a compute node installs
+#: the collector alone; the web stack comes with ``gpuwatt[dashboard]``).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "dash": "dashboard",
+    "dash_mantine_components": "dashboard",
+    "plotly": "dashboard",
+    "flask": "dashboard",
+    "werkzeug": "dashboard",
+}
 
 
 # --- commands -----------------------------------------------------------------------------------
@@ -220,19 +241,30 @@ def _report_simulated_work(source: object, store_url: str, config: Config) -> No
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    from gpuwatt.status import render_status
+    from gpuwatt.status import render_status, select_samples, watch
     from gpuwatt.store import open_store
 
     store = open_store(_store_url(args, config))
-    try:
+
+    def frame() -> str:
         samples = store.latest()
+        if not samples:
+            return "no samples in the store yet"
+        now_ns = time.time_ns()
+        chosen = select_samples(
+            samples, now_ns=now_ns, host=args.host, job=args.job, problems=args.problems
+        )
+        return render_status(chosen, now_ns=now_ns, total=len(samples))
+
+    try:
+        if args.watch is not None:
+            watch(frame, every_s=args.watch)
+            return EXIT_OK
+        text = frame()
     finally:
         store.close()
-    if not samples:
-        print("no samples in the store yet")
-        return EXIT_ERROR
-    print(render_status(samples, now_ns=time.time_ns()))
-    return EXIT_OK
+    print(text)
+    return EXIT_ERROR if text == "no samples in the store yet" else EXIT_OK
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -441,6 +473,19 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="the latest sample of every GPU")
     common(s)
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_positive_float,
+        metavar="S",
+        help="redraw every S seconds (default 2) until Ctrl-C",
+    )
+    s.add_argument("--host", metavar="PATTERN", help="only hosts matching this shell pattern")
+    s.add_argument("--job", metavar="ID", help="only GPUs of this job")
+    s.add_argument(
+        "--problems", action="store_true", help="only GPUs that are lost, stale, throttled or hot"
+    )
     s.set_defaults(func=cmd_status)
 
     a = sub.add_parser("analyze", help="load balance, stragglers and efficiency for a window")
