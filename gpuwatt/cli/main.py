@@ -14,12 +14,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuwatt import __version__
 from gpuwatt.config import Config, gpuwatt_home, load_config
 from gpuwatt.errors import ConfigError, GpuwattError, NvmlUnavailable
+from gpuwatt.model import GpuSample
 
 EXIT_OK = 0
 EXIT_INVALID = 1  # check-config found a problem
@@ -106,7 +107,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
     store = open_store(store_url)
     spool_dir = _spool_dir(args, config, "spool")
     return _run_collector(
-        sources, store, spool_dir, config, interval_s, duration_s=args.duration, quiet=False
+        sources,
+        store,
+        spool_dir,
+        config,
+        interval_s,
+        duration_s=args.duration,
+        quiet=False,
+        metrics_port=args.metrics_port,
+        metrics_bind=args.metrics_bind,
     )
 
 
@@ -359,6 +368,8 @@ def _run_collector(
     duration_s: float | None,
     quiet: bool,
     summary_every_s: float = 5.0,
+    metrics_port: int | None = None,
+    metrics_bind: str = "127.0.0.1",
 ) -> int:
     from gpuwatt.collector.runtime import Flusher, Sampler, run
     from gpuwatt.collector.spool import Spool
@@ -370,17 +381,33 @@ def _run_collector(
         source.open()
     spool = Spool(spool_dir, max_bytes=config.collector.spool_max_bytes)
     summary = LiveSummary(every_s=summary_every_s) if quiet else None
+    hooks: list[Callable[[list[GpuSample]], None]] = [summary.update] if summary else []
+    endpoint = None
+    if metrics_port is not None:
+        from gpuwatt.collector.exposition import LatestSamples, MetricsEndpoint
+
+        latest = LatestSamples()
+        endpoint = MetricsEndpoint(latest, port=metrics_port, bind=metrics_bind)
+        hooks.append(latest.update)
+        log.info("serving /metrics on http://%s:%d/metrics", metrics_bind, endpoint.port)
+
+    def on_samples(samples: list[GpuSample]) -> None:
+        for hook in hooks:
+            hook(samples)
+
     sampler = Sampler(
         sources,
         spool,
         slow_interval_s=config.collector.slow_interval_s,
-        on_samples=summary.update if summary else None,
+        on_samples=on_samples if hooks else None,
     )
     flusher = Flusher(spool, store)  # type: ignore[arg-type]
     try:
         run(sampler, flusher, interval_s=interval_s, stop=stop, duration_s=duration_s)
         pending = spool.pending_lines()
     finally:
+        if endpoint is not None:
+            endpoint.close()
         for source in sources:
             source.close()
         spool.close()
@@ -455,6 +482,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--interval", type=_positive_float, metavar="S", help="seconds between samples")
     c.add_argument("--duration", type=_positive_float, metavar="S", help="stop after S seconds")
     c.add_argument("--spool", metavar="DIR", help="the durable spool directory")
+    c.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve the latest samples at /metrics for Prometheus (off unless given; 0 = any)",
+    )
+    c.add_argument(
+        "--metrics-bind",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address /metrics listens on (default 127.0.0.1)",
+    )
     c.set_defaults(func=cmd_collect)
 
     d = sub.add_parser(
@@ -517,6 +556,12 @@ def _duration_s(text: str) -> float:
     if value is None or value <= 0:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 15m, 1h)")
     return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r} (0-65535)")
+    return int(text)
 
 
 def _positive_float(text: str) -> float:
