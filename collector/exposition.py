@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,75 +22,16 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import (
-    REASON_HW_POWER_BRAKE,
-    REASON_HW_SLOWDOWN,
-    REASON_HW_THERMAL,
-    REASON_SW_POWER_CAP,
-    REASON_SW_THERMAL,
-)
-
-LABELS: tuple[str, ...] = ("host", "gpu", "uuid", "name", "job")
-
-
-@dataclass(frozen=True)
-class Gauge:
-    """One sample attribute exposed as a gauge: ``value * scale`` in the named base unit."""
-
-    attr: str
-    name: str
-    help: str
-    scale: float = 1.0
-
-
-#: The gauges, in page order. Percentages become ratios, MHz become hertz, TFLOPS become FLOP/s.
-GAUGES: tuple[Gauge, ...] = (
-    Gauge("utilization_gpu_pct", "gpuwatt_gpu_utilization_ratio",
-          "Fraction of the last sample period during which a kernel ran", 0.01),
-    Gauge("utilization_memory_pct", "gpuwatt_memory_utilization_ratio",
-          "Fraction of the last sample period during which device memory was read or written",
-          0.01),
-    Gauge("memory_used_bytes", "gpuwatt_memory_used_bytes", "Device memory in use"),
-    Gauge("memory_total_bytes", "gpuwatt_memory_total_bytes", "Device memory installed"),
-    Gauge("temperature_gpu_c", "gpuwatt_gpu_temperature_celsius", "GPU die temperature"),
-    Gauge("temperature_memory_c", "gpuwatt_memory_temperature_celsius", "HBM temperature"),
-    Gauge("fan_speed_pct", "gpuwatt_fan_speed_ratio", "Fan speed as a fraction of its maximum",
-          0.01),
-    Gauge("power_w", "gpuwatt_power_watts", "Power draw"),
-    Gauge("power_limit_w", "gpuwatt_power_limit_watts", "Enforced power limit"),
-    Gauge("sm_clock_mhz", "gpuwatt_sm_clock_hertz", "SM clock", 1e6),
-    Gauge("memory_clock_mhz", "gpuwatt_memory_clock_hertz", "Memory clock", 1e6),
-    Gauge("sm_clock_max_mhz", "gpuwatt_sm_clock_max_hertz", "Maximum SM clock", 1e6),
-    Gauge("pcie_tx_bytes_per_s", "gpuwatt_pcie_transmit_bytes_per_second", "PCIe transmit rate"),
-    Gauge("pcie_rx_bytes_per_s", "gpuwatt_pcie_receive_bytes_per_second", "PCIe receive rate"),
-    Gauge("nvlink_tx_bytes_per_s", "gpuwatt_nvlink_transmit_bytes_per_second",
-          "NVLink transmit rate"),
-    Gauge("nvlink_rx_bytes_per_s", "gpuwatt_nvlink_receive_bytes_per_second",
-          "NVLink receive rate"),
-    Gauge("sm_active_pct", "gpuwatt_sm_active_ratio", "Fraction of SMs active (GPM)", 0.01),
-    Gauge("tensor_active_pct", "gpuwatt_tensor_active_ratio",
-          "Fraction of time tensor pipes were active (GPM)", 0.01),
-    Gauge("dram_active_pct", "gpuwatt_dram_active_ratio",
-          "Fraction of peak DRAM bandwidth used (GPM)", 0.01),
-    Gauge("tflops_estimate", "gpuwatt_achieved_flops_per_second",
-          "Achieved FLOP/s estimated from GPM pipe counters (an upper bound without GPM)", 1e12),
-    Gauge("ecc_sbe_volatile_count", "gpuwatt_ecc_corrected_volatile_errors",
-          "Corrected (single-bit) ECC errors since the driver loaded"),
-    Gauge("ecc_dbe_volatile_count", "gpuwatt_ecc_uncorrected_volatile_errors",
-          "Uncorrected (double-bit) ECC errors since the driver loaded"),
-    Gauge("remapped_rows_correctable", "gpuwatt_remapped_rows_correctable",
-          "Rows remapped for correctable errors"),
-    Gauge("remapped_rows_uncorrectable", "gpuwatt_remapped_rows_uncorrectable",
-          "Rows remapped for uncorrectable errors"),
-)  # fmt: skip
-
-#: Clock-event (throttle) reasons, one 0/1 series each. SW power cap is normal at full load.
-REASONS: tuple[tuple[str, int], ...] = (
-    ("sw_power_cap", REASON_SW_POWER_CAP),
-    ("hw_slowdown", REASON_HW_SLOWDOWN),
-    ("sw_thermal", REASON_SW_THERMAL),
-    ("hw_thermal", REASON_HW_THERMAL),
-    ("hw_power_brake", REASON_HW_POWER_BRAKE),
+from gpuwatt.prometheus_names import (
+    ENERGY,
+    GAUGES,
+    LABELS,
+    REASON_ACTIVE,
+    REASONS,
+    REASONS_MASK,
+    SAMPLE_TIME,
+    UP,
+    XID,
 )
 
 
@@ -118,11 +58,9 @@ class LatestSamples(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             samples, xids = self._samples, dict(self._xid_totals)
-        up = GaugeMetricFamily(
-            "gpuwatt_gpu_up", "1 while the GPU answers NVML, 0 once it is lost", labels=LABELS
-        )
+        up = GaugeMetricFamily(UP, "1 while the GPU answers NVML, 0 once it is lost", labels=LABELS)
         seen = GaugeMetricFamily(
-            "gpuwatt_sample_timestamp_seconds",
+            SAMPLE_TIME,
             "When the newest sample of the GPU was taken (Unix time)",
             labels=LABELS,
         )
@@ -140,29 +78,32 @@ class LatestSamples(Collector):
                     family.add_metric(_labels(s), float(value) * gauge.scale)
             yield family
         energy = CounterMetricFamily(
-            "gpuwatt_energy_joules",
+            ENERGY,
             "Energy consumed since the collector started (NVML counter, else integrated power)",
             labels=[*LABELS, "method"],
         )
         reasons = GaugeMetricFamily(
-            "gpuwatt_clock_event_reason_active",
+            REASON_ACTIVE,
             "1 while the clock-event (throttle) reason is active",
             labels=[*LABELS, "reason"],
         )
-        xid = CounterMetricFamily(
-            "gpuwatt_xid_errors", "XID events seen since the collector started", labels=LABELS
+        mask = GaugeMetricFamily(
+            REASONS_MASK, "NVML clock-event (throttle) reason bitmask", labels=LABELS
         )
+        xid = CounterMetricFamily(XID, "XID events seen since the collector started", labels=LABELS)
         for s in live:
             if s.energy_j is not None:
                 method = s.energy_method.value if s.energy_method else ""
                 energy.add_metric([*_labels(s), method], s.energy_j)
             if s.clock_event_reasons is not None:
+                mask.add_metric(_labels(s), float(s.clock_event_reasons))
                 for reason, bit in REASONS:
                     active = 1.0 if s.clock_event_reasons & bit else 0.0
                     reasons.add_metric([*_labels(s), reason], active)
             xid.add_metric(_labels(s), float(xids.get(s.uuid, 0)))
         yield energy
         yield reasons
+        yield mask
         yield xid
 
 

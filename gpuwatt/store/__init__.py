@@ -62,7 +62,7 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
     Raises ``StoreUrlError`` (a ``ConfigError``) for a malformed URL, an unknown scheme or a URL
     that carries a token or password.
     """
-    from gpuwatt.store.url import InfluxTarget, SqliteTarget, parse_store_url
+    from gpuwatt.store.url import InfluxTarget, PromTarget, SqliteTarget, parse_store_url
 
     env = os.environ if environ is None else environ
     target = parse_store_url(url or default_store_url(env), env)
@@ -71,11 +71,35 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
 
         target.path.parent.mkdir(parents=True, exist_ok=True)
         return SqliteStore(target.path)
+    if isinstance(target, PromTarget):
+        return _open_prom(target)
     assert isinstance(target, InfluxTarget)
     from gpuwatt.store.influx import InfluxStore
 
     s = target.settings
     return InfluxStore(s.url, s.org, s.bucket, s.token)
+
+
+def _open_prom(target: object) -> Store:
+    from gpuwatt.store.promql import DIALECTS, PromStore
+    from gpuwatt.store.url import PromTarget
+
+    assert isinstance(target, PromTarget)
+    writer = None
+    if target.engine == "victoriametrics":
+        # VictoriaMetrics takes InfluxDB line protocol at /api/v2/write (org and bucket are
+        # only labels to it), so the collector's writes go there unchanged.
+        from gpuwatt.store.influx import InfluxStore
+
+        writer = InfluxStore(target.url, "gpuwatt", "gpuwatt", None)
+    return PromStore(
+        target.url,
+        DIALECTS[target.source],
+        engine=target.engine,
+        left_open_windows=True if target.engine == "victoriametrics" else None,
+        timeout_s=target.timeout_s,
+        writer=writer,
+    )
 
 
 def default_store_url(environ: Mapping[str, str] | None = None) -> str:

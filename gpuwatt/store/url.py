@@ -8,6 +8,13 @@ Store URLs:
   (https). A missing bucket or org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``;
   ``influxdb://`` with no host takes everything from the environment (``INFLUXDB_V2_URL``).
 
+- ``prometheus://host:9090[/prefix]?source=gpuwatt|dcgm&timeout=30s`` and
+  ``victoriametrics://host:8428[/prefix]?source=influx|gpuwatt|dcgm&timeout=30s`` (``...s://`` for
+  https): a Prometheus-compatible engine read with PromQL (``gpuwatt.store.promql``). ``source``
+  says whose series it holds: collectors scraped at ``/metrics`` (``gpuwatt``, Prometheus'
+  default), NVIDIA's dcgm-exporter (``dcgm``) or gpuwatt's line protocol written into
+  VictoriaMetrics (``influx``, its default; VictoriaMetrics also takes the collector's writes).
+
 A token never comes from a URL: a URL with userinfo (``user:token@host``) is rejected, because a
 command line is visible to every user of the machine (``ps``) and lands in shell history. Tokens
 come from ``INFLUXDB_V2_TOKEN`` or from the file ``INFLUXDB_V2_TOKEN_FILE`` names.
@@ -54,6 +61,26 @@ class SqliteTarget:
 @dataclass(frozen=True, slots=True)
 class InfluxTarget:
     settings: InfluxSettings
+
+
+PROM_SCHEMES: dict[str, tuple[str, str]] = {
+    "prometheus": ("prometheus", "http"),
+    "prometheuss": ("prometheus", "https"),
+    "victoriametrics": ("victoriametrics", "http"),
+    "victoriametricss": ("victoriametrics", "https"),
+}
+PROM_DEFAULT_SOURCE: dict[str, str] = {"prometheus": "gpuwatt", "victoriametrics": "influx"}
+PROM_SOURCES: tuple[str, ...] = ("gpuwatt", "dcgm", "influx")
+
+
+@dataclass(frozen=True, slots=True)
+class PromTarget:
+    """A Prometheus-compatible engine: its base URL, which engine, whose series, a read timeout."""
+
+    url: str
+    engine: str
+    source: str
+    timeout_s: float = 30.0
 
 
 def default_sqlite_path(environ: Mapping[str, str]) -> Path:
@@ -110,7 +137,9 @@ def redact_url(url: str) -> str:
     return f"{scheme}{sep}{authority}{slash}{tail}"
 
 
-def parse_store_url(url: str, environ: Mapping[str, str]) -> SqliteTarget | InfluxTarget:
+def parse_store_url(
+    url: str, environ: Mapping[str, str]
+) -> SqliteTarget | InfluxTarget | PromTarget:
     """What a store URL names. Raises ``StoreUrlError`` with a message safe to print."""
     shown = redact_url(url)
     scheme = url.partition(":")[0].lower()
@@ -118,11 +147,45 @@ def parse_store_url(url: str, environ: Mapping[str, str]) -> SqliteTarget | Infl
         return _parse_sqlite(url, shown)
     if scheme in ("influxdb", "influxdbs"):
         return _parse_influx(url, shown, environ)
+    if scheme in PROM_SCHEMES:
+        return _parse_prom(url, shown)
     raise StoreUrlError(
         shown,
         f"unknown store scheme {scheme!r}: use sqlite:///abs/path.db, sqlite:relative.db, "
-        "influxdb://host:8086/<bucket>?org=<org> or influxdbs://host/<bucket>?org=<org>",
+        "influxdb://host:8086/<bucket>?org=<org>, influxdbs://host/<bucket>?org=<org>, "
+        "prometheus://host:9090 or victoriametrics://host:8428",
     )
+
+
+def _parse_prom(url: str, shown: str) -> PromTarget:
+    from gpuwatt.yamlfile import parse_duration_s
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise StoreUrlError(shown, f"malformed URL: {exc}") from None
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise StoreUrlError(shown, "a store URL must not carry a user or password")
+    if not parts.hostname:
+        raise StoreUrlError(shown, "the URL needs a host: prometheus://host:9090")
+    engine, http = PROM_SCHEMES[parts.scheme.lower()]
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = set(query) - {"source", "timeout"}
+    if unknown:
+        raise StoreUrlError(
+            shown, f"unknown parameter(s) {', '.join(sorted(unknown))}; use source= and timeout="
+        )
+    source = query.get("source", [PROM_DEFAULT_SOURCE[engine]])[-1]
+    if source not in PROM_SOURCES:
+        raise StoreUrlError(shown, f"source={source!r}: use one of {', '.join(PROM_SOURCES)}")
+    timeout_text = query.get("timeout", ["30s"])[-1]
+    timeout_s = parse_duration_s(timeout_text)
+    if timeout_s is None or not 0 < timeout_s <= 3600:
+        raise StoreUrlError(shown, f"timeout={timeout_text!r}: a duration up to 1h, e.g. 30s")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    base = f"{http}://{host}" + (f":{port}" if port else "") + parts.path.rstrip("/")
+    return PromTarget(base, engine, source, timeout_s)
 
 
 def _parse_sqlite(url: str, shown: str) -> SqliteTarget:
