@@ -142,3 +142,62 @@ def test_settings_errors(tmp_path: Path) -> None:
     env["INFLUXDB_V2_TOKEN_FILE"] = str(tmp_path / "empty")
     with pytest.raises(StoreUrlError, match="is empty"):
         influx_settings_from_env(env)
+
+
+def test_prometheus_compatible_urls() -> None:
+    from gpuwatt.store.url import PromTarget
+
+    t = parse_store_url("prometheus://prom.example:9090", {})
+    assert t == PromTarget("http://prom.example:9090", "prometheus", "gpuwatt", 30.0)
+    t = parse_store_url("victoriametricss://vm:8481/select/0/prometheus/?timeout=2m", {})
+    assert t == PromTarget(
+        "https://vm:8481/select/0/prometheus", "victoriametrics", "influx", 120.0
+    )
+    t = parse_store_url("prometheus://[::1]:9090?source=dcgm", {})
+    assert isinstance(t, PromTarget) and t.url == "http://[::1]:9090" and t.source == "dcgm"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("prometheus://u:p@prom:9090", "must not carry a user"),
+        ("prometheus://prom:9090?source=nvml", "source='nvml'"),
+        ("prometheus://prom:9090?timeout=forever", "timeout='forever'"),
+        ("prometheus://prom:9090?timeout=0s", "timeout='0s'"),
+        ("prometheus://prom:9090?step=1m", "unknown parameter(s) step"),
+        ("prometheus:///nohost", "needs a host"),
+    ],
+)
+def test_bad_prometheus_urls_say_what_is_wrong(url: str, says: str) -> None:
+    with pytest.raises(StoreUrlError) as err:
+        parse_store_url(url, {})
+    assert says in str(err.value)
+    assert "u:p" not in str(err.value)
+
+
+def test_collecting_into_prometheus_says_to_scrape_instead(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GPUWATT_HOME": str(tmp_path)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwatt",
+            "collect",
+            "--simulate",
+            "healthy",
+            "--store",
+            "prometheus://127.0.0.1:9",
+            "--duration",
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "--metrics-port" in result.stderr and "Traceback" not in result.stderr

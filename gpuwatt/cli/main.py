@@ -86,6 +86,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     scenario = _load_scenario(args.simulate) if args.simulate else None
     store_url = _store_url(args, config)
     from gpuwatt.store import open_store
+    from gpuwatt.store.url import redact_url
 
     if scenario is not None:
         from gpuwatt.collector.sim.source import SimulatedClusterSource
@@ -105,6 +106,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
         resolver = default_resolver(mapping_dir=config.collector.job_mapping_dir)
         sources = [JobAttributingSource(sampler, resolver)]
     store = open_store(store_url)
+    if getattr(store, "read_only", False):
+        store.close()
+        raise GpuwattError(
+            f"{redact_url(store_url)} takes no writes: Prometheus scrapes instead; run "
+            "`gpuwatt collect --metrics-port PORT` and add it to Prometheus' scrape targets"
+        )
     spool_dir = _spool_dir(args, config, "spool")
     return _run_collector(
         sources,

@@ -308,6 +308,31 @@ class InfluxJobStepStore:
         self.close()
 
 
+class NoJobStepStore:
+    """Prometheus-compatible engines keep no job steps (their job ids and GPU lists are strings):
+    reads find none, writes say where steps can go."""
+
+    def __init__(self, where: str) -> None:
+        self._where = where
+
+    def write_job_steps(self, steps: Sequence[JobStep]) -> None:
+        if steps:
+            from gpuwatt.store import StoreRejected
+
+            raise StoreRejected(
+                f"{self._where} cannot keep job steps (string fields): report them to an "
+                "InfluxDB or SQLite store"
+            )
+
+    def job_steps(
+        self, start_ns: int, end_ns: int, *, job_ids: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        return _frame([])
+
+    def close(self) -> None:
+        pass
+
+
 def open_job_step_store(
     url: str | None = None, environ: Mapping[str, str] | None = None
 ) -> JobStepStore:
@@ -317,12 +342,14 @@ def open_job_step_store(
     malformed URL.
     """
     from gpuwatt.store import default_store_url
-    from gpuwatt.store.url import InfluxTarget, SqliteTarget, parse_store_url
+    from gpuwatt.store.url import InfluxTarget, PromTarget, SqliteTarget, parse_store_url
 
     env = os.environ if environ is None else environ
     target = parse_store_url(url or default_store_url(env), env)
     if isinstance(target, SqliteTarget):
         return SqliteJobStepStore(target.path)
+    if isinstance(target, PromTarget):
+        return NoJobStepStore(target.url)
     assert isinstance(target, InfluxTarget)
     s = target.settings
     return InfluxJobStepStore.connect(s.url, s.org, s.bucket, s.token)

@@ -240,11 +240,16 @@ class PromStore:
 
     # --- HTTP -----------------------------------------------------------------------------------
 
-    def _api(self, path: str, fields: dict[str, str]) -> Any:
-        fields = {**fields, "timeout": f"{self.timeout_s:g}s", "nocache": "1"}
+    def _api(self, path: str, fields: dict[str, str], *, method: str = "POST") -> Any:
+        if method == "POST":  # queries: a form body (no URL length limit)
+            fields = {**fields, "timeout": f"{self.timeout_s:g}s", "nocache": "1"}
         try:
-            resp = self._http.request(
-                "POST", f"{self.url}{path}", fields=fields, encode_multipart=False
+            resp = (
+                self._http.request(
+                    method, f"{self.url}{path}", fields=fields, encode_multipart=False
+                )
+                if method == "POST"
+                else self._http.request(method, f"{self.url}{path}")
             )
         except urllib3.exceptions.HTTPError as exc:
             raise StoreUnavailable(f"{self.url} unreachable: {type(exc).__name__}") from exc
@@ -282,7 +287,9 @@ class PromStore:
         """Whether a range window ``[d]`` at t holds (t-d, t] (VictoriaMetrics, Prometheus 3+)."""
         if self._left_open is None:
             try:
-                version = str(self._api("/api/v1/status/buildinfo", {}).get("version", ""))
+                version = str(
+                    self._api("/api/v1/status/buildinfo", {}, method="GET").get("version", "")
+                )
                 major = int(version.split(".")[0]) if version[:1].isdigit() else 3
             except (StoreRejected, ValueError):
                 major = 3
@@ -342,7 +349,9 @@ class PromStore:
                 lambda r: (r[0], self._bucketed(r[0], r[1], start_ns, end_ns, step_s, hosts)),
                 reads,
             )
-        return _frame(self.dialect, attrs, list(results), start_ns, end_ns)
+        if step_s is None:  # raw samples: exactly [start, end); buckets keep their start
+            return _frame(self.dialect, attrs, list(results), start_ns, end_ns)
+        return _frame(self.dialect, attrs, list(results))
 
     def _raw(
         self, metric: str, start_ns: int, end_ns: int, hosts: Sequence[str] | None
