@@ -11,9 +11,6 @@ reads must equal the same buckets computed from the samples themselves.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +20,7 @@ import pandas as pd
 import pytest
 from prom_fixtures import PrometheusServer, dcgm_exposition, have_prometheus
 from servers import VICTORIA_METRICS, VictoriaMetricsServer, http
+from test_cli import gpuwatt
 
 from gpuwatt.collector.sim.scenario import load_scenario
 from gpuwatt.collector.sim.source import SimulatedClusterSource
@@ -133,21 +131,8 @@ def test_bucketed_reads_equal_the_samples_buckets(store_url: str, samples: list[
     assert len(raw) == len(in_range)
 
 
-def _gpuwatt(*args: str, home: Any) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GPUWATT_HOME": str(home)}
-    env.pop("GPUWATT_STORE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatt", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def test_cli_analysis_names_the_straggler_and_its_cause(store_url: str, tmp_path: Any) -> None:
-    result = _gpuwatt("analyze", "--store", store_url, "--since", "25m", home=tmp_path)
+    result = gpuwatt("analyze", "--store", store_url, "--since", "25m", home=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "node-1" in line and "GPU 5" in line]
     assert lines, result.stdout

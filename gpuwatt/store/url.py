@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from gpuwatt.store import StoreUrlError
 
@@ -157,16 +157,26 @@ def parse_store_url(
     )
 
 
-def _parse_prom(url: str, shown: str) -> PromTarget:
-    from gpuwatt.yamlfile import parse_duration_s
-
+def _split_without_userinfo(
+    url: str, shown: str, kind: str, hint: str
+) -> tuple[SplitResult, int | None]:
+    """``urlsplit`` and the port, refusing a malformed URL or one that carries credentials."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise StoreUrlError(shown, f"malformed URL: {exc}") from None
+        raise StoreUrlError(shown, f"malformed {kind}URL: {exc}") from None
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise StoreUrlError(shown, "a store URL must not carry a user or password")
+        raise StoreUrlError(shown, hint)
+    return parts, port
+
+
+def _parse_prom(url: str, shown: str) -> PromTarget:
+    from gpuwatt.yamlfile import parse_duration_s
+
+    parts, port = _split_without_userinfo(
+        url, shown, "", "a store URL must not carry a user or password"
+    )
     if not parts.hostname:
         raise StoreUrlError(shown, "the URL needs a host: prometheus://host:9090")
     engine, http = PROM_SCHEMES[parts.scheme.lower()]
@@ -207,13 +217,9 @@ def _parse_sqlite(url: str, shown: str) -> SqliteTarget:
 
 
 def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTarget:
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise StoreUrlError(shown, f"malformed InfluxDB URL: {exc}") from None
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise StoreUrlError(shown, f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}")
+    parts, port = _split_without_userinfo(
+        url, shown, "InfluxDB ", f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}"
+    )
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = set(query) - {"org"}
     if unknown:
