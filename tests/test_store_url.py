@@ -95,7 +95,7 @@ def test_credentials_in_a_url_are_rejected_without_echoing_them(url: str) -> Non
     [
         ("postgres://db/x", "unknown store scheme"),
         ("/tmp/x.db", "unknown store scheme"),
-        ("influxdb://db/b?token=x", "only org="),
+        ("influxdb://db/b?token=x", "use org= and timeout="),
         ("influxdb://db/a/b", "just the bucket"),
         ("influxdb://db:notaport/b", "malformed"),
     ],
@@ -201,3 +201,13 @@ def test_collecting_into_prometheus_says_to_scrape_instead(tmp_path) -> None:
     )
     assert result.returncode != 0
     assert "--metrics-port" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_influx_read_timeout_comes_from_the_url() -> None:
+    target = parse_store_url("influxdb://influx:8086/gpuwatt?org=hpc&timeout=2m", {})
+    assert isinstance(target, InfluxTarget) and target.timeout_s == 120.0
+    assert parse_store_url("influxdb://influx:8086/gpuwatt?org=hpc", {}).timeout_s == 10.0  # type: ignore[union-attr]
+    with open_store("influxdb://127.0.0.1:9/gpuwatt?org=hpc&timeout=45s") as store:
+        assert isinstance(store, InfluxStore) and store.timeout_s == 45.0
+    with pytest.raises(StoreUrlError, match="timeout='soon'"):
+        parse_store_url("influxdb://influx:8086/gpuwatt?timeout=soon", {})

@@ -5,8 +5,9 @@ Store URLs:
 - ``sqlite:///abs/path.db`` (absolute) and ``sqlite:relative.db`` (relative to the working
   directory).
 - ``influxdb://host:8086/<bucket>?org=<org>`` (http) and ``influxdbs://host/<bucket>?org=<org>``
-  (https). A missing bucket or org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``;
-  ``influxdb://`` with no host takes everything from the environment (``INFLUXDB_V2_URL``).
+  (https); ``timeout=30s`` sets the per-request timeout (default 10 s). A missing bucket or
+  org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``; ``influxdb://`` with no host
+  takes everything from the environment (``INFLUXDB_V2_URL``).
 
 - ``prometheus://host:9090[/prefix]?source=gpuwatt|dcgm&timeout=30s`` and
   ``victoriametrics://host:8428[/prefix]?source=influx|gpuwatt|dcgm&timeout=30s`` (``...s://`` for
@@ -61,6 +62,9 @@ class SqliteTarget:
 @dataclass(frozen=True, slots=True)
 class InfluxTarget:
     settings: InfluxSettings
+    timeout_s: float = (
+        10.0  # per request (``?timeout=30s``); long ranges on a big cluster need more
+    )
 
 
 PROM_SCHEMES: dict[str, tuple[str, str]] = {
@@ -172,8 +176,6 @@ def _split_without_userinfo(
 
 
 def _parse_prom(url: str, shown: str) -> PromTarget:
-    from gpuwatt.yamlfile import parse_duration_s
-
     parts, port = _split_without_userinfo(
         url, shown, "", "a store URL must not carry a user or password"
     )
@@ -189,10 +191,7 @@ def _parse_prom(url: str, shown: str) -> PromTarget:
     source = query.get("source", [PROM_DEFAULT_SOURCE[engine]])[-1]
     if source not in PROM_SOURCES:
         raise StoreUrlError(shown, f"source={source!r}: use one of {', '.join(PROM_SOURCES)}")
-    timeout_text = query.get("timeout", ["30s"])[-1]
-    timeout_s = parse_duration_s(timeout_text)
-    if timeout_s is None or not 0 < timeout_s <= 3600:
-        raise StoreUrlError(shown, f"timeout={timeout_text!r}: a duration up to 1h, e.g. 30s")
+    timeout_s = _timeout_s(query, shown, default_s=30.0)
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     base = f"{http}://{host}" + (f":{port}" if port else "") + parts.path.rstrip("/")
     return PromTarget(base, engine, source, timeout_s)
@@ -221,11 +220,12 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
         url, shown, "InfluxDB ", f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}"
     )
     query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - {"org"}
+    unknown = set(query) - {"org", "timeout"}
     if unknown:
         raise StoreUrlError(
-            shown, f"unknown parameter(s) {', '.join(sorted(unknown))}; only org= is accepted"
+            shown, f"unknown parameter(s) {', '.join(sorted(unknown))}; use org= and timeout="
         )
+    timeout_s = _timeout_s(query, shown, default_s=10.0)
     bucket = parts.path.strip("/")
     if "/" in bucket:
         raise StoreUrlError(shown, "the URL path must be just the bucket: influxdb://host/<bucket>")
@@ -233,7 +233,8 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
     if not parts.hostname:
         base = influx_settings_from_env(environ)
         return InfluxTarget(
-            InfluxSettings(base.url, org or base.org, bucket or base.bucket, base.token)
+            InfluxSettings(base.url, org or base.org, bucket or base.bucket, base.token),
+            timeout_s,
         )
     http = "https" if parts.scheme.lower() == "influxdbs" else "http"
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -244,5 +245,19 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
             org=org or environ.get(ENV_ORG, "").strip(),
             bucket=bucket or environ.get(ENV_BUCKET, "").strip() or DEFAULT_BUCKET,
             token=_read_token(environ),
-        )
+        ),
+        timeout_s,
     )
+
+
+def _timeout_s(query: dict[str, list[str]], shown: str, *, default_s: float) -> float:
+    """``timeout=`` of a store URL: a duration from 1 ms to 1 h (e.g. ``30s``, ``2m``)."""
+    from gpuwatt.yamlfile import parse_duration_s
+
+    if "timeout" not in query:
+        return default_s
+    text = query["timeout"][-1]
+    value = parse_duration_s(text)
+    if value is None or not 0 < value <= 3600:
+        raise StoreUrlError(shown, f"timeout={text!r}: a duration up to 1h, e.g. 30s")
+    return value
