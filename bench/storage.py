@@ -39,18 +39,11 @@ from gpuwatt.store.sqlite import SqliteStore  # noqa: E402
 NS = 1_000_000_000
 END_NS = 1_767_225_600 * NS  # fixed: the same samples every run
 
-BIG_SCENARIO = """
-name: big
-description: 1,024 GPUs in 16 synchronous jobs of 64 GPUs.
-seed: 5
-duration: 10m
-cluster:
-  nodes: 128
-  gpus_per_node: 8
-  model: H100 SXM
-jobs:
-""" + "".join(
-    f"""  - id: train-{j}
+
+def big_scenario(gpus: int = 1024, minutes: int = 10) -> str:
+    """``gpus`` H100s (8 per node) in synchronous jobs of 64 GPUs, as a scenario's YAML."""
+    jobs = "".join(
+        f"""  - id: train-{j}
     kind: training
     gpus: [{", ".join(f'"node-{n}:*"' for n in range(8 * j, 8 * j + 8))}]
     intensity: 0.7
@@ -58,8 +51,19 @@ jobs:
     comm_fraction: 0.15
     memory_gib: 60
 """
-    for j in range(16)
-)
+        for j in range(gpus // 64)
+    )
+    return f"""
+name: big
+description: {gpus} GPUs in synchronous jobs of 64 GPUs.
+seed: 5
+duration: {minutes}m
+cluster:
+  nodes: {gpus // 8}
+  gpus_per_node: 8
+  model: H100 SXM
+jobs:
+{jobs}"""
 
 
 def rounds(case: str) -> Iterator[list[GpuSample]]:
@@ -67,7 +71,7 @@ def rounds(case: str) -> Iterator[list[GpuSample]]:
     if case == "demo":
         scenario, minutes = load_scenario("demo"), 60
     else:
-        scenario, minutes = load_scenario_text(BIG_SCENARIO, "big"), 10
+        scenario, minutes = load_scenario_text(big_scenario(), "big"), 10
     source = SimulatedClusterSource(
         scenario, start_ns=END_NS - minutes * 60 * NS, clock_ns=lambda: END_NS
     )
