@@ -18,10 +18,14 @@ QUICK = [
     ["encode.py"],
     ["sqlite_ingest.py"],
     ["detect.py"],
+    ["storage.py", "--case", "demo"],
+    ["promql_read.py", "--gpus", "128", "--minutes", "20"],
 ]
 LONG = [
     ["analysis_speed.py"],
     ["dashboard.py"],
+    ["storage.py", "--case", "big"],
+    ["promql_read.py"],
 ]
 
 
