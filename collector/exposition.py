@@ -4,7 +4,7 @@ Opt-in (``gpuwatt collect --metrics-port PORT``), bound to 127.0.0.1 unless told
 site that scrapes can use gpuwatt's collector like any exporter. Names follow Prometheus'
 conventions: a ``gpuwatt_`` prefix, base units in the name (seconds, bytes, watts, joules,
 hertz, celsius, ratios 0-1), ``_total`` for counters. Every series carries the GPU's identity as
-labels (``host``, ``gpu``, ``uuid``, ``name``) and its ``job`` ("" when none is known).
+labels (``host``, ``gpu``, ``uuid``, ``name``) and its ``job_id`` ("" when none is known).
 
 A metric that the GPU does not report is absent from the page, never 0 (as in the store). The
 page is rendered from the newest tick at scrape time by prometheus_client: the collector's own

@@ -18,8 +18,9 @@ from gpuwatt.schema import (
     REASON_SW_THERMAL,
 )
 
-#: Identity labels of every series; ``job`` is "" when no job is known.
-LABELS: tuple[str, ...] = ("host", "gpu", "uuid", "name", "job")
+#: Identity labels of every series; ``job_id`` is "" when no job is known. (Not ``job``: that is
+#: the label Prometheus gives every scraped series, its scrape job's name.)
+LABELS: tuple[str, ...] = ("host", "gpu", "uuid", "name", "job_id")
 
 UP = "gpuwatt_gpu_up"
 SAMPLE_TIME = "gpuwatt_sample_timestamp_seconds"

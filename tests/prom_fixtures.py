@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from servers import free_port, http
@@ -118,24 +118,32 @@ def dcgm_exposition(samples: Iterable[GpuSample], *, openmetrics: bool) -> str:
 
 
 class PrometheusServer:
-    """Debian's Prometheus over a backfilled TSDB, on 127.0.0.1, scraping nothing."""
+    """Debian's Prometheus on 127.0.0.1: over a TSDB backfilled from ``openmetrics``, and/or
+    scraping ``scrape_targets`` (``host:port``) every second."""
 
-    def __init__(self, openmetrics: str) -> None:
+    def __init__(self, openmetrics: str | None = None, scrape_targets: Sequence[str] = ()) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="gpuwatt-prometheus-"))
         self.port = free_port()
         data = self.tmp / "data"
-        source = self.tmp / "history.om"
-        source.write_text(openmetrics)
-        built = subprocess.run(
-            [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if built.returncode != 0:
-            raise RuntimeError(f"promtool failed: {built.stderr[-2000:]}")
+        if openmetrics is not None:
+            source = self.tmp / "history.om"
+            source.write_text(openmetrics)
+            built = subprocess.run(
+                [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if built.returncode != 0:
+                raise RuntimeError(f"promtool failed: {built.stderr[-2000:]}")
         config = self.tmp / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
+        scrape = "scrape_configs: []\n"
+        if scrape_targets:
+            scrape = (
+                "scrape_configs:\n  - job_name: gpuwatt\n    scrape_interval: 1s\n"
+                f"    static_configs:\n      - targets: {list(scrape_targets)!r}\n"
+            )
+        config.write_text("global:\n  scrape_interval: 15s\n" + scrape)
         self._log = (self.tmp / "server.log").open("wb")
         self._proc = subprocess.Popen(
             [
