@@ -95,7 +95,7 @@ def test_credentials_in_a_url_are_rejected_without_echoing_them(url: str) -> Non
     [
         ("postgres://db/x", "unknown store scheme"),
         ("/tmp/x.db", "unknown store scheme"),
-        ("influxdb://db/b?token=x", "use org= and timeout="),
+        ("influxdb://db/b?token=x", "use org=, timeout= and api="),
         ("influxdb://db/a/b", "just the bucket"),
         ("influxdb://db:notaport/b", "malformed"),
     ],

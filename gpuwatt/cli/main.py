@@ -427,6 +427,14 @@ def _run_collector(
         pending,
         spool_dir,
     )
+    if sampler.stats.samples and not flusher.delivered_lines:
+        log.error(
+            "delivered nothing to the store: %d samples are kept in the spool %s (or set aside "
+            "under its rejected/ folder; see the errors above)",
+            pending,
+            spool_dir,
+        )
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -77,7 +77,7 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
     from gpuwatt.store.influx import InfluxStore
 
     s = target.settings
-    return InfluxStore(s.url, s.org, s.bucket, s.token, timeout_s=target.timeout_s)
+    return InfluxStore(s.url, s.org, s.bucket, s.token, timeout_s=target.timeout_s, api=target.api)
 
 
 def _open_prom(target: object) -> Store:

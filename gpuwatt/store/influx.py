@@ -1,5 +1,10 @@
 """InfluxDB store: writes through influxdb_client to /api/v2/write, reads InfluxQL over /query.
 
+InfluxDB 1.8, 2.x and 3.x take ``/api/v2/write``; 1.6 and 1.7 only the 1.x ``/write`` endpoint.
+``api="auto"`` (the default) asks ``/ping`` once which version answers and picks the endpoint;
+``api="v1"``/``"v2"`` (``?api=`` in the store URL) choose without asking. On 1.x a token of the
+form ``user:password`` is sent as Basic authentication, as 1.x servers with auth expect.
+
 Writes: ``write_api(write_options=SYNCHRONOUS)`` with records that are our own line-protocol
 strings (``schema.LineEncoder``), precision ns. No client-side batching or buffering: the caller's
 spool is the buffer (see design §4 for why). Connection failures, timeouts, 429 and 5xx raise
@@ -87,7 +92,11 @@ class InfluxStore:
         token: str | None = None,
         *,
         timeout_s: float = 10.0,
+        api: str = "auto",
     ) -> None:
+        if api not in ("auto", "v1", "v2"):
+            raise ValueError(f"api={api!r}: use auto, v1 or v2")
+        self.api = api
         self.url = url.rstrip("/")
         self.org = org
         self.bucket = bucket
@@ -133,9 +142,12 @@ class InfluxStore:
             self.write_lines(self._encoder.encode_many(samples))
 
     def write_lines(self, lines: Sequence[str]) -> None:
-        """POST the lines to /api/v2/write (precision ns) in one request."""
+        """POST the lines to /api/v2/write (precision ns) in one request (1.x: /write)."""
         records = [line for line in lines if line.strip()]
         if not records:
+            return
+        if self._write_api_version() == "v1":
+            self._write_v1(records)
             return
         import urllib3.exceptions
         from influxdb_client import WritePrecision
@@ -161,6 +173,49 @@ class InfluxStore:
                     raise StoreUnavailable(
                         f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
                     ) from exc
+
+    def _write_api_version(self) -> str:
+        """ "v1" for InfluxDB 1.0-1.7 (no /api/v2/write), else "v2"; asks /ping once."""
+        if self.api == "auto":
+            try:
+                resp = self._http.request("GET", f"{self.url}/ping")
+            except urllib3.exceptions.HTTPError as exc:
+                raise StoreUnavailable(
+                    f"InfluxDB at {self.url} unreachable on ping: {type(exc).__name__}"
+                ) from exc
+            version = resp.headers.get("X-Influxdb-Version", "")
+            major, _, rest = version.lstrip("v").partition(".")
+            minor = rest.partition(".")[0]
+            old = major == "1" and minor.isdigit() and int(minor) < 8
+            self.api = "v1" if old else "v2"
+        return self.api
+
+    def _write_v1(self, records: list[str]) -> None:
+        """POST to InfluxDB 1.x's /write (database = the bucket, precision ns)."""
+        import base64
+        from urllib.parse import urlencode
+
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if self._token:
+            secret = self._token.reveal()
+            if ":" in secret:  # user:password, as 1.x authentication expects
+                headers["Authorization"] = "Basic " + base64.b64encode(secret.encode()).decode()
+            else:
+                headers["Authorization"] = f"Token {secret}"
+        query = urlencode({"db": self.bucket, "precision": "ns"})
+        try:
+            resp = self._http.request(
+                "POST",
+                f"{self.url}/write?{query}",
+                body="\n".join(records).encode("utf-8"),
+                headers=headers,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise StoreUnavailable(
+                f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
+            ) from exc
+        if resp.status != 204:
+            self._raise_http("write", resp.status, resp.data, RuntimeError(f"HTTP {resp.status}"))
 
     def _writer(self) -> WriteApi:
         if self._write_api is None:

@@ -5,9 +5,10 @@ Store URLs:
 - ``sqlite:///abs/path.db`` (absolute) and ``sqlite:relative.db`` (relative to the working
   directory).
 - ``influxdb://host:8086/<bucket>?org=<org>`` (http) and ``influxdbs://host/<bucket>?org=<org>``
-  (https); ``timeout=30s`` sets the per-request timeout (default 10 s). A missing bucket or
-  org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``; ``influxdb://`` with no host
-  takes everything from the environment (``INFLUXDB_V2_URL``).
+  (https); ``timeout=30s`` sets the per-request timeout (default 10 s), ``api=v1`` writes to
+  InfluxDB 1.0-1.7's ``/write`` (by default ``/ping`` tells which the server takes). A missing
+  bucket or org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``; ``influxdb://`` with
+  no host takes everything from the environment (``INFLUXDB_V2_URL``).
 
 - ``prometheus://host:9090[/prefix]?source=gpuwatt|dcgm&timeout=30s`` and
   ``victoriametrics://host:8428[/prefix]?source=influx|gpuwatt|dcgm&timeout=30s`` (``...s://`` for
@@ -62,9 +63,8 @@ class SqliteTarget:
 @dataclass(frozen=True, slots=True)
 class InfluxTarget:
     settings: InfluxSettings
-    timeout_s: float = (
-        10.0  # per request (``?timeout=30s``); long ranges on a big cluster need more
-    )
+    timeout_s: float = 10.0  # per request (``?timeout=30s``): long ranges need more
+    api: str = "auto"  # the write endpoint (``?api=v1`` for InfluxDB 1.0-1.7, ``v2``, or probe)
 
 
 PROM_SCHEMES: dict[str, tuple[str, str]] = {
@@ -220,12 +220,16 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
         url, shown, "InfluxDB ", f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}"
     )
     query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - {"org", "timeout"}
+    unknown = set(query) - {"org", "timeout", "api"}
     if unknown:
         raise StoreUrlError(
-            shown, f"unknown parameter(s) {', '.join(sorted(unknown))}; use org= and timeout="
+            shown,
+            f"unknown parameter(s) {', '.join(sorted(unknown))}; use org=, timeout= and api=",
         )
     timeout_s = _timeout_s(query, shown, default_s=10.0)
+    api = query.get("api", ["auto"])[-1]
+    if api not in ("auto", "v1", "v2"):
+        raise StoreUrlError(shown, f"api={api!r}: use v1 (InfluxDB 1.0-1.7), v2 or auto")
     bucket = parts.path.strip("/")
     if "/" in bucket:
         raise StoreUrlError(shown, "the URL path must be just the bucket: influxdb://host/<bucket>")
@@ -235,6 +239,7 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
         return InfluxTarget(
             InfluxSettings(base.url, org or base.org, bucket or base.bucket, base.token),
             timeout_s,
+            api,
         )
     http = "https" if parts.scheme.lower() == "influxdbs" else "http"
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -247,6 +252,7 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
             token=_read_token(environ),
         ),
         timeout_s,
+        api,
     )
 
 

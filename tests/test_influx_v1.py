@@ -1,0 +1,55 @@
+"""Writing to InfluxDB 1.6/1.7, which has no /api/v2/write: the store asks /ping and uses /write.
+
+Against Debian's influxd 1.6.7 on 127.0.0.1 (``conftest.influx_db``): the store's own write path
+(not the test helper's loader), the collector command end to end, and a command that delivered
+nothing exiting non-zero.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from test_cli import gpuwatt
+
+from gpuwatt.store import open_store
+from gpuwatt.store.influx import InfluxStore
+
+pytestmark = pytest.mark.servers
+
+
+def test_the_store_finds_the_1x_write_endpoint(influx_db, make_sample) -> None:
+    server, db = influx_db
+    now = time.time_ns()
+    samples = [make_sample(now - i * 1_000_000_000, "node1", g) for i in range(3) for g in (0, 1)]
+    with InfluxStore(server.url, "", db, timeout_s=10) as store:
+        store.write_samples(samples)
+        assert store.api == "v1"
+        assert store.count_samples(now - 10 * 1_000_000_000, now + 1) == 6
+        got = store.series(now - 10 * 1_000_000_000, now + 1, ["power_w"])
+    assert sorted(got["power_w"]) == sorted(s.power_w for s in samples)
+
+
+def test_collect_into_influxdb_1_6(influx_db, tmp_path: Path) -> None:
+    server, db = influx_db
+    url = server.url.replace("http://", "influxdb://") + f"/{db}"
+    result = gpuwatt(
+        "collect", "--simulate", "healthy", "--interval", "0.5", "--duration", "3",
+        "--store", url, "--spool", str(tmp_path / "spool"), home=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with open_store(url) as store:
+        assert store.count_samples(0, time.time_ns()) >= 32
+
+
+def test_a_collector_that_delivered_nothing_exits_non_zero(influx_db, tmp_path: Path) -> None:
+    server, _ = influx_db
+    url = server.url.replace("http://", "influxdb://") + "/no_such_database"
+    result = gpuwatt(
+        "collect", "--simulate", "healthy", "--interval", "0.5", "--duration", "2",
+        "--store", url, "--spool", str(tmp_path / "spool"), home=tmp_path,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "delivered nothing" in result.stderr
+    assert "Traceback" not in result.stderr
