@@ -491,59 +491,71 @@ def _frame(
     start_ns: int | None = None,
     end_ns: int | None = None,
 ) -> pd.DataFrame:
-    """Long-form rows (``KEY_COLUMNS`` + ``attrs``) from per-attribute PromQL matrices."""
+    """Long-form rows (``KEY_COLUMNS`` + ``attrs``, sorted by time then GPU) from per-attribute
+    PromQL matrices; ``start_ns``/``end_ns`` keep only raw samples inside the range.
+
+    Built column-wise: each matrix's points are flattened once (numpy parses the engine's value
+    strings), and a row is one (time, GPU) code, so that 1,000 GPUs x 60 buckets x a dozen
+    metrics take one sort, not a Python loop per point (``bench/promql_read.py``).
+    """
     import numpy as np
     import pandas as pd
 
     idents: dict[tuple[str, int, str, str], int] = {}
-    parts_key: list[Any] = []
-    parts_val: list[Any] = []
-    parts_col: list[Any] = []
+    gid_parts, t_parts, v_parts, col_parts = [], [], [], []
     col_of = {a: i for i, a in enumerate(attrs)}
     names = dialect.by_attr()
     for attr, matrix in results:
         scale = 1.0 if attr == PRESENCE else names[attr].scale
         column = col_of.get(attr, -1)  # -1: the presence metric, keys only
+        lengths, points = [], []
         for series in matrix:
-            gid = idents.setdefault(_ident(dialect, series["metric"]), len(idents))
             values = series.get("values") or []
-            if not values:
-                continue
-            arr = np.array(values, dtype=object)
-            t_ns = np.round(arr[:, 0].astype(float) * 1000).astype(np.int64) * NS_PER_MS
-            v = arr[:, 1].astype(float) * scale
-            parts_key.append(np.stack([np.full(len(t_ns), gid, dtype=np.int64), t_ns], axis=1))
-            parts_val.append(v)
-            parts_col.append(np.full(len(t_ns), column, dtype=np.int64))
+            lengths.append(len(values))
+            points.extend(values)
+            idents.setdefault(_ident(dialect, series["metric"]), len(idents))
+        if not points:
+            continue
+        series_gids = [idents[_ident(dialect, series["metric"])] for series in matrix]
+        gid_parts.append(np.repeat(np.array(series_gids, dtype=np.int64), lengths))
+        t_parts.append(np.array([pt[0] for pt in points], dtype=np.float64))
+        v_parts.append(np.array([pt[1] for pt in points], dtype=np.float64) * scale)
+        col_parts.append(np.full(len(points), column, dtype=np.int64))
     columns = [*KEY_COLUMNS, *attrs]
-    if not parts_key:
+    if not gid_parts:
         dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
         return pd.DataFrame(columns=columns).astype(dtypes)
-    keys = np.concatenate(parts_key)
-    vals = np.concatenate(parts_val)
-    cols = np.concatenate(parts_col)
+    gids = np.concatenate(gid_parts)
+    t_ns = np.rint(np.concatenate(t_parts) * 1000).astype(np.int64) * NS_PER_MS
+    vals = np.concatenate(v_parts)
+    cols = np.concatenate(col_parts)
     if start_ns is not None and end_ns is not None:
-        inside = (keys[:, 1] >= start_ns) & (keys[:, 1] < end_ns)
-        keys, vals, cols = keys[inside], vals[inside], cols[inside]
-    uniq, row = np.unique(keys, axis=0, return_inverse=True)
-    data = np.full((len(uniq), len(attrs)), np.nan)
+        inside = (t_ns >= start_ns) & (t_ns < end_ns)
+        gids, t_ns, vals, cols = gids[inside], t_ns[inside], vals[inside], cols[inside]
+    # Rank GPUs by (host, index, uuid): a row's code then sorts by time, then GPU.
+    ident_list = list(idents)
+    order = sorted(range(len(ident_list)), key=lambda g: ident_list[g][:3])
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    times, t_index = np.unique(t_ns, return_inverse=True)
+    codes, row = np.unique(t_index * len(order) + rank[gids], return_inverse=True)
+    data = np.full((len(codes), len(attrs)), np.nan)
     valued = cols >= 0
-    data[row.reshape(-1)[valued], cols[valued]] = vals[valued]
-    ident_rows = list(idents)
+    data[row[valued], cols[valued]] = vals[valued]
+    by_rank = [ident_list[g] for g in order]
+    gpu_of_row = codes % len(order)
     df = pd.DataFrame(
         {
-            "time_ns": uniq[:, 1],
-            "host": [ident_rows[g][0] for g in uniq[:, 0]],
-            "gpu_index": np.array([ident_rows[g][1] for g in uniq[:, 0]], dtype=np.int64),
-            "uuid": [ident_rows[g][2] for g in uniq[:, 0]],
-            "name": [ident_rows[g][3] for g in uniq[:, 0]],
+            "time_ns": times[codes // len(order)],
+            "host": np.array([i[0] for i in by_rank], dtype=object)[gpu_of_row],
+            "gpu_index": np.array([i[1] for i in by_rank], dtype=np.int64)[gpu_of_row],
+            "uuid": np.array([i[2] for i in by_rank], dtype=object)[gpu_of_row],
+            "name": np.array([i[3] for i in by_rank], dtype=object)[gpu_of_row],
         }
     )
     for i, a in enumerate(attrs):
         df[a] = data[:, i]
-    return df.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
-        drop=True
-    )
+    return df
 
 
 def _latest_samples(
