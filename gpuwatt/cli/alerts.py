@@ -35,7 +35,7 @@ EXIT_ERROR = 2
 log = logging.getLogger("gpuwatt.alerts")
 
 
-def add_alerts_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_alerts_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("alerts", help="evaluate alert rules and notify (email, Slack)")
     _common(p, suppress=False)
     p.set_defaults(func=cmd_run, alerts_cmd="run")
@@ -69,7 +69,7 @@ def _common(p: argparse.ArgumentParser, *, suppress: bool) -> None:
 # --- loading ------------------------------------------------------------------------------
 
 
-def load_settings(config_path: str | None, environ: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def load_settings(config_path: str | None, environ: dict[str, str] | None = None):
     """The gpuwatt config and its ``alerts:`` section, both validated."""
     from gpuwatt.alerts.settings import parse_alert_settings
 
@@ -85,7 +85,7 @@ def load_settings(config_path: str | None, environ: dict[str, str] | None = None
     return config, parse_alert_settings(alerts_node, env)
 
 
-def _build(args: argparse.Namespace, clock=None):  # type: ignore[no-untyped-def]
+def _build(args: argparse.Namespace, clock=None):
     from gpuwatt.alerts.clock import SystemClock
     from gpuwatt.alerts.db import open_db
     from gpuwatt.alerts.rules import load_rules

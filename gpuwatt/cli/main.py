@@ -16,11 +16,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwatt import __version__
 from gpuwatt.config import Config, gpuwatt_home, load_config
 from gpuwatt.errors import ConfigError, GpuwattError, NvmlUnavailable
 from gpuwatt.model import GpuSample
+
+if TYPE_CHECKING:
+    from gpuwatt.collector.runtime import SampleSource
 
 EXIT_OK = 0
 EXIT_INVALID = 1  # check-config found a problem
@@ -88,6 +92,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from gpuwatt.store import open_store
     from gpuwatt.store.url import redact_url
 
+    sources: list[SampleSource]
     if scenario is not None:
         from gpuwatt.collector.sim.source import SimulatedClusterSource
 
@@ -216,7 +221,7 @@ class _DemoServices:
                 f"cannot serve the dashboard on 127.0.0.1:{args.port} ({exc.strerror}); "
                 "pass --port PORT or --no-dashboard"
             ) from None
-        print(f"dashboard: {self.dashboard.url}")  # type: ignore[attr-defined]
+        print(f"dashboard: {self.dashboard.url}")
 
     def stop(self) -> None:
         if self.dashboard is not None:

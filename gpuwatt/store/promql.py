@@ -502,13 +502,17 @@ def _frame(
     import pandas as pd
 
     idents: dict[tuple[str, int, str, str], int] = {}
-    gid_parts, t_parts, v_parts, col_parts = [], [], [], []
+    gid_parts: list[Any] = []
+    t_parts: list[Any] = []
+    v_parts: list[Any] = []
+    col_parts: list[Any] = []
     col_of = {a: i for i, a in enumerate(attrs)}
     names = dialect.by_attr()
     for attr, matrix in results:
         scale = 1.0 if attr == PRESENCE else names[attr].scale
         column = col_of.get(attr, -1)  # -1: the presence metric, keys only
-        lengths, points = [], []
+        lengths: list[int] = []
+        points: list[list[Any]] = []
         for series in matrix:
             values = series.get("values") or []
             lengths.append(len(values))
