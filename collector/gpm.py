@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import operator
 from typing import Any
 
 from gpuwatt.collector.nvml_errors import ErrorPolicy
@@ -37,6 +36,9 @@ GPM_METRICS: tuple[tuple[str, str, float], ...] = (
 GPM_FIELDS: tuple[str, ...] = tuple(attr for _const, attr, _scale in GPM_METRICS)
 _N_GPM = len(GPM_METRICS)
 _SCALES: tuple[float, ...] = tuple(scale for _const, _attr, scale in GPM_METRICS)
+_SCALED: tuple[tuple[str, float], ...] = tuple(
+    (attr, scale) for _const, attr, scale in GPM_METRICS if scale != 1.0
+)
 _GPM_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION; checked against the module in open_gpm()
 
 
@@ -100,7 +102,10 @@ class GpmReader:
                 if not raw[2 * i]:
                     values[name] = raw[2 * i + 1] * scale
         else:
-            values.update(zip(GPM_FIELDS, map(operator.mul, raw[1::2], _SCALES), strict=True))
+            # the lengths match by construction; strict=True would cost ~0.4 us per GPU-sample
+            values.update(zip(GPM_FIELDS, raw[1::2], strict=False))
+            for name, scale in _SCALED:
+                values[name] *= scale
         return True
 
     def close(self, log: logging.Logger) -> None:
@@ -132,9 +137,13 @@ def open_gpm(
     if not support.isSupportedDevice:
         policy.unsupported.setdefault(f"gpu{index}/gpm", "not a GPM device")
         return None
+    buffers: list[Any] = []
     try:
-        buffers = (nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc())
+        while len(buffers) < 2:
+            buffers.append(nv.nvmlGpmSampleAlloc())
     except policy.errors as exc:
+        for buf in buffers:  # the first may have been allocated
+            nv.nvmlGpmSampleFree(buf)
         policy.failed(index, off, "gpm", exc)
         return None
-    return GpmReader(nv, policy, index, off, buffers)
+    return GpmReader(nv, policy, index, off, (buffers[0], buffers[1]))

@@ -399,8 +399,8 @@ class NvmlSampler:
                 g.readers[table] = tuple(r for r in g.readers[table] if r[3] is not query)
             return
         cause = type(exc).__name__
-        for field in query.lacks:
-            policy.refuse(g.index, field, f"{cause} ({query.via}; using {fallback.via})")
+        for lacking in query.lacks:
+            policy.refuse(g.index, lacking, f"{cause} ({query.via}; using {fallback.via})")
         policy.log_once(
             g.index, query.key, query.via, "%s: falling back to %s", cause, fallback.via
         )
