@@ -45,7 +45,7 @@ from nvml_fixtures import Activity, make_cluster, run_all
 from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
-from gpuwatt.model import GpuSample, make_gpu_sample
+from gpuwatt.model import GpuSample, gpu_sample_from_fields
 from gpuwatt.schema import LineEncoder
 
 HOST = "node-1"
@@ -82,7 +82,7 @@ class CollectorCost:
     sampling_us: float  # medians over runs of each phase
     encoding_us: float
     construction_us: float  # GpuSample construction alone (part of sampling), min of repeats
-    keyword_construction_us: float  # the same sample built with GpuSample(**fields)
+    keyword_construction_us: float  # the same sample built by GpuSample(**fields)
 
 
 def collector_us_per_gpu(include_slow: bool) -> CollectorCost:
@@ -204,11 +204,12 @@ def _min_us(fn: Callable[[], object], number: int = 2000, repeat: int = 15) -> f
 
 
 def construction_us(s: GpuSample) -> tuple[float, float]:
-    """What the sampler's ``make_gpu_sample`` and the dataclass's own constructor cost for sample
-    ``s``, both by keyword as the sampler builds it (the need for ``slot_constructor``)."""
-    by_name = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
-    assert make_gpu_sample(**by_name) == GpuSample(**by_name) == s
-    return _min_us(lambda: make_gpu_sample(**by_name)), _min_us(lambda: GpuSample(**by_name))
+    """What building sample ``s`` costs the sampler (``gpu_sample_from_fields``, from its fields by
+    name) and what the dataclass's own constructor would cost, by keyword too: the need for the
+    class switch in ``gpuwatt.model._slot_twin``."""
+    by_name = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "extra"}
+    assert gpu_sample_from_fields(by_name) == GpuSample(**by_name) == s
+    return _min_us(lambda: gpu_sample_from_fields(by_name)), _min_us(lambda: GpuSample(**by_name))
 
 
 def repr_us() -> float:

@@ -346,6 +346,8 @@ class NvmlSampler:
         self._read_static(g)
 
     def _sample_gpu(self, g: _Gpu, t_ns: int, mono_s: float, include_slow: bool) -> GpuSample:
+        """The GPU's sample: its fields gathered by name in ``values``, then built by keyword
+        (a field not measured keeps its default, None)."""
         values = g.identity.copy()
         values["time_ns"] = t_ns
         self._read(g, _TICK, values)
@@ -361,7 +363,21 @@ class NvmlSampler:
         gpm = g.gpm
         if gpm is not None:
             if gpm.read(g.handle, values):
-                self._estimate_tflops(g, values)
+                peaks = g.tflops_peaks
+                if peaks is not None:
+                    get = values.get
+                    tflops = tflops_from_pipes(
+                        peaks,
+                        get("sm_clock_mhz"),
+                        get("tensor_hmma_active_pct"),
+                        get("tensor_dfma_active_pct"),
+                        get("fp64_active_pct"),
+                        get("fp32_active_pct"),
+                        get("fp16_active_pct"),
+                    )
+                    if tflops is not None:
+                        values["tflops_estimate"] = tflops
+                        values["tflops_method"] = _GPM_METHOD
             elif gpm.refused:
                 gpm.close(self._log)
                 g.gpm = None
@@ -438,24 +454,6 @@ class NvmlSampler:
         if energy_j is not None:
             values["energy_j"] = energy_j
             values["energy_method"] = _INTEGRATED
-
-    def _estimate_tflops(self, g: _Gpu, values: dict[str, Any]) -> None:
-        peaks = g.tflops_peaks
-        if peaks is None:
-            return
-        get = values.get
-        tflops = tflops_from_pipes(
-            peaks,
-            get("sm_clock_mhz"),
-            get("tensor_hmma_active_pct"),
-            get("tensor_dfma_active_pct"),
-            get("fp64_active_pct"),
-            get("fp32_active_pct"),
-            get("fp16_active_pct"),
-        )
-        if tflops is not None:
-            values["tflops_estimate"] = tflops
-            values["tflops_method"] = _GPM_METHOD
 
 
 def _text(value: Any) -> str:
