@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from gpuwatt.collector.nvml_structs import struct_codec
-from gpuwatt.model import ProcessSample, make_process_sample
+from gpuwatt.model import ProcessSample
 
 _KIB = 1024.0
 _NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as unsigned long long
@@ -251,7 +251,7 @@ def processes(procs: Any) -> tuple[ProcessSample, ...]:
         used = p.usedGpuMemory
         if used is not None and (used == _NOT_AVAILABLE_ULL or used < 0):
             used = None
-        out.append(make_process_sample(int(p.pid), int(used) if used is not None else None))
+        out.append(ProcessSample(int(p.pid), int(used) if used is not None else None))
     return tuple(out)
 
 

@@ -389,9 +389,12 @@ class NvmlSampler:
             values["xid_errors"] = _drain(g.xids)
         return gpu_sample_from_fields(values)
 
-    def _read(self, g: _Gpu, table: int, values: dict[str, Any]) -> None:
-        """Ask each reader of the table's NVML call and store its value(s) in ``values``."""
-        for read, convert, field, query in g.readers[table]:
+    def _read(
+        self, g: _Gpu, table: int, values: dict[str, Any], rows: tuple[Reader, ...] | None = None
+    ) -> None:
+        """Ask each row of the GPU's ``table`` (or only ``rows`` of it) its NVML call, and store
+        the value(s) in ``values``."""
+        for read, convert, field, query in g.readers[table] if rows is None else rows:
             try:
                 answer = read()
             except self._errors as exc:
@@ -422,16 +425,7 @@ class NvmlSampler:
         )
         reader = bind(fallback, g.handle)
         g.readers[table] = tuple(reader if r[3] is query else r for r in g.readers[table])
-        read, convert, field, _query = reader
-        try:  # this tick's value, from the fallback
-            answer = read()
-        except self._errors as fallback_exc:
-            self._query_failed(g, table, fallback, fallback_exc, values)
-            return
-        if field is None:
-            convert(answer, values)
-        else:
-            values[field] = convert(answer)
+        self._read(g, table, values, (reader,))  # this tick's value, from the fallback
 
     def _energy_counter_failed(
         self, g: _Gpu, mono_s: float, values: dict[str, Any], exc: BaseException

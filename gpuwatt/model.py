@@ -122,9 +122,10 @@ def _slot_twin(cls: type) -> type | None:
     """A non-frozen twin of frozen slotted dataclass ``cls`` whose instances can become ``cls``.
 
     A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__`` (a global
-    lookup, an attribute lookup and a call per field): about 9 us for GpuSample's 51 fields on
-    the machines ``bench/collector_cost.py`` runs on, which alone would put the collector's own
-    cost per GPU-sample ~40 % above what it was (the bench prints both constructors' cost). The
+    lookup, an attribute lookup and a call per field): about 9 us for GpuSample's 51 fields,
+    against under 3 us this way (``bench/collector_cost.py`` prints both). Built by the
+    dataclass, the collector's own cost per GPU-sample measured ~1.6x what it was before the
+    sampler was split into its query table, ~1.2x built this way (issue 19 allows 1.3x). The
     twin has the same fields, defaults and ``__slots__`` (so the same memory layout) and a plain
     dataclass ``__init__`` (one slot store per field); its instance's class is then switched to
     ``cls``, which CPython allows between classes whose layouts and slot names are identical.
@@ -154,7 +155,6 @@ def _slot_twin(cls: type) -> type | None:
 
 
 _GPU_SAMPLE_TWIN = _slot_twin(GpuSample)
-_PROCESS_SAMPLE_TWIN = _slot_twin(ProcessSample)
 
 
 def make_gpu_sample(*args: Any, **kwargs: Any) -> GpuSample:
@@ -175,13 +175,3 @@ def gpu_sample_from_fields(values: dict[str, Any]) -> GpuSample:
     sample = _GPU_SAMPLE_TWIN(**values)
     sample.__class__ = GpuSample
     return cast(GpuSample, sample)
-
-
-def make_process_sample(pid: int, used_memory_bytes: int | None) -> ProcessSample:
-    """``ProcessSample(pid, used_memory_bytes)``, built as ``make_gpu_sample`` builds (the
-    collector builds one per compute process per GPU per tick)."""
-    if _PROCESS_SAMPLE_TWIN is None:
-        return ProcessSample(pid, used_memory_bytes)
-    sample = _PROCESS_SAMPLE_TWIN(pid, used_memory_bytes)
-    sample.__class__ = ProcessSample
-    return cast(ProcessSample, sample)

@@ -17,7 +17,6 @@ from gpuwatt.model import (
     _slot_twin,
     gpu_sample_from_fields,
     make_gpu_sample,
-    make_process_sample,
 )
 
 
@@ -86,13 +85,6 @@ def test_construction_by_keyword_leaves_the_rest_at_the_defaults() -> None:
                 "power_watts": 5.0,
             }
         )  # no such field
-
-
-def test_process_samples_are_the_dataclass() -> None:
-    fast = make_process_sample(42, None)
-    assert type(fast) is ProcessSample and fast == ProcessSample(42, None)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.pid = 43  # type: ignore[misc]
 
 
 def test_defaults_are_the_dataclass_defaults_and_extra_is_fresh() -> None:
