@@ -43,7 +43,7 @@ _GPM_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION; checked against the module
 
 
 class GpmReader:
-    """One GPU's GPM buffers and request. ``read()`` each tick, ``close()`` once.
+    """One GPU's GPM buffers and requests. ``read()`` each tick, ``close()`` once.
 
     The first snapshot (after opening, a failed snapshot or a lost GPU) gives no metrics: there
     is no interval yet. ``refused`` turns True when NVML refuses GPM for good on this GPU.
@@ -59,17 +59,26 @@ class GpmReader:
         self._off = off
         self._sample_get = nv.nvmlGpmSampleGet
         self._metrics_get = nv.nvmlGpmMetricsGet
-        # each buffer with its address: the request is written raw (see nvml_structs)
+        self._buffers = buffers
         first, second = buffers
-        self._prev: tuple[Any, Any] = (first, ctypes.cast(first, ctypes.c_void_p).value)
-        self._cur: tuple[Any, Any] = (second, ctypes.cast(second, ctypes.c_void_p).value)
+        first_at = ctypes.cast(first, ctypes.c_void_p).value
+        second_at = ctypes.cast(second, ctypes.c_void_p).value
         header, ids, results, _fill, _base = gpm_codecs(nv, _N_GPM)
-        request = nv.c_nvmlGpmMetricsGet_t()
-        request.version = _GPM_GET_VERSION
-        request.numMetrics = _N_GPM
-        ids.pack_into(request, 0, *(getattr(nv, const) for const, _attr, _scale in GPM_METRICS))
-        self._request = request
-        self._header = header
+        metric_ids = [getattr(nv, const) for const, _attr, _scale in GPM_METRICS]
+
+        def request(older_at: int | None, newer_at: int | None) -> Any:
+            get = nv.c_nvmlGpmMetricsGet_t()  # written raw, see nvml_structs
+            ids.pack_into(get, 0, *metric_ids)  # zeroes what lies before them: header last
+            header.pack_into(get, 0, _GPM_GET_VERSION, _N_GPM, older_at, newer_at)
+            return get
+
+        # The buffers take turns: each tick snapshots into one and asks for the metrics between
+        # the other (the previous tick's snapshot) and it, so each turn has its request ready.
+        self._turns = (
+            (second, request(first_at, second_at)),
+            (first, request(second_at, first_at)),
+        )
+        self._turn = 0
         self._results = results
         self.primed = False
         self.refused = False
@@ -77,20 +86,17 @@ class GpmReader:
     def read(self, handle: Any, values: dict[str, Any]) -> bool:
         """Store the GPM metrics since the previous ``read`` in ``values``; False if there are
         none (a metric NVML failed on alone is left out)."""
-        cur = self._cur
+        buffer, request = self._turns[self._turn]
         try:
-            self._sample_get(handle, cur[0])
+            self._sample_get(handle, buffer)
         except self._errors as exc:
             self.primed = False
             self.refused = self._policy.failed(self._index, self._off, "gpm", exc)
             return False
-        prev = self._prev
-        self._cur, self._prev = prev, cur
+        self._turn ^= 1
         if not self.primed:
             self.primed = True
             return False
-        request = self._request
-        self._header.pack_into(request, 0, _GPM_GET_VERSION, _N_GPM, prev[1], cur[1])
         try:
             self._metrics_get(request)
         except self._errors as exc:
@@ -110,7 +116,7 @@ class GpmReader:
 
     def close(self, log: logging.Logger) -> None:
         """Free both sample buffers (a failure is only logged)."""
-        for buf, _address in (self._prev, self._cur):
+        for buf in self._buffers:
             try:
                 self._nv.nvmlGpmSampleFree(buf)
             except self._errors as exc:

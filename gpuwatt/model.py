@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
-from typing import Any, cast
+from typing import Any
 
 
 class EnergyMethod(enum.StrEnum):
@@ -162,9 +162,9 @@ def make_gpu_sample(*args: Any, **kwargs: Any) -> GpuSample:
     the store's reads). See ``_slot_twin``."""
     if _GPU_SAMPLE_TWIN is None:
         return GpuSample(*args, **kwargs)
-    sample = _GPU_SAMPLE_TWIN(*args, **kwargs)
+    sample: Any = _GPU_SAMPLE_TWIN(*args, **kwargs)
     sample.__class__ = GpuSample
-    return cast(GpuSample, sample)
+    return sample
 
 
 def gpu_sample_from_fields(values: dict[str, Any]) -> GpuSample:
@@ -172,6 +172,6 @@ def gpu_sample_from_fields(values: dict[str, Any]) -> GpuSample:
     fields are gathered by name, and passing the dict on at once spares a second copy)."""
     if _GPU_SAMPLE_TWIN is None:
         return GpuSample(**values)
-    sample = _GPU_SAMPLE_TWIN(**values)
+    sample: Any = _GPU_SAMPLE_TWIN(**values)
     sample.__class__ = GpuSample
-    return cast(GpuSample, sample)
+    return sample

@@ -281,6 +281,21 @@ def test_gpm_metrics_and_tflops_on_h100(
     assert slow.tflops_estimate == pytest.approx(494.7 / 2)
 
 
+def test_each_gpm_figure_covers_the_interval_since_the_previous_tick(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    tick(cluster, clock, sampler)
+    for sm_pct in (10.0, 80.0, 35.0, 60.0, 5.0):  # the two GPM buffers take turns
+        s = tick(cluster, clock, sampler, activity=Activity(sm_active_pct=sm_pct))[0]
+        assert s.sm_active_pct == pytest.approx(sm_pct)
+    cluster.gpus[0].failing["nvmlGpmSampleGet"] = NV.NVML_ERROR_TIMEOUT  # a snapshot missed
+    assert tick(cluster, clock, sampler)[0].sm_active_pct is None
+    del cluster.gpus[0].failing["nvmlGpmSampleGet"]
+    assert tick(cluster, clock, sampler)[0].sm_active_pct is None  # no interval yet
+    s = tick(cluster, clock, sampler, activity=Activity(sm_active_pct=25.0))[0]
+    assert s.sm_active_pct == pytest.approx(25.0)
+
+
 def test_tensor_precision_chooses_the_peak(cluster: SimCluster, clock: Clock) -> None:
     with NvmlSampler(FakeNvml(cluster, HOST), HOST, tensor_precision="fp8", xid_events=False) as s:
         tick(cluster, clock, s)
