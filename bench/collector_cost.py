@@ -2,6 +2,12 @@
 
 Run: ``.venv/bin/python bench/collector_cost.py``
 
+Against an earlier commit (its own cost beside this tree's, the two run in turns, each run in a
+fresh process with its own tree on ``PYTHONPATH``, and the ratio of the medians)::
+
+    git worktree add /tmp/gpuwatt-base <commit>
+    .venv/bin/python bench/collector_cost.py --against /tmp/gpuwatt-base [--rounds 3]
+
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
 line-protocol encoding (``gpuwatt.schema.LineEncoder``), per GPU-sample, median of several runs;
@@ -25,9 +31,12 @@ avoid; this bench measures the Python work each tool adds on top.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 import types
@@ -348,5 +357,46 @@ def main() -> None:
     )
 
 
+_OWN_COST = re.compile(r"collector's own cost: ([0-9.]+) us")
+
+
+def own_cost_us(tree: Path) -> float:
+    """The own cost that ``tree``'s copy of this bench prints, run on ``tree``'s code."""
+    run = subprocess.run(
+        [sys.executable, str(tree / "bench" / "collector_cost.py")],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = _OWN_COST.search(run.stdout)
+    if found is None:
+        raise SystemExit(f"{tree}: no own-cost line in the bench's output:\n{run.stdout}")
+    return float(found.group(1))
+
+
+def compare(against: Path, rounds: int) -> None:
+    here = Path(__file__).resolve().parents[1]
+    if not (against / "bench" / "collector_cost.py").is_file():
+        raise SystemExit(f"{against}: not a gpuwatt checkout (no bench/collector_cost.py)")
+    theirs, ours = [], []
+    for i in range(rounds):
+        theirs.append(own_cost_us(against))
+        ours.append(own_cost_us(here))
+        print(f"round {i + 1}: {against} {theirs[-1]:.1f} us, this tree {ours[-1]:.1f} us")
+    before, now = statistics.median(theirs), statistics.median(ours)
+    print(
+        f"collector's own cost, median of {rounds} rounds: {now:.1f} us per GPU-sample here, "
+        f"{before:.1f} us in {against}: ratio {now / before:.2f}"
+    )
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--against", type=Path, help="a checkout of the commit to compare with")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each side, in turns")
+    args = ap.parse_args()
+    if args.against is None:
+        main()
+    else:
+        compare(args.against.resolve(), args.rounds)
