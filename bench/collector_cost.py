@@ -2,6 +2,12 @@
 
 Run: ``.venv/bin/python bench/collector_cost.py``
 
+Against an earlier commit (its own cost beside this tree's, the two run in turns, each run in a
+fresh process with its own tree on ``PYTHONPATH``, and the ratio of the medians)::
+
+    git worktree add /tmp/gpuwatt-base <commit>
+    .venv/bin/python bench/collector_cost.py --against /tmp/gpuwatt-base [--rounds 3]
+
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
 line-protocol encoding (``gpuwatt.schema.LineEncoder``), per GPU-sample, median of several runs;
@@ -25,9 +31,12 @@ avoid; this bench measures the Python work each tool adds on top.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 import types
@@ -45,7 +54,7 @@ from nvml_fixtures import Activity, make_cluster, run_all
 from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
-from gpuwatt.model import GpuSample, make_gpu_sample
+from gpuwatt.model import GpuSample, gpu_sample_from_fields
 from gpuwatt.schema import LineEncoder
 
 HOST = "node-1"
@@ -82,7 +91,7 @@ class CollectorCost:
     sampling_us: float  # medians over runs of each phase
     encoding_us: float
     construction_us: float  # GpuSample construction alone (part of sampling), min of repeats
-    keyword_construction_us: float  # the same sample built with GpuSample(**fields)
+    keyword_construction_us: float  # the same sample built by GpuSample(**fields)
 
 
 def collector_us_per_gpu(include_slow: bool) -> CollectorCost:
@@ -204,11 +213,12 @@ def _min_us(fn: Callable[[], object], number: int = 2000, repeat: int = 15) -> f
 
 
 def construction_us(s: GpuSample) -> tuple[float, float]:
-    """What the sampler's ``make_gpu_sample`` and the keyword constructor cost for sample ``s``."""
-    values = [getattr(s, f.name) for f in dataclasses.fields(s)]
-    by_name = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
-    assert make_gpu_sample(*values) == GpuSample(**by_name) == s
-    return _min_us(lambda: make_gpu_sample(*values)), _min_us(lambda: GpuSample(**by_name))
+    """What building sample ``s`` costs the sampler (``gpu_sample_from_fields``, from its fields by
+    name) and what the dataclass's own constructor would cost, by keyword too: the need for the
+    class switch in ``gpuwatt.model._slot_twin``."""
+    by_name = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "extra"}
+    assert gpu_sample_from_fields(by_name) == GpuSample(**by_name) == s
+    return _min_us(lambda: gpu_sample_from_fields(by_name)), _min_us(lambda: GpuSample(**by_name))
 
 
 def repr_us() -> float:
@@ -298,7 +308,7 @@ def main() -> None:
     )
     print(
         f"  breakdown: sampling {fast.sampling_us:.1f} us (of which GpuSample construction "
-        f"{fast.construction_us:.1f} us; keyword constructor would be "
+        f"{fast.construction_us:.1f} us; the dataclass's own constructor would be "
         f"{fast.keyword_construction_us:.1f} us) + encoding {fast.encoding_us:.1f} us"
     )
     print(
@@ -347,5 +357,46 @@ def main() -> None:
     )
 
 
+_OWN_COST = re.compile(r"collector's own cost: ([0-9.]+) us")
+
+
+def own_cost_us(tree: Path) -> float:
+    """The own cost that ``tree``'s copy of this bench prints, run on ``tree``'s code."""
+    run = subprocess.run(
+        [sys.executable, str(tree / "bench" / "collector_cost.py")],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = _OWN_COST.search(run.stdout)
+    if found is None:
+        raise SystemExit(f"{tree}: no own-cost line in the bench's output:\n{run.stdout}")
+    return float(found.group(1))
+
+
+def compare(against: Path, rounds: int) -> None:
+    here = Path(__file__).resolve().parents[1]
+    if not (against / "bench" / "collector_cost.py").is_file():
+        raise SystemExit(f"{against}: not a gpuwatt checkout (no bench/collector_cost.py)")
+    theirs, ours = [], []
+    for i in range(rounds):
+        theirs.append(own_cost_us(against))
+        ours.append(own_cost_us(here))
+        print(f"round {i + 1}: {against} {theirs[-1]:.1f} us, this tree {ours[-1]:.1f} us")
+    before, now = statistics.median(theirs), statistics.median(ours)
+    print(
+        f"collector's own cost, median of {rounds} rounds: {now:.1f} us per GPU-sample here, "
+        f"{before:.1f} us in {against}: ratio {now / before:.2f}"
+    )
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--against", type=Path, help="a checkout of the commit to compare with")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each side, in turns")
+    args = ap.parse_args()
+    if args.against is None:
+        main()
+    else:
+        compare(args.against.resolve(), args.rounds)

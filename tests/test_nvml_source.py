@@ -23,7 +23,8 @@ from nvml_fixtures import (
     scenario_unknown_error_one_gpu,
 )
 
-from gpuwatt.collector.nvml_source import _SAMPLE_FIELDS, NvmlSampler
+from gpuwatt.collector.nvml_fields import FieldQuery, pcie_queries, slow_queries, tick_queries
+from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
 from gpuwatt.gpu_specs import SPECS
@@ -120,7 +121,8 @@ def test_pcie_kib_per_s_become_bytes_per_s_on_a_gpu_without_gpm(clock: Clock) ->
 def test_process_list_with_pids_and_unknown_memory(
     cluster: SimCluster, clock: Clock, sampler: NvmlSampler
 ) -> None:
-    cluster.gpus[2].processes = [(4242, 3 * 1024**3), (4343, None)]
+    # -1: the fake answers NVML_VALUE_NOT_AVAILABLE (pynvml: usedGpuMemory None) for it
+    cluster.gpus[2].processes = [(4242, 3 * 1024**3), (4343, -1)]
     samples = tick(cluster, clock, sampler)
     procs = samples[2].processes
     assert procs is not None
@@ -203,10 +205,14 @@ def test_a_gpu_lost_at_open_is_reported_lost_and_the_rest_are_sampled(clock: Clo
 def test_energy_counter_reset_never_decreases_energy(
     cluster: SimCluster, clock: Clock, sampler: NvmlSampler
 ) -> None:
-    energies = [tick(cluster, clock, sampler)[0].energy_j for _ in range(3)]
+    def energy_j() -> float:
+        e = tick(cluster, clock, sampler)[0].energy_j
+        assert e is not None
+        return e
+
+    energies = [energy_j() for _ in range(3)]
     cluster.gpus[0].energy_mj = 0  # driver reload: the counter restarts
-    energies += [tick(cluster, clock, sampler)[0].energy_j for _ in range(3)]
-    assert all(e is not None for e in energies)
+    energies += [energy_j() for _ in range(3)]
     assert energies == sorted(energies)
     # the counter restarted from 0 and then counted 1 s at 500 W: nothing lost, nothing doubled
     assert energies[3] == pytest.approx(energies[2] + 500.0)
@@ -273,6 +279,21 @@ def test_gpm_metrics_and_tflops_on_h100(
     # at a throttled clock the estimate scales with it
     slow = tick(cluster, clock, sampler, activity=Activity(sm_clock_mhz=990.0))[0]
     assert slow.tflops_estimate == pytest.approx(494.7 / 2)
+
+
+def test_each_gpm_figure_covers_the_interval_since_the_previous_tick(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    tick(cluster, clock, sampler)
+    for sm_pct in (10.0, 80.0, 35.0, 60.0, 5.0):  # the two GPM buffers take turns
+        s = tick(cluster, clock, sampler, activity=Activity(sm_active_pct=sm_pct))[0]
+        assert s.sm_active_pct == pytest.approx(sm_pct)
+    cluster.gpus[0].failing["nvmlGpmSampleGet"] = NV.NVML_ERROR_TIMEOUT  # a snapshot missed
+    assert tick(cluster, clock, sampler)[0].sm_active_pct is None
+    del cluster.gpus[0].failing["nvmlGpmSampleGet"]
+    assert tick(cluster, clock, sampler)[0].sm_active_pct is None  # no interval yet
+    s = tick(cluster, clock, sampler, activity=Activity(sm_active_pct=25.0))[0]
+    assert s.sm_active_pct == pytest.approx(25.0)
 
 
 def test_tensor_precision_chooses_the_peak(cluster: SimCluster, clock: Clock) -> None:
@@ -386,11 +407,54 @@ def test_fake_gpm_request_answers_like_nvml() -> None:
     assert unknown == (9999, unsupported, 0.0)
 
 
-def test_every_sample_field_the_hot_path_leaves_out_has_a_default() -> None:
-    names = [f.name for f in dataclasses.fields(GpuSample)]
-    assert tuple(names[: len(_SAMPLE_FIELDS)]) == _SAMPLE_FIELDS
-    for f in dataclasses.fields(GpuSample)[len(_SAMPLE_FIELDS) :]:
-        assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+def test_a_field_refused_for_good_is_not_asked_again(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    scenario_no_fan(cluster)
+    first = tick(cluster, clock, sampler)[0]
+    assert first.fan_speed_pct is None
+    assert first.processes == ()  # the row after it was still asked in that tick
+    cluster.gpus[0].unsupported.clear()  # NVML would answer now, but is not asked
+    assert tick(cluster, clock, sampler)[0].fan_speed_pct is None
+
+
+def test_clock_reasons_fall_back_to_the_old_name_at_once(clock: Clock) -> None:
+    cluster = make_cluster(1)
+    g = cluster.gpus[0]
+    g.clock_event_reasons = 0x4
+    g.failing["nvmlDeviceGetCurrentClocksEventReasons"] = NV.NVML_ERROR_FUNCTION_NOT_FOUND
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, xid_events=False) as s:
+        assert tick(cluster, clock, s)[0].clock_event_reasons == 0x4
+        assert tick(cluster, clock, s)[0].clock_event_reasons == 0x4
+        assert s.unsupported_fields() == {}  # the old call gives the same field: nothing lost
+
+
+def test_gpm_refused_for_good_gives_way_to_pcie_throughput_in_the_same_tick(
+    clock: Clock,
+) -> None:
+    cluster = make_cluster(1)
+    g = cluster.gpus[0]
+    g.pcie_tx_kib_per_s = 1000.0
+    with NvmlSampler(FakeNvml(cluster, HOST), HOST, xid_events=False) as s:
+        tick(cluster, clock, s)
+        assert tick(cluster, clock, s)[0].tflops_estimate is not None
+        g.unsupported.add("nvmlGpmSampleGet")
+        sample = tick(cluster, clock, s)[0]
+        assert sample.tflops_estimate is None and sample.sm_active_pct is None
+        assert sample.pcie_tx_bytes_per_s == 1000.0 * 1024
+        assert s.unsupported_fields()["gpu0/gpm"] == "NVMLError_NotSupported"
+        assert tick(cluster, clock, s)[0].pcie_tx_bytes_per_s == 1000.0 * 1024
+
+
+def test_every_field_the_query_tables_fill_is_a_sample_field() -> None:
+    names = {f.name for f in dataclasses.fields(GpuSample)}
+    rows: list[FieldQuery] = [*tick_queries(NV), *pcie_queries(NV), *slow_queries(NV)]
+    while rows:
+        row = rows.pop()
+        assert row.field is None or row.field in names, row
+        assert set(row.lacks) <= names, row
+        if row.fallback is not None:
+            rows.append(row.fallback)
 
 
 # --- slow cadence and XIDs ---------------------------------------------------------------------

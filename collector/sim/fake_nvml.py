@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from gpuwatt.collector.nvml import real_module
-from gpuwatt.collector.nvml_source import gpm_codecs, struct_codec
+from gpuwatt.collector.nvml_structs import gpm_codecs, struct_codec
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState
 
 _NV = real_module()
@@ -117,49 +117,26 @@ def _address(ptr: Any) -> int:
     return ctypes.cast(ptr, _VOID_P).value or 0
 
 
-#: metric ids of a request -> function(first snapshot, second snapshot, dt_s) -> the
-#: (metricId, nvmlReturn, value) of each metric, in request order
-_GPM_RESULTS: dict[tuple[int, ...], Any] = {}
-
-
-def _gpm_results(ids: tuple[int, ...]) -> Any:
-    """Compile, for one list of metric ids, what ``nvmlGpmMetricsGet`` computes for them.
-
-    Straight-line arithmetic over the two snapshots (NVML does this in C; a per-metric Python
-    loop here would make the fake, not the sampler, dominate the collector's cost benchmark).
-    """
-    fn = _GPM_RESULTS.get(ids)
-    if fn is not None:
-        return fn
-    ok, no_data = _NV.NVML_SUCCESS, _NV.NVML_ERROR_NO_DATA
-    unsupported = _NV.NVML_ERROR_NOT_SUPPORTED
-    computed, empty = [], []  # the results when time has passed / when it has not
+def _gpm_results(ids: tuple[int, ...], a: tuple[float, ...], b: tuple[float, ...]) -> list[Any]:
+    """What ``nvmlGpmMetricsGet`` computes for metric ``ids`` between snapshots ``a`` and ``b``:
+    the (metricId, nvmlReturn, value) of each metric, flat, in request order."""
+    dt_s = b[0] - a[0]
+    out: list[Any] = []
     for metric_id in ids:
         how = _GPM_METRICS.get(metric_id)
         if how is None:
-            computed.append(f"{metric_id}, {unsupported}, 0.0")
-            empty.append(f"{metric_id}, {unsupported}, 0.0")
+            out += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
             continue
         pos, kind = how
-        if kind == _PCT:
-            value = f"(b[{pos}] - a[{pos}]) / dt_s * 100.0"
+        if dt_s == 0:
+            out += (metric_id, _NV.NVML_ERROR_NO_DATA, 0.0)
+        elif kind == _PCT:
+            out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
         elif kind == _BYTES_RATE:
-            value = f"(b[{pos}] - a[{pos}]) / dt_s / {_MIB}"
-        else:
-            value = f"(b[{pos}] + a[{pos}]) / 2.0 / 1024.0"
-        computed.append(f"{metric_id}, {ok}, {value}")
-        empty.append(f"{metric_id}, {no_data}, 0.0")
-    source = (
-        "def results(a, b, dt_s):\n"
-        f"    if dt_s == 0:\n        return ({''.join(e + ', ' for e in empty)})\n"
-        f"    return ({''.join(c + ', ' for c in computed)})\n"
-    )
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<fake nvmlGpmMetricsGet>", "exec"), namespace)
-    fn = namespace["results"]
-    if len(_GPM_RESULTS) < 256:
-        _GPM_RESULTS[ids] = fn
-    return fn
+            out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s / _MIB)
+        else:  # NVML reports PCIe throughput as the mean of the two samples, in MiB/s
+            out += (metric_id, _NV.NVML_SUCCESS, (b[pos] + a[pos]) / 2.0 / 1024.0)
+    return out
 
 
 def _fake_pointer(ptr_type: Any) -> Any:
@@ -436,15 +413,14 @@ class FakeNvml:
         second = self._gpm_snapshots.get(second_addr)
         if first is None or second is None or not 0 <= count <= _NV.NVML_GPM_METRIC_MAX:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
-        dt_s = second[0] - first[0]
-        if dt_s < 0:
+        if second[0] < first[0]:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         codecs = _GPM_CODECS.get(count)
         if codecs is None:
             full = gpm_codecs(_NV, count)
             codecs = _GPM_CODECS[count] = (full.ids, full.fill, full.metrics_offset)
         ids_codec, fill_codec, offset = codecs
-        results = _gpm_results(ids_codec.unpack_from(metricsGet))(first, second, dt_s)
+        results = _gpm_results(ids_codec.unpack_from(metricsGet), first, second)
         fill_codec.pack_into(metricsGet, offset, *results)  # metricInfo left NULL
         return metricsGet
 

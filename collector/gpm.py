@@ -1,0 +1,155 @@
+"""GPM (GPU Performance Monitoring, Hopper and newer): one GPU's metrics between two ticks.
+
+NVML computes GPM metrics from two snapshots of the GPU's counters. Each GPU gets two sample
+buffers used in turn (this tick's snapshot, the previous tick's) and one metrics request that is
+filled in place every tick with ``nvml_structs`` codecs (no per-field ctypes access).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+from gpuwatt.collector.nvml_errors import ErrorPolicy
+from gpuwatt.collector.nvml_structs import gpm_codecs
+
+_MIB = 1024.0 * 1024.0
+
+#: GPM metrics the sampler asks for, in order: (NVML constant name, GpuSample attribute, scale).
+GPM_METRICS: tuple[tuple[str, str, float], ...] = (
+    ("NVML_GPM_METRIC_SM_UTIL", "sm_active_pct", 1.0),
+    ("NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy_pct", 1.0),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "tensor_active_pct", 1.0),
+    ("NVML_GPM_METRIC_HMMA_TENSOR_UTIL", "tensor_hmma_active_pct", 1.0),
+    ("NVML_GPM_METRIC_IMMA_TENSOR_UTIL", "tensor_imma_active_pct", 1.0),
+    ("NVML_GPM_METRIC_DFMA_TENSOR_UTIL", "tensor_dfma_active_pct", 1.0),
+    ("NVML_GPM_METRIC_FP64_UTIL", "fp64_active_pct", 1.0),
+    ("NVML_GPM_METRIC_FP32_UTIL", "fp32_active_pct", 1.0),
+    ("NVML_GPM_METRIC_FP16_UTIL", "fp16_active_pct", 1.0),
+    ("NVML_GPM_METRIC_DRAM_BW_UTIL", "dram_active_pct", 1.0),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", "nvlink_rx_bytes_per_s", _MIB),
+    ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "nvlink_tx_bytes_per_s", _MIB),
+    ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", "pcie_tx_bytes_per_s", _MIB),
+    ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "pcie_rx_bytes_per_s", _MIB),
+)
+GPM_FIELDS: tuple[str, ...] = tuple(attr for _const, attr, _scale in GPM_METRICS)
+_N_GPM = len(GPM_METRICS)
+_SCALES: tuple[float, ...] = tuple(scale for _const, _attr, scale in GPM_METRICS)
+_SCALED: tuple[tuple[str, float], ...] = tuple(
+    (attr, scale) for _const, attr, scale in GPM_METRICS if scale != 1.0
+)
+_GPM_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION; checked against the module in open_gpm()
+
+
+class GpmReader:
+    """One GPU's GPM buffers and requests. ``read()`` each tick, ``close()`` once.
+
+    The first snapshot (after opening, a failed snapshot or a lost GPU) gives no metrics: there
+    is no interval yet. ``refused`` turns True when NVML refuses GPM for good on this GPU.
+    """
+
+    def __init__(
+        self, nv: Any, policy: ErrorPolicy, index: int, off: set[str], buffers: tuple[Any, Any]
+    ) -> None:
+        self._nv = nv
+        self._policy = policy
+        self._errors = policy.errors
+        self._index = index
+        self._off = off
+        self._sample_get = nv.nvmlGpmSampleGet
+        self._metrics_get = nv.nvmlGpmMetricsGet
+        self._buffers = buffers
+        first, second = buffers
+        first_at = ctypes.cast(first, ctypes.c_void_p).value
+        second_at = ctypes.cast(second, ctypes.c_void_p).value
+        header, ids, results, _fill, _base = gpm_codecs(nv, _N_GPM)
+        metric_ids = [getattr(nv, const) for const, _attr, _scale in GPM_METRICS]
+
+        def request(older_at: int | None, newer_at: int | None) -> Any:
+            get = nv.c_nvmlGpmMetricsGet_t()  # written raw, see nvml_structs
+            ids.pack_into(get, 0, *metric_ids)  # zeroes what lies before them: header last
+            header.pack_into(get, 0, _GPM_GET_VERSION, _N_GPM, older_at, newer_at)
+            return get
+
+        # The buffers take turns: each tick snapshots into one and asks for the metrics between
+        # the other (the previous tick's snapshot) and it, so each turn has its request ready.
+        self._turns = (
+            (second, request(first_at, second_at)),
+            (first, request(second_at, first_at)),
+        )
+        self._turn = 0
+        self._results = results
+        self.primed = False
+        self.refused = False
+
+    def read(self, handle: Any, values: dict[str, Any]) -> bool:
+        """Store the GPM metrics since the previous ``read`` in ``values``; False if there are
+        none (a metric NVML failed on alone is left out)."""
+        buffer, request = self._turns[self._turn]
+        try:
+            self._sample_get(handle, buffer)
+        except self._errors as exc:
+            self.primed = False
+            self.refused = self._policy.failed(self._index, self._off, "gpm", exc)
+            return False
+        self._turn ^= 1
+        if not self.primed:
+            self.primed = True
+            return False
+        try:
+            self._metrics_get(request)
+        except self._errors as exc:
+            self._policy.failed(self._index, self._off, "gpm_metrics", exc)
+            return False
+        raw = self._results.unpack_from(request)  # (nvmlReturn, value) per metric
+        if any(raw[0::2]):  # some metric failed: it alone is left out
+            for i, (name, scale) in enumerate(zip(GPM_FIELDS, _SCALES, strict=True)):
+                if not raw[2 * i]:
+                    values[name] = raw[2 * i + 1] * scale
+        else:
+            # the lengths match by construction; strict=True would cost ~0.4 us per GPU-sample
+            values.update(zip(GPM_FIELDS, raw[1::2], strict=False))
+            for name, scale in _SCALED:
+                values[name] *= scale
+        return True
+
+    def close(self, log: logging.Logger) -> None:
+        """Free both sample buffers (a failure is only logged)."""
+        for buf in self._buffers:
+            try:
+                self._nv.nvmlGpmSampleFree(buf)
+            except self._errors as exc:
+                log.debug("GPU %d: nvmlGpmSampleFree failed (%s)", self._index, exc)
+
+
+def open_gpm(
+    nv: Any, policy: ErrorPolicy, index: int, off: set[str], handle: Any
+) -> GpmReader | None:
+    """A ``GpmReader`` for the GPU if NVML offers GPM on it, else None (and why is recorded)."""
+    query = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
+    if query is None or getattr(nv, "nvmlGpmSampleGet", None) is None:
+        return None
+    if getattr(nv, "NVML_GPM_METRICS_GET_VERSION", None) != _GPM_GET_VERSION:
+        policy.unsupported.setdefault(f"gpu{index}/gpm", "unknown GPM request version")
+        return None
+    if "gpm" in off:
+        return None
+    try:
+        support = query(handle)
+    except policy.errors as exc:
+        policy.failed(index, off, "gpm", exc)
+        return None
+    if not support.isSupportedDevice:
+        policy.unsupported.setdefault(f"gpu{index}/gpm", "not a GPM device")
+        return None
+    buffers: list[Any] = []
+    try:
+        while len(buffers) < 2:
+            buffers.append(nv.nvmlGpmSampleAlloc())
+    except policy.errors as exc:
+        for buf in buffers:  # the first may have been allocated
+            nv.nvmlGpmSampleFree(buf)
+        policy.failed(index, off, "gpm", exc)
+        return None
+    return GpmReader(nv, policy, index, off, (buffers[0], buffers[1]))
