@@ -8,7 +8,9 @@ the dashboard's default view reads: every analysis field of the whole range at 1
 through ``open_store("victoriametrics://...?source=dcgm").series`` (PromQL ``avg_over_time`` /
 ``last_over_time`` per metric, in parallel), against the naive way: the raw samples read and
 bucketed client-side. Each read is repeated; the first (cold) and the median of the rest are
-printed with the ratio.
+printed with the ratio. Then the dashboard's data layer as a page callback runs it (read and
+analysis of the range, cold), on VictoriaMetrics and on the embedded store holding the same
+samples, side by side.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +33,10 @@ from storage import big_scenario  # noqa: E402
 from gpuwatt.analytics import ANALYSIS_FIELDS  # noqa: E402
 from gpuwatt.collector.sim.scenario import load_scenario_text  # noqa: E402
 from gpuwatt.collector.sim.source import SimulatedClusterSource  # noqa: E402
+from gpuwatt.dashboard.data import DashboardData  # noqa: E402
+from gpuwatt.dashboard.timerange import parse_range  # noqa: E402
 from gpuwatt.store import LAST_VALUE_ATTRS, open_store  # noqa: E402
+from gpuwatt.store.sqlite import SqliteStore  # noqa: E402
 
 NS = 1_000_000_000
 
@@ -93,6 +99,29 @@ def main() -> None:
                   f"median {results[name][1] * 1000:8.0f} ms")  # fmt: skip
         (_, fast), (_, slow) = results.values()
         print(f"ratio: the raw read takes {slow / fast:.1f}x the engine-bucketed read")
+        print("\nthe dashboard's default view, cold (read + analysis, a new data layer each time):")
+        with tempfile.TemporaryDirectory() as tmp:
+            sqlite = SqliteStore(Path(tmp) / "same.db")
+            for i in range(0, len(samples), 4096):
+                sqlite.write_samples(samples[i : i + 4096])
+            sqlite.flush_rollups()
+            views = {}
+            for name, store in (("VictoriaMetrics", open_store(url)), ("embedded SQLite", sqlite)):
+                times = []
+                for _ in range(args.repeat):
+                    data = DashboardData(store, clock_ns=lambda: end)
+                    tr, _ = parse_range({"from": str(start // NS), "to": str(end // NS)}, end)
+                    t = time.perf_counter()
+                    view = data.window(tr)
+                    times.append(time.perf_counter() - t)
+                    data.close()
+                views[name] = statistics.median(times)
+                found = sorted((s.host, s.gpu_index) for s in view.stragglers)
+                print(f"{name:<26} median {views[name] * 1000:8.0f} ms  "
+                      f"(p100 {max(times) * 1000:.0f} ms; stragglers {found})")  # fmt: skip
+                store.close()
+        vm, embedded = views.values()
+        print(f"ratio: VictoriaMetrics takes {vm / embedded:.1f}x the embedded store")
     finally:
         server.cleanup()
 
