@@ -11,6 +11,8 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuwatt.private_files import private_file
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
   fingerprint TEXT PRIMARY KEY,
@@ -73,7 +75,8 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox(state, next_attempt_ns);
 
 
 def open_db(path: str | Path) -> sqlite3.Connection:
-    """Open (creating) the alert database; WAL so the dashboard can read it while we write."""
+    """Open (creating, 0600) the alert database; WAL so the dashboard can read it as we write."""
+    private_file(path)
     con = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")

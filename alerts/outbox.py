@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuwatt.alerts.clock import NS_PER_S
-from gpuwatt.alerts.notify.base import Channel, Delivered, Notification, Rejected, RetryLater
+from gpuwatt.alerts.notify.base import (
+    Channel,
+    Delivered,
+    DeliveryResult,
+    Notification,
+    Rejected,
+    RetryLater,
+)
 
 log = logging.getLogger("gpuwatt.alerts.outbox")
 
@@ -89,46 +96,52 @@ class Outbox:
         return t
 
     def deliver_due(self, channels: Mapping[str, Channel], now_ns: int) -> DeliveryReport:
-        """Try every due message once. Call it from the scheduler, or from a test."""
+        """Try every due message once, one after another (tests, ``alerts test``). The running
+        evaluator sends through one worker per channel instead (``ChannelWorkers``)."""
         report = DeliveryReport()
         for e in self.due(now_ns):
             channel = channels.get(e.channel)
             if channel is None:
-                self._finish(e, FAILED, f"no channel named {e.channel!r} is configured", now_ns)
-                report.failed += 1
+                self.record_missing_channel(e, now_ns, report)
                 continue
-            result = channel.send(e.notification)
-            attempts = e.attempts + 1
-            if isinstance(result, Delivered):
-                self._finish(e, SENT, "", now_ns, attempts)
-                report.sent += 1
-            elif isinstance(result, Rejected):
-                log.error("%s: notification %d rejected: %s", e.channel, e.id, result.reason)
-                self._finish(e, FAILED, f"rejected: {result.reason}", now_ns, attempts)
-                report.failed += 1
-            else:
-                assert isinstance(result, RetryLater)
-                age_s = (now_ns - e.created_ns) / NS_PER_S
-                if age_s >= self.policy.max_age_s:
-                    reason = f"gave up after {attempts} attempts: {result.reason}"
-                    log.error("%s: notification %d: %s", e.channel, e.id, reason)
-                    self._finish(e, FAILED, reason, now_ns, attempts)
-                    report.failed += 1
-                    continue
-                wait_s = (
-                    result.after_s
-                    if result.after_s is not None
-                    else (self.policy.backoff_s(attempts))
-                )
-                log.warning("%s: notification %d: %s; retry in %.0f s", e.channel, e.id,
-                            result.reason, wait_s)  # fmt: skip
-                self._con.execute(
-                    "UPDATE outbox SET attempts = ?, next_attempt_ns = ?, last_error = ? "
-                    "WHERE id = ?",
-                    (attempts, now_ns + round(wait_s * NS_PER_S), result.reason, e.id),
-                )
-                report.retrying += 1
+            self.record(e, send_isolated(channel, e.notification), now_ns, report)
         return report
+
+    def record_missing_channel(self, e: OutboxEntry, now_ns: int, report: DeliveryReport) -> None:
+        self._finish(e, FAILED, f"no channel named {e.channel!r} is configured", now_ns)
+        report.failed += 1
+
+    def record(
+        self, e: OutboxEntry, result: DeliveryResult, now_ns: int, report: DeliveryReport
+    ) -> None:
+        """Record one attempt's result: sent, failed for good, or due again after a back-off."""
+        attempts = e.attempts + 1
+        if isinstance(result, Delivered):
+            self._finish(e, SENT, "", now_ns, attempts)
+            report.sent += 1
+        elif isinstance(result, Rejected):
+            log.error("%s: notification %d rejected: %s", e.channel, e.id, result.reason)
+            self._finish(e, FAILED, f"rejected: {result.reason}", now_ns, attempts)
+            report.failed += 1
+        else:
+            assert isinstance(result, RetryLater)
+            age_s = (now_ns - e.created_ns) / NS_PER_S
+            if age_s >= self.policy.max_age_s:
+                reason = f"gave up after {attempts} attempts: {result.reason}"
+                log.error("%s: notification %d: %s", e.channel, e.id, reason)
+                self._finish(e, FAILED, reason, now_ns, attempts)
+                report.failed += 1
+                return
+            wait_s = (
+                result.after_s if result.after_s is not None else self.policy.backoff_s(attempts)
+            )
+            log.warning("%s: notification %d: %s; retry in %.0f s", e.channel, e.id,
+                        result.reason, wait_s)  # fmt: skip
+            self._con.execute(
+                "UPDATE outbox SET attempts = ?, next_attempt_ns = ?, last_error = ? WHERE id = ?",
+                (attempts, now_ns + round(wait_s * NS_PER_S), result.reason, e.id),
+            )
+            report.retrying += 1
 
     def _finish(
         self, e: OutboxEntry, state: str, error: str, now_ns: int, attempts: int | None = None
@@ -140,6 +153,16 @@ class Outbox:
 
 
 _COLS = "id, channel, payload, state, attempts, next_attempt_ns, last_error, created_ns, done_ns"
+
+
+def send_isolated(channel: Channel, n: Notification) -> DeliveryResult:
+    """``channel.send``, with any exception it raises (a broken setting, a library bug) turned into
+    a retry with that error recorded: one bad message or channel never stops the others."""
+    try:
+        return channel.send(n)
+    except Exception as exc:
+        log.exception("%s: sending raised %s", channel.name, type(exc).__name__)
+        return RetryLater(f"{type(exc).__name__}: {exc}"[:500])
 
 
 def _entry(r: tuple) -> OutboxEntry:  # type: ignore[type-arg]

@@ -149,7 +149,14 @@ class Evaluator:
             out[fp] = a
         return out
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Guards this evaluator's database connection (evaluation and delivery records)."""
+        return self._lock
+
     def deliver(self) -> DeliveryReport:
+        """Send every due message now, one after another (tests; the running evaluator sends
+        from one thread per channel, see ``run``)."""
         with self._lock:
             return self.outbox.deliver_due(self.channels, self.clock.now_ns())
 
@@ -168,13 +175,23 @@ def run(
     evaluation_interval_s: float,
     stop: threading.Event,
     deliver_interval_s: float = 1.0,
+    shutdown_wait_s: float = 10.0,
 ) -> None:
-    """Run until ``stop`` is set (SIGTERM/SIGINT in the CLI)."""
+    """Run until ``stop`` is set (SIGTERM/SIGINT in the CLI).
+
+    Evaluation and delivery run on separate scheduler executors, and every channel sends from its
+    own thread (``ChannelWorkers``): a channel that hangs or fails delays only its own messages.
+    """
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.schedulers.background import BackgroundScheduler
 
+    from gpuwatt.alerts.dispatch import ChannelWorkers
+
+    workers = ChannelWorkers(
+        evaluator.outbox, evaluator.channels, evaluator.lock, evaluator.clock.now_ns
+    )
     scheduler = BackgroundScheduler(
-        executors={"default": ThreadPoolExecutor(1)},
+        executors={"default": ThreadPoolExecutor(1), "delivery": ThreadPoolExecutor(1)},
         job_defaults={"coalesce": True, "max_instances": 1},
         timezone="UTC",
     )
@@ -183,11 +200,12 @@ def run(
         misfire_grace_time=max(1, int(evaluation_interval_s)),
     )  # fmt: skip
     scheduler.add_job(
-        evaluator.deliver, "interval", seconds=deliver_interval_s, id="deliver",
-        misfire_grace_time=max(1, int(deliver_interval_s)),
+        workers.dispatch, "interval", seconds=deliver_interval_s, id="deliver",
+        executor="delivery", misfire_grace_time=max(1, int(deliver_interval_s)),
     )  # fmt: skip
     scheduler.start()
     try:
         stop.wait()
     finally:
         scheduler.shutdown(wait=True)
+        workers.join(shutdown_wait_s)

@@ -7,6 +7,7 @@ and the channel renders it at delivery time (so the exact payload is a pure func
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -106,6 +107,14 @@ class ChannelOptions:
 
 
 # --- text -----------------------------------------------------------------------------------------
+
+
+def checked_timeout_s(timeout_s: float) -> float:
+    """``timeout_s`` if it is a usable network timeout; else ValueError naming it. Checked before
+    any socket exists (smtplib leaks the socket it made when ``settimeout`` then refuses)."""
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s={timeout_s!r} is not a positive number of seconds")
+    return float(timeout_s)
 
 
 def shorten(text: str, limit: int, ellipsis: str = "…") -> str:

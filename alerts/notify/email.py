@@ -22,6 +22,7 @@ from gpuwatt.alerts.notify.base import (
     Rejected,
     RetryLater,
     body_lines,
+    checked_timeout_s,
     fmt_time,
     shorten,
     title,
@@ -113,15 +114,16 @@ class EmailChannel:
         return ssl.create_default_context(cafile=self.ca_file)
 
     def send(self, notification: Notification) -> DeliveryResult:
+        timeout_s = checked_timeout_s(self.timeout_s)
         msg = render(notification, self.sender, self.recipients, self.max_listed)
         where = f"smtp {self.host}:{self.port}"
         try:
             if self.security == TLS:
                 client: smtplib.SMTP = smtplib.SMTP_SSL(
-                    self.host, self.port, timeout=self.timeout_s, context=self._context()
+                    self.host, self.port, timeout=timeout_s, context=self._context()
                 )
             else:
-                client = smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
+                client = smtplib.SMTP(self.host, self.port, timeout=timeout_s)
             with client:
                 if self.security == STARTTLS:
                     client.starttls(context=self._context())

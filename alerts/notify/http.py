@@ -13,7 +13,13 @@ from email.message import Message
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuwatt.alerts.notify.base import Delivered, DeliveryResult, Rejected, RetryLater
+from gpuwatt.alerts.notify.base import (
+    Delivered,
+    DeliveryResult,
+    Rejected,
+    RetryLater,
+    checked_timeout_s,
+)
 
 MAX_BODY_SHOWN = 200
 RETRY_AFTER_MAX_S = 3600.0
@@ -46,6 +52,7 @@ def post_json(
     headers: dict[str, str] | None = None,
     ok_body: str | None = None,
 ) -> DeliveryResult:
+    timeout_s = checked_timeout_s(timeout_s)
     data = json.dumps(body, ensure_ascii=False).encode("utf-8")
     req = urllib.request.Request(url, data=data, method="POST")
     req.add_header("Content-Type", "application/json; charset=utf-8")

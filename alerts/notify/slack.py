@@ -40,13 +40,15 @@ def render(n: Notification, max_listed: int = 10) -> dict[str, Any]:
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": shorten(head, HEADER_MAX)}}
     ]
-    fallback = [head]
+    # The fallback ``text`` is parsed for mentions and links as mrkdwn is: a host or job named
+    # ``<!channel>`` would ping everyone unless escaped here too.
+    fallback = [escape_mrkdwn(head)]
     for heading, lines in body_lines(n, max_listed):
         text = f"*{heading}*\n" + "\n".join(f"• {escape_mrkdwn(line)}" for line in lines)
         blocks.append(
             {"type": "section", "text": {"type": "mrkdwn", "text": shorten(text, SECTION_MAX)}}
         )
-        fallback.append(f"{heading}: " + "; ".join(lines))
+        fallback.append(escape_mrkdwn(f"{heading}: " + "; ".join(lines)))
     context = [f"{icon} {n.status}", f"sent {fmt_time(n.created_ns)}"]
     runbooks = sorted(
         {a.annotations["runbook_url"] for a in n.alerts if a.annotations.get("runbook_url")}

@@ -182,7 +182,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from gpuwatt.alerts.db import open_db
-    from gpuwatt.alerts.outbox import FAILED, Outbox
+    from gpuwatt.alerts.outbox import FAILED, PENDING, Outbox
     from gpuwatt.alerts.silences import SilenceTable
     from gpuwatt.alerts.state import AlertTable
 
@@ -198,7 +198,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{a.state:8} {a.rule}: {a.annotations.get('summary', '')}{flag}")
         for s in SilenceTable(con).current_and_future(time.time_ns()):
             print(f"{s.kind} {s.id} by {s.author}: {s.matchers} ({s.comment})")
-        for e in Outbox(con).entries(FAILED):
+        outbox = Outbox(con)
+        for e in outbox.entries(PENDING):
+            if e.last_error:  # owed and being retried: say why
+                print(f"RETRYING notification {e.id} to {e.channel} after {e.attempts} "
+                      f"attempt(s): {e.last_error}")  # fmt: skip
+        for e in outbox.entries(FAILED):
             print(f"FAILED notification {e.id} to {e.channel}: {e.last_error}")
     finally:
         con.close()

@@ -40,8 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # a late or coalesced tick is expected under load and handled; only errors are worth a line
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    # A missed or skipped run (an evaluation that could not start in time) is worth a line; the
+    # scheduler's per-run INFO chatter is not.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except NvmlUnavailable as exc:

@@ -67,9 +67,10 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
     env = os.environ if environ is None else environ
     target = parse_store_url(url or default_store_url(env), env)
     if isinstance(target, SqliteTarget):
+        from gpuwatt.private_files import private_file
         from gpuwatt.store.sqlite import SqliteStore
 
-        target.path.parent.mkdir(parents=True, exist_ok=True)
+        private_file(target.path)  # samples name hosts, jobs and processes: the owner's alone
         return SqliteStore(target.path)
     if isinstance(target, PromTarget):
         return _open_prom(target)
