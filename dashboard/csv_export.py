@@ -170,7 +170,9 @@ def csv_lines(
 ) -> Iterator[str]:
     """CSV text in chunks: the header, then ``chunk`` rows at a time (cells neutralised)."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    # CRLF, as RFC 4180 has it: the writer then also quotes a cell holding a lone CR (a name
+    # with one would otherwise split its row for every reader)
+    w = csv.writer(buf, lineterminator="\r\n")
     w.writerow([neutralise(h) for h in header])
     for n, row in enumerate(rows, start=1):
         w.writerow([_cell(v) for v in row])

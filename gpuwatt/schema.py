@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 import operator
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -151,14 +152,37 @@ REASON_HW_POWER_BRAKE = 0x80
 _TAG_ESCAPES = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
 _STR_ESCAPES = str.maketrans({'"': r"\"", "\\": "\\\\"})
 
+# Line protocol cannot carry a newline in a tag value, and its backslash escaping is ambiguous at
+# the end of a value (a host named ``node\`` escapes the separator after it). Names are therefore
+# stored with these four characters percent-encoded (``%``, newline, carriage return, backslash),
+# in tags and in string fields alike; every reader decodes them (``decode_name``). Names without
+# them, which is nearly all, are stored exactly as they are.
+_NAME_ENCODE = str.maketrans({"%": "%25", "\n": "%0A", "\r": "%0D", "\\": "%5C"})
+_NAME_CODE = re.compile("%(25|0A|0D|5C)")
+
+
+def encode_name(value: str) -> str:
+    """A host, job or GPU name as stored: ``%``, CR, LF and backslash percent-encoded."""
+    if "%" in value or "\n" in value or "\r" in value or "\\" in value:
+        return value.translate(_NAME_ENCODE)
+    return value
+
+
+def decode_name(value: str) -> str:
+    """The name ``encode_name`` stored."""
+    if "%" not in value:
+        return value
+    return _NAME_CODE.sub(lambda m: chr(int(m.group(1), 16)), value)
+
 
 def escape_tag(value: str) -> str:
-    return value.translate(_TAG_ESCAPES)
+    return encode_name(value).translate(_TAG_ESCAPES)
 
 
 def _escape_str(value: str) -> str:
     """A string field's value escaped (translate is ~20x the cost of the checks that skip it)."""
-    if '"' in value or "\\" in value:
+    value = encode_name(value)
+    if '"' in value:
         return value.translate(_STR_ESCAPES)
     return value
 
@@ -375,8 +399,9 @@ class LineProtocolError(ValueError):
     pass
 
 
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside double quotes and not preceded by a backslash."""
+def _split_unescaped(text: str, sep: str, *, quotes: bool = True) -> list[str]:
+    """Split on ``sep`` not preceded by a backslash (and, with ``quotes``, outside double
+    quotes: only field values are quoted; in a measurement or tag a quote is a character)."""
     parts: list[str] = []
     buf: list[str] = []
     i, n, quoted = 0, len(text), False
@@ -387,7 +412,7 @@ def _split_unescaped(text: str, sep: str) -> list[str]:
             buf.append(text[i + 1])
             i += 2
             continue
-        if c == '"':
+        if c == '"' and quotes:
             quoted = not quoted
         elif c == sep and not quoted:
             parts.append("".join(buf))
@@ -398,6 +423,19 @@ def _split_unescaped(text: str, sep: str) -> list[str]:
         i += 1
     parts.append("".join(buf))
     return parts
+
+
+def _partition_unescaped(text: str, sep: str) -> tuple[str, str, str]:
+    """``str.partition`` at the first ``sep`` not preceded by a backslash."""
+    i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == sep:
+            return text[:i], sep, text[i + 1 :]
+        i += 1
+    return text, "", ""
 
 
 def _unescape(text: str) -> str:
@@ -430,11 +468,12 @@ def _parse_value(raw: str) -> Any:
 
 def parse_line(line: str) -> tuple[str, dict[str, str], dict[str, Any], int]:
     """Parse one line of line protocol into (measurement, tags, fields, time_ns)."""
-    sections = _split_unescaped(line.strip(), " ")
+    head, _, rest = _partition_unescaped(line.strip(), " ")
+    sections = [head, *_split_unescaped(rest, " ")]
     if len(sections) != 3:
         raise LineProtocolError(f"expected 'measurement,tags fields time', got {line[:80]!r}")
     head, field_text, ts = sections
-    head_parts = _split_unescaped(head, ",")
+    head_parts = _split_unescaped(head, ",", quotes=False)
     tags: dict[str, str] = {}
     for part in head_parts[1:]:
         k, sep, v = part.partition("=")
@@ -480,13 +519,13 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
     if values.get(FIELD_PROCESS_COUNT) is not None:
         kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
     if (job := values.get(FIELD_JOB_ID)) is not None:
-        kwargs["job_id"] = str(job)
+        kwargs["job_id"] = decode_name(str(job))
     return GpuSample(
         time_ns=int(time_ns),
-        host=tags.get(TAG_HOST, ""),
+        host=decode_name(tags.get(TAG_HOST, "")),
         gpu_index=int(tags.get(TAG_INDEX, -1)),
-        uuid=tags.get(TAG_UUID, ""),
-        name=tags.get(TAG_NAME, ""),
+        uuid=decode_name(tags.get(TAG_UUID, "")),
+        name=decode_name(tags.get(TAG_NAME, "")),
         lost=bool(values.get(FIELD_LOST, False)),
         **kwargs,
     )
@@ -603,7 +642,7 @@ def job_step_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, A
     precision = values.get(FIELD_PRECISION)
     return JobStep(
         time_ns=int(time_ns),
-        job_id=tags.get(TAG_JOB_ID, ""),
+        job_id=decode_name(tags.get(TAG_JOB_ID, "")),
         rank=int(tags.get(TAG_RANK) or 0),
         step=int(values[FIELD_STEP]),
         step_time_s=float(values[FIELD_STEP_TIME_S]),
@@ -611,7 +650,7 @@ def job_step_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, A
         tokens_per_step=_opt_float(values.get(FIELD_TOKENS_PER_STEP)),
         gpu_uuids=tuple(filter(None, str(uuids).split(","))) if uuids else (),
         precision=str(precision) if precision else None,
-        host=tags.get(TAG_HOST, ""),
+        host=decode_name(tags.get(TAG_HOST, "")),
     )
 
 

@@ -146,7 +146,7 @@ def title(n: Notification) -> str:
     count = len(n.firing) if n.status == FIRING else len(n.resolved)
     head = f"[{n.status.upper()}:{count}] {name}"
     ctx = [f"{k}={v}" for k, v in sorted(n.group_labels.items()) if k != "alertname"]
-    return head + (f" ({', '.join(ctx)})" if ctx else "")
+    return printable(head + (f" ({', '.join(ctx)})" if ctx else ""))
 
 
 def alert_line(a: AlertItem) -> str:
@@ -177,15 +177,27 @@ def summarise_rest(items: Sequence[AlertItem]) -> str:
     return "… and " + ", ".join(parts)
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as escapes (``\\n``, ``\\r``, ``\\x07``).
+
+    Names come from hosts, schedulers and users: one holding a newline or a carriage return must
+    neither break a notification's lines nor end up as a bare CR in an email. Every other
+    character, any script or emoji, is kept as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
 def body_lines(n: Notification, max_listed: int) -> list[tuple[str, list[str]]]:
-    """Sections (heading, lines) of a notification: firing first, then resolved."""
+    """Sections (heading, lines) of a notification: firing first, then resolved; each line one
+    line (``printable``)."""
     sections = []
     for heading, items in (("Firing", n.firing), ("Resolved", n.resolved)):
         if not items:
             continue
-        lines = [alert_line(a) for a in items[:max_listed]]
+        lines = [printable(alert_line(a)) for a in items[:max_listed]]
         if len(items) > max_listed:
-            lines.append(summarise_rest(items[max_listed:]))
+            lines.append(printable(summarise_rest(items[max_listed:])))
         sections.append((heading, lines))
     return sections
 

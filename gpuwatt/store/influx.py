@@ -35,6 +35,7 @@ from gpuwatt.schema import (
     TAG_NAME,
     TAG_UUID,
     LineEncoder,
+    decode_name,
     sample_from_fields,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
@@ -351,10 +352,10 @@ def _frame(series: list[dict[str, Any]], attrs: Sequence[str]) -> pd.DataFrame:
     for s in series:
         tags = s.get("tags", {})
         ident = (
-            tags.get(TAG_HOST, ""),
+            decode_name(tags.get(TAG_HOST, "")),
             int(tags.get(TAG_INDEX) or -1),
-            tags.get(TAG_UUID, ""),
-            tags.get(TAG_NAME, ""),
+            decode_name(tags.get(TAG_UUID, "")),
+            decode_name(tags.get(TAG_NAME, "")),
         )
         pos = [s["columns"].index(a) for a in attrs]
         for row in s.get("values", []):

@@ -35,7 +35,7 @@ import urllib3
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
-from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
+from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind, decode_name
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
 from gpuwatt.store.base import KEY_COLUMNS
 
@@ -74,6 +74,7 @@ class Dialect:
     sample_time: str | None = None  # a metric whose value is the sample's Unix time
     lost_metric: str | None = None  # the presence metric, where its ``lost_value`` marks lost
     lost_value: float = 1.0
+    encoded_names: bool = False  # names written by gpuwatt's line protocol (``encode_name``)
 
     def by_attr(self) -> dict[str, SeriesName]:
         return {s.attr: s for s in self.series}
@@ -157,6 +158,7 @@ INFLUX = Dialect(
     jobs=(),
     presence=f"{MEASUREMENT}_{FIELD_LOST}",
     lost_metric=f"{MEASUREMENT}_{FIELD_LOST}",
+    encoded_names=True,
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (GPUWATT, DCGM, INFLUX)}
@@ -496,12 +498,14 @@ def _ident(dialect: Dialect, labels: dict[str, str]) -> tuple[str, int, str, str
         index = int(labels.get(dialect.index, "-1"))
     except ValueError:
         index = -1
-    return (
+    names = (
         labels.get(dialect.host, ""),
-        index,
         labels.get(dialect.uuid, ""),
         labels.get(dialect.model, ""),
     )
+    if dialect.encoded_names:  # gpuwatt's line protocol (``schema.encode_name``)
+        names = tuple(map(decode_name, names))  # type: ignore[assignment]
+    return (names[0], index, names[1], names[2])
 
 
 @dataclass(frozen=True)
