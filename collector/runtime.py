@@ -21,6 +21,7 @@ from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from gpuwatt.collector.delivery import SetAside, StoreRefusesUs, deliver_lines
 from gpuwatt.collector.spool import Spool, SpoolBatch
 from gpuwatt.errors import GpuwattError, StoreUnavailable
 from gpuwatt.model import GpuSample
@@ -28,6 +29,9 @@ from gpuwatt.schema import LineEncoder
 from gpuwatt.store.base import Store
 
 log = logging.getLogger(__name__)
+
+REJECTED_DIR = "rejected"  # lines the store refused, within a quarter of the spool's bound
+REFUSAL_LOG_EVERY_S = 300.0
 
 
 class SampleSource(Protocol):
@@ -126,7 +130,10 @@ class Flusher:
         self.batch_lines = batch_lines
         self.max_backoff_s = max_backoff_s
         self._monotonic_s = monotonic_s
-        self._dead_letter_dir = dead_letter_dir or spool.directory / "rejected"
+        self.set_aside = SetAside(
+            dead_letter_dir or spool.directory / REJECTED_DIR, max(1, spool.max_bytes // 4)
+        )
+        self._last_refusal_log_s: float | None = None
         self._backoff_s = 0.0
         self._next_attempt_s = 0.0
         self.store_down_since_s: float | None = None
@@ -168,38 +175,55 @@ class Flusher:
 
     def _send(self, batch: SpoolBatch) -> bool:
         try:
-            self.store.write_lines(batch.lines)
+            outcome = deliver_lines(self.store, batch.lines)
+        except StoreRefusesUs as exc:
+            self._mark_down(exc, refused=True)
+            return False
         except StoreUnavailable as exc:
             self._mark_down(exc)
             return False
-        except GpuwattError as exc:
-            # The store refused the data itself (not an outage): keep it aside, never block the
-            # spool forever behind one bad batch, and never lose it silently.
-            self._dead_letter(batch, exc)
-        else:
-            self.delivered_lines += len(batch.lines)
+        self.delivered_lines += outcome.delivered
+        if outcome.refused:
+            # The store refused these lines' data (not an outage): keep them aside with the
+            # reason, never block the spool behind them, never lose them silently.
+            path = self.set_aside.add(outcome.refused, f"{batch.segment:016d}-{batch.end_offset}")
+            self.rejected_lines += len(outcome.refused)
+            log.error(
+                "store refused %d of %d samples (first: %s); kept in %s (gpuwatt spool replay)",
+                len(outcome.refused),
+                len(batch.lines),
+                outcome.refused[0][1],
+                path,
+            )
         self.spool.commit(batch)
         if self.store_down_since_s is not None:
             down_s = self._monotonic_s() - self.store_down_since_s
             log.warning("store reachable again after %.0f s; replaying the spool", down_s)
             self.store_down_since_s = None
+            self._last_refusal_log_s = None
         self._backoff_s = 0.0
         return True
 
-    def _mark_down(self, exc: Exception) -> None:
+    def _mark_down(self, exc: Exception, *, refused: bool = False) -> None:
         now = self._monotonic_s()
+        if refused:
+            # An operator has to act (a token to renew, a bucket to create): say so loudly, and
+            # again every few minutes while it lasts; keep every sample meanwhile.
+            last = self._last_refusal_log_s
+            if last is None or now - last >= REFUSAL_LOG_EVERY_S:
+                self._last_refusal_log_s = now
+                log.error(
+                    "store refused us (%s); samples are kept in the spool and sent once it "
+                    "accepts them (retrying with back-off up to %.0f s)",
+                    exc,
+                    self.max_backoff_s,
+                )
         if self.store_down_since_s is None:
             self.store_down_since_s = now
-            log.warning("store unreachable (%s); samples are kept in the spool", exc)
+            if not refused:
+                log.warning("store unreachable (%s); samples are kept in the spool", exc)
         self._backoff_s = min(self.max_backoff_s, max(0.5, self._backoff_s * 2))
         self._next_attempt_s = now + self._backoff_s
-
-    def _dead_letter(self, batch: SpoolBatch, exc: Exception) -> None:
-        self._dead_letter_dir.mkdir(parents=True, exist_ok=True)
-        path = self._dead_letter_dir / f"{batch.segment:016d}-{batch.end_offset}.lp"
-        path.write_text("\n".join(batch.lines) + "\n", encoding="utf-8")
-        self.rejected_lines += len(batch.lines)
-        log.error("store rejected %d samples (%s); kept in %s", len(batch.lines), exc, path)
 
 
 def run(

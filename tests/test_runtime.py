@@ -138,7 +138,8 @@ def test_rejected_batch_is_kept_aside_and_does_not_block(tmp_path: Path) -> None
     flusher.flush()
     assert flusher.rejected_lines == 2
     kept = list((tmp_path / "spool" / "rejected").glob("*.lp"))
-    assert len(kept) == 1 and kept[0].read_text() == "m f=1i 1\nm f=2i 2\n"
+    reason = "# GpuwattError: 400 bad request: unable to parse\n"
+    assert len(kept) == 1 and kept[0].read_text() == f"{reason}m f=1i 1\n{reason}m f=2i 2\n"
     store.reject = False
     spool.append(["m f=3i 3"])
     flusher.flush()

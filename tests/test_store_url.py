@@ -120,7 +120,7 @@ def test_settings_from_env(tmp_path: Path) -> None:
     token_file.write_text(f"\n  {TOKEN}  \n")
     env = {"INFLUXDB_V2_URL": "http://influxdb:8086", "INFLUXDB_V2_TOKEN_FILE": str(token_file)}
     s = influx_settings_from_env(env)
-    assert s == InfluxSettings("http://influxdb:8086", "", "gpuwatt", TOKEN)
+    assert s == InfluxSettings("http://influxdb:8086", "", "gpuwatt", TOKEN, str(token_file))
     assert TOKEN not in repr(s)
     # The variable wins over the file.
     assert influx_settings_from_env({**env, "INFLUXDB_V2_TOKEN": "other"}).token == "other"

@@ -289,6 +289,41 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_ERROR if text == "no samples in the store yet" else EXIT_OK
 
 
+def cmd_spool(args: argparse.Namespace) -> int:
+    """``gpuwatt spool status|replay``: lines the store refused are kept aside with their reason
+    (``collector.delivery``); replay sends them again and keeps only those refused again."""
+    config = load_config(args.config)
+    from gpuwatt.collector.delivery import SetAside
+    from gpuwatt.collector.runtime import REJECTED_DIR
+    from gpuwatt.collector.spool import Spool
+
+    spool_dir = _spool_dir(args, config, "spool")
+    if not spool_dir.exists():
+        print(f"no spool at {spool_dir}")
+        return EXIT_OK
+    spool = Spool(spool_dir, max_bytes=config.collector.spool_max_bytes)
+    aside = SetAside(spool_dir / REJECTED_DIR, max(1, spool.max_bytes // 4))
+    try:
+        if args.action == "status":
+            print(f"{spool.pending_lines()} samples waiting in {spool_dir}")
+            print(f"{aside.pending_lines()} samples set aside in {aside.directory}")
+            for path in aside.files():
+                pairs = aside.lines(path)
+                print(f"  {path.name}: {len(pairs)} ({pairs[0][1] if pairs else ''})")
+            return EXIT_OK
+        from gpuwatt.store import open_store
+
+        store = open_store(_store_url(args, config))
+        try:
+            delivered, kept = aside.replay(store)
+        finally:
+            store.close()
+        print(f"replayed {delivered} samples; {kept} refused again, kept in {aside.directory}")
+        return EXIT_OK if kept == 0 else EXIT_ERROR
+    finally:
+        spool.close()
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     from gpuwatt.analytics import ANALYSIS_FIELDS, analyze, render_text
@@ -426,12 +461,15 @@ def _run_collector(
         spool.close()
         store.close()  # type: ignore[attr-defined]
     log.info(
-        "stopped after %d ticks: %d GPU samples taken, %d delivered, %d kept in the spool %s",
+        "stopped after %d ticks: %d GPU samples taken, %d delivered, %d kept in the spool %s, "
+        "%d set aside as refused by the store, %d dropped by the spool's size bound",
         sampler.stats.ticks,
         sampler.stats.samples,
         flusher.delivered_lines,
         pending,
         spool_dir,
+        flusher.rejected_lines,
+        spool.dropped_lines + flusher.set_aside.dropped_lines,
     )
     if sampler.stats.samples and not flusher.delivered_lines:
         log.error(
@@ -563,6 +601,16 @@ def _parser() -> argparse.ArgumentParser:
     add_alerts_parser(sub)
     add_dashboard_parser(sub)
     add_report_parser(sub)
+
+    sp = sub.add_parser("spool", help="the collector's spool: what waits, what was set aside")
+    common(sp)
+    sp.add_argument("--spool", metavar="DIR", help="the spool directory (default: the config's)")
+    sp.add_argument(
+        "action",
+        choices=("status", "replay"),
+        help="status: lines waiting and set aside; replay: send the set-aside lines again",
+    )
+    sp.set_defaults(func=cmd_spool)
 
     k = sub.add_parser("check-config", help="validate config, scenario and alert rules files")
     k.add_argument("files", nargs="+", metavar="FILE")

@@ -78,7 +78,15 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
     from gpuwatt.store.influx import InfluxStore
 
     s = target.settings
-    return InfluxStore(s.url, s.org, s.bucket, s.token, timeout_s=target.timeout_s, api=target.api)
+    return InfluxStore(
+        s.url,
+        s.org,
+        s.bucket,
+        s.token,
+        timeout_s=target.timeout_s,
+        api=target.api,
+        token_file=s.token_file,
+    )
 
 
 def _open_prom(target: object) -> Store:

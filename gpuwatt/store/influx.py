@@ -94,6 +94,7 @@ class InfluxStore:
         *,
         timeout_s: float = 10.0,
         api: str = "auto",
+        token_file: str | None = None,
     ) -> None:
         if api not in ("auto", "v1", "v2"):
             raise ValueError(f"api={api!r}: use auto, v1 or v2")
@@ -103,6 +104,7 @@ class InfluxStore:
         self.bucket = bucket
         self.timeout_s = float(timeout_s)
         self._token = _Secret(token) if token else None
+        self._token_file = token_file
         self._encoder = LineEncoder()
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
@@ -167,6 +169,8 @@ class InfluxStore:
                 )
                 return
             except ApiException as exc:
+                if exc.status in (401, 403) and attempt == 1 and self._reload_token():
+                    continue  # a renewed token in the token file: try it at once
                 self._raise_http("write", exc.status, exc.body, exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 timed_out = isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError)
@@ -174,6 +178,25 @@ class InfluxStore:
                     raise StoreUnavailable(
                         f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
                     ) from exc
+
+    def _reload_token(self) -> bool:
+        """Read the token file again after the server refused the token; True when it holds a
+        different token now (the next request uses it)."""
+        if self._token_file is None:
+            return False
+        from gpuwatt.store.url import read_token_file
+
+        token = read_token_file(self._token_file)
+        if token is None or (self._token is not None and token == self._token.reveal()):
+            return False
+        self._token = _Secret(token)
+        if self._write_api is not None:  # the client holds the old token
+            self._write_api.close()
+            self._write_api = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        return True
 
     def _write_api_version(self) -> str:
         """ "v1" for InfluxDB 1.0-1.7 (no /api/v2/write), else "v2"; asks /ping once."""
@@ -215,6 +238,9 @@ class InfluxStore:
             raise StoreUnavailable(
                 f"InfluxDB at {self.url} unreachable on write: {type(exc).__name__}"
             ) from exc
+        if resp.status in (401, 403) and self._reload_token():
+            self._write_v1(records)  # a renewed token in the token file: try it once
+            return
         if resp.status != 204:
             self._raise_http("write", resp.status, resp.data, RuntimeError(f"HTTP {resp.status}"))
 

@@ -53,6 +53,9 @@ class InfluxSettings:
     org: str
     bucket: str = DEFAULT_BUCKET
     token: str | None = field(default=None, repr=False)
+    #: Where the token came from, if a file: read again when the server refuses it, so that a
+    #: renewed token is picked up without a restart.
+    token_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,21 @@ def _read_token(environ: Mapping[str, str]) -> str | None:
     return token
 
 
+def _token_file(environ: Mapping[str, str]) -> str | None:
+    """The token file, when the token comes from one (``INFLUXDB_V2_TOKEN`` wins over it)."""
+    if environ.get(ENV_TOKEN):
+        return None
+    return environ.get(ENV_TOKEN_FILE) or None
+
+
+def read_token_file(path: str) -> str | None:
+    """The token in ``path`` now; None when it cannot be read or is empty."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 def influx_settings_from_env(environ: Mapping[str, str]) -> InfluxSettings:
     """Settings from ``INFLUXDB_V2_URL``, ``_ORG``, ``_TOKEN`` or ``_TOKEN_FILE``, ``_BUCKET``."""
     url = environ.get(ENV_URL, "").strip()
@@ -127,6 +145,7 @@ def influx_settings_from_env(environ: Mapping[str, str]) -> InfluxSettings:
         org=environ.get(ENV_ORG, "").strip(),
         bucket=environ.get(ENV_BUCKET, "").strip() or DEFAULT_BUCKET,
         token=_read_token(environ),
+        token_file=_token_file(environ),
     )
 
 
@@ -237,7 +256,9 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
     if not parts.hostname:
         base = influx_settings_from_env(environ)
         return InfluxTarget(
-            InfluxSettings(base.url, org or base.org, bucket or base.bucket, base.token),
+            InfluxSettings(
+                base.url, org or base.org, bucket or base.bucket, base.token, base.token_file
+            ),
             timeout_s,
             api,
         )
@@ -250,6 +271,7 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
             org=org or environ.get(ENV_ORG, "").strip(),
             bucket=bucket or environ.get(ENV_BUCKET, "").strip() or DEFAULT_BUCKET,
             token=_read_token(environ),
+            token_file=_token_file(environ),
         ),
         timeout_s,
         api,
