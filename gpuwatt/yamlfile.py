@@ -2,10 +2,17 @@
 
 Config, scenario and rules files all go through here: a value is validated against what the
 caller expects and any problem becomes a ``ConfigError(file, line, reason)``.
+
+The loader is bounded, so that no file can exhaust the machine or end in a traceback: at most
+``MAX_FILE_BYTES`` read, ``MAX_DEPTH`` levels of nesting, ``MAX_ALIASES`` aliases and
+``MAX_NODES`` values once aliases are expanded (a "billion laughs" file stops there), and only
+YAML's standard tags (``!foo``, ``!!python/...`` and ``!!binary`` are refused). Numbers must be
+finite (``.nan`` and ``.inf`` are refused where a number is expected).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -72,7 +79,12 @@ class Located:
     def number(self, minimum: float | None = None, maximum: float | None = None) -> float:
         if isinstance(self.value, bool) or not isinstance(self.value, int | float):
             raise self.error(f"expected a number, got {type_name(self.value)}")
-        return self._bounded(float(self.value), minimum, maximum)
+        return self._bounded(self._finite(float(self.value)), minimum, maximum)
+
+    def _finite(self, v: float) -> float:
+        if not math.isfinite(v):
+            raise self.error(f"expected a finite number, got {v}")
+        return v
 
     def boolean(self) -> bool:
         if not isinstance(self.value, bool):
@@ -83,12 +95,12 @@ class Located:
         """A duration: a number of seconds or a string like ``90s``, ``5m``, ``2h``, ``1d``."""
         v = self.value
         if isinstance(v, int | float) and not isinstance(v, bool):
-            return self._bounded(float(v), minimum, None)
+            return self._bounded(self._finite(float(v)), minimum, MAX_DURATION_S)
         if isinstance(v, str):
             seconds = parse_duration_s(v)
             if seconds is None:
                 raise self.error(f"bad duration {v!r} (use e.g. 30s, 5m, 2h, 1d)")
-            return self._bounded(seconds, minimum, None)
+            return self._bounded(self._finite(seconds), minimum, MAX_DURATION_S)
         raise self.error(f"expected a duration, got {type_name(v)}")
 
     def choice(self, options: Iterator[str] | list[str] | tuple[str, ...] | set[str]) -> str:
@@ -113,6 +125,18 @@ class Located:
             return [v.plain() for v in self.value]
         return self.value
 
+
+#: Bounds of the loader (see the module's docstring).
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_ALIASES = 200
+MAX_NODES = 20_000
+#: The longest duration any setting takes (about 10 years).
+MAX_DURATION_S = 10 * 366 * 86400.0
+_STANDARD_TAGS = frozenset(
+    f"tag:yaml.org,2002:{t}"
+    for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "merge")
+)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -140,30 +164,131 @@ def type_name(v: Any) -> str:
     return f"a string ({v!r})" if isinstance(v, str) else type(v).__name__
 
 
-def _convert(node: yaml.Node, path: str) -> Located:
-    line = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Located] = {}
-        for key_node, value_node in node.value:
-            key = yaml.SafeLoader.construct_scalar(_LOADER, key_node)  # type: ignore[arg-type]
-            if not isinstance(key, str):
-                raise ConfigError(path, key_node.start_mark.line + 1, "keys must be strings")
-            if key in out:
-                raise ConfigError(path, key_node.start_mark.line + 1, f"duplicate key {key!r}")
-            out[key] = _convert(value_node, path)
-        return Located(out, path, line)
-    if isinstance(node, yaml.SequenceNode):
-        return Located([_convert(n, path) for n in node.value], path, line)
-    return Located(_LOADER.construct_object(node, deep=True), path, line)
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with the nesting depth and the number of aliases bounded while the
+    document is composed (PyYAML's composer recurses once per level)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases", mark
+                )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels", mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _Converter:
+    """Nodes to ``Located`` values, counting every value made (aliases expand here)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.made = 0
+
+    def convert(self, node: yaml.Node) -> Located:
+        line = node.start_mark.line + 1
+        self.made += 1
+        if self.made > MAX_NODES:
+            raise ConfigError(self.path, line, f"more than {MAX_NODES} values (aliases expanded)")
+        if node.tag not in _STANDARD_TAGS:
+            raise ConfigError(self.path, line, f"unsupported tag {node.tag!r}")
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Located] = {}
+            for key_node, value_node in node.value:
+                key = self._scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+                if not isinstance(key, str):
+                    raise ConfigError(
+                        self.path, key_node.start_mark.line + 1, "keys must be strings"
+                    )
+                if key in out:
+                    raise ConfigError(
+                        self.path, key_node.start_mark.line + 1, f"duplicate key {key!r}"
+                    )
+                out[key] = self.convert(value_node)
+            return Located(out, self.path, line)
+        if isinstance(node, yaml.SequenceNode):
+            return Located([self.convert(n) for n in node.value], self.path, line)
+        return Located(self._scalar(node), self.path, line)
+
+    def _scalar(self, node: yaml.Node) -> Any:
+        if node.tag not in _STANDARD_TAGS:
+            raise ConfigError(self.path, node.start_mark.line + 1, f"unsupported tag {node.tag!r}")
+        try:
+            return _LOADER.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+            reason = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError(
+                self.path, node.start_mark.line + 1, f"bad {node.tag.rsplit(':', 1)[-1]}: {reason}"
+            ) from None
 
 
 _LOADER = yaml.SafeLoader("")
 
 
+def _flow_too_deep(text: str) -> int | None:
+    """The line where ``[``/``{`` nesting outside quotes and comments passes ``MAX_DEPTH``.
+
+    PyYAML's scanner looks ahead across a whole nested flow collection before the composer sees
+    its first level (quadratic: 1,000 levels take seconds, 10,000 minutes), so the depth of flow
+    collections is checked on the text first. Balanced brackets in plain scalars (``node-[0-3]``)
+    never add up."""
+    depth = 0
+    line = 1
+    quote = ""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n"):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
+
+
 def load_text(text: str, path: str) -> Located:
-    """Parse YAML text; syntax errors become ``ConfigError`` with the line."""
+    """Parse YAML text (bounded, see the module's docstring); every problem is a
+    ``ConfigError`` with the line."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(path, None, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+    if (line := _flow_too_deep(text)) is not None:
+        raise ConfigError(path, line, f"invalid YAML: nested deeper than {MAX_DEPTH} levels")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -171,19 +296,32 @@ def load_text(text: str, path: str) -> Located:
         raise ConfigError(path, line, f"invalid YAML: {reason}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, None, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(path, None, "invalid YAML: nested too deeply") from None
     if node is None:
         return Located({}, path, 1)
-    return _convert(node, path)
+    try:
+        return _Converter(path).convert(node)
+    except RecursionError:
+        raise ConfigError(path, None, "nested too deeply") from None
 
 
 def load_file(path: str | Path) -> Located:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # never more than the bound, whatever the size
     except FileNotFoundError:
         raise ConfigError(str(p), None, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(p), None, f"cannot read: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(str(p), None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(str(p), None, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(str(p), line, "not UTF-8 text (a binary file?)") from None
     return load_text(text, str(p))
 
 
