@@ -359,6 +359,9 @@ def _labels(node: Located | None) -> dict[str, str]:
     return out
 
 
+MAX_TEMPLATE_WIDTH = 200
+
+
 def _check_template(node: Located, label_names: set[str]) -> None:
     allowed = {*TARGET_LABELS, *_TEMPLATE_VALUES, *label_names}
     try:
@@ -369,6 +372,13 @@ def _check_template(node: Located, label_names: set[str]) -> None:
         base = re.split(r"[.\[]", f, maxsplit=1)[0]
         if base not in allowed:
             raise node.error(f"unknown placeholder {{{f}}} (use: {', '.join(sorted(allowed))})")
+    for _, f, spec, _ in string.Formatter().parse(node.string()):
+        # A width or precision is expanded by every render: {value:>50000000} would make each
+        # notification 50 MB. Digits in a format spec are widths and precisions.
+        if spec and any(int(d) > MAX_TEMPLATE_WIDTH for d in re.findall(r"\d+", spec)):
+            raise node.error(
+                f"format spec {{{f}:{spec}}} asks for more than {MAX_TEMPLATE_WIDTH} characters"
+            )
 
 
 def render_template(text: str, values: dict[str, object]) -> str:

@@ -41,7 +41,7 @@ from gpuwatt.alerts.notify.webhook import WebhookChannel
 from gpuwatt.alerts.outbox import RetryPolicy
 from gpuwatt.alerts.policy import DEFAULT_GROUP_BY, Route
 from gpuwatt.alerts.silences import check_matchers
-from gpuwatt.yamlfile import Located
+from gpuwatt.yamlfile import Located, type_name
 
 _TOP = {"cluster", "evaluation_interval", "state_db", "external_url", "channels", "routes", "retry"}
 _COMMON = {"type", "send_resolved", "timeout", "max_listed"}
@@ -81,7 +81,7 @@ def parse_alert_settings(
     if (v := node.get("evaluation_interval")) is not None:
         s.evaluation_interval_s = v.duration_s(minimum=1.0)
     if (v := node.get("state_db")) is not None:
-        s.state_db = Path(v.string())
+        s.state_db = v.writable_path("alert state database")
     if (v := node.get("external_url")) is not None:
         s.external_url = v.string()
     if (ch := node.get("channels")) is not None:
@@ -191,7 +191,14 @@ def _route(node: Located, channels: set[str]) -> Route:
         names.append(name)
     matchers: dict[str, str] = {}
     if (m := node.get("match")) is not None:
-        raw = {k: str(v.value) for k, v in m.mapping("a mapping of label matchers").items()}
+        raw = {}
+        for k, v in m.mapping("a mapping of label matchers").items():
+            if isinstance(v.value, dict | list) or v.value is None:
+                raise v.error(
+                    f"match value for {k!r} must be a string (a regular expression such as "
+                    f"'~critical|warning' matches several), got {type_name(v.value)}"
+                )
+            raw[k] = str(v.value)
         try:
             matchers = check_matchers(raw)
         except ValueError as exc:

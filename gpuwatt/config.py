@@ -98,9 +98,9 @@ def parse_config(doc: Located) -> Config:
         if (v := c.get("slow_interval")) is not None:
             kw["slow_interval_s"] = v.duration_s(minimum=1.0)
         if (v := c.get("spool_dir")) is not None:
-            kw["spool_dir"] = Path(v.string())
+            kw["spool_dir"] = v.writable_path("spool directory")
         if (v := c.get("spool_max_mib")) is not None:
-            kw["spool_max_bytes"] = v.integer(minimum=16) * 1024 * 1024
+            kw["spool_max_bytes"] = v.integer(minimum=16, maximum=1024 * 1024) * 1024 * 1024
         if (v := c.get("hostname")) is not None:
             kw["hostname"] = v.string()
         if (v := c.get("tensor_precision")) is not None:

@@ -13,6 +13,7 @@ finite (``.nan`` and ``.inf`` are refused where a number is expected).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -102,6 +103,23 @@ class Located:
                 raise self.error(f"bad duration {v!r} (use e.g. 30s, 5m, 2h, 1d)")
             return self._bounded(self._finite(seconds), minimum, MAX_DURATION_S)
         raise self.error(f"expected a duration, got {type_name(v)}")
+
+    def writable_path(self, what: str) -> Path:
+        """A path this process can write, or create (its nearest existing folder writable).
+
+        Checked when the file is loaded, so that ``check-config`` ok means the command that
+        writes there will start; ``what`` names it in the error ("spool directory")."""
+        path = Path(self.string()).expanduser()
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir() and probe != path:
+            raise self.error(f"{what} {str(path)!r}: {str(probe)!r} is a file, not a folder")
+        if not os.access(probe, os.W_OK | (os.X_OK if probe.is_dir() else 0)):
+            raise self.error(f"{what} {str(path)!r}: {str(probe)!r} is not writable by this user")
+        return path
 
     def choice(self, options: Iterator[str] | list[str] | tuple[str, ...] | set[str]) -> str:
         opts = list(options)
@@ -280,7 +298,8 @@ def load_text(text: str, path: str) -> Located:
     """Parse YAML text (bounded, see the module's docstring); every problem is a
     ``ConfigError`` with the line."""
     if len(text) > MAX_FILE_BYTES:
-        raise ConfigError(path, None, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        line = text.count("\n", 0, MAX_FILE_BYTES) + 1
+        raise ConfigError(path, line, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     if (line := _flow_too_deep(text)) is not None:
         raise ConfigError(path, line, f"invalid YAML: nested deeper than {MAX_DEPTH} levels")
     try:
@@ -293,17 +312,24 @@ def load_text(text: str, path: str) -> Located:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         reason = " ".join(filter(None, [exc.problem, exc.context])) or "invalid YAML"
+        reason = " ".join(reason.split())  # one line, whatever PyYAML wrote
         raise ConfigError(path, line, f"invalid YAML: {reason}") from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(
+            path, line, f"invalid YAML: character #x{exc.character:04x} is not allowed in YAML"
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(path, None, f"invalid YAML: {exc}") from None
+        reason = " ".join(str(exc).split())
+        raise ConfigError(path, 1, f"invalid YAML: {reason}") from None
     except RecursionError:
-        raise ConfigError(path, None, "invalid YAML: nested too deeply") from None
+        raise ConfigError(path, 1, "invalid YAML: nested too deeply") from None
     if node is None:
         return Located({}, path, 1)
     try:
         return _Converter(path).convert(node)
     except RecursionError:
-        raise ConfigError(path, None, "nested too deeply") from None
+        raise ConfigError(path, 1, "nested too deeply") from None
 
 
 def load_file(path: str | Path) -> Located:
@@ -316,7 +342,8 @@ def load_file(path: str | Path) -> Located:
     except OSError as exc:
         raise ConfigError(str(p), None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(str(p), None, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        line = data.count(b"\n", 0, MAX_FILE_BYTES) + 1  # where the bound was crossed
+        raise ConfigError(str(p), line, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -524,8 +524,17 @@ def _select_indices(node: Located, text: str, gpus_per_node: int) -> list[int]:
     return out
 
 
+#: No selector range spans more than this (a cluster's nodes are at most 4,096 here): checked
+#: before a range is expanded, so ``node-[0-999999999]`` costs nothing.
+MAX_RANGE = 4096
+
+
 def _span(node: Located, a: str, b: str) -> range:
+    if len(a) > 9 or len(b) > 9:
+        raise node.error(f"range {a}-{b} is too large (at most {MAX_RANGE} in one range)")
     lo, hi = int(a), int(b)
     if hi < lo:
         raise node.error(f"range {lo}-{hi} runs backwards")
+    if hi - lo + 1 > MAX_RANGE:
+        raise node.error(f"range {lo}-{hi} is too large (at most {MAX_RANGE} in one range)")
     return range(lo, hi + 1)
