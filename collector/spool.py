@@ -22,6 +22,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+from gpuwatt.private_files import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +52,7 @@ class Spool:
     ) -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError("spool max_bytes must be at least two segments")
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = private_dir(directory)  # samples name hosts, jobs and processes
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self._fsync = fsync
@@ -61,7 +63,7 @@ class Spool:
         self._repair_tail()
         if not self._segments:
             self._segments.append(1)
-        self._active = open(self._path(self._segments[-1]), "ab")  # noqa: SIM115
+        self._active = _open_private(self._path(self._segments[-1]))
 
     # --- writing ---------------------------------------------------------------------------------
     def append(self, lines: Sequence[str]) -> None:
@@ -82,7 +84,7 @@ class Spool:
         self._active.close()
         seq = self._segments[-1] + 1
         self._segments.append(seq)
-        self._active = open(self._path(seq), "ab")  # noqa: SIM115
+        self._active = _open_private(self._path(seq))
         if self._fsync:
             _fsync_dir(self.directory)
 
@@ -200,7 +202,7 @@ class Spool:
 
     def _write_cursor(self) -> None:
         tmp = self.directory / (_CURSOR + ".tmp")
-        with open(tmp, "w") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump({"segment": self._cursor_segment, "offset": self._cursor_offset}, f)
             f.flush()
             if self._fsync:
@@ -218,6 +220,11 @@ class Spool:
             log.warning("spool: discarding a partial line at the end of %s", path.name)
             with open(path, "r+b") as f:
                 f.truncate(keep)
+
+
+def _open_private(path: Path) -> BinaryIO:
+    """A segment for appending, created 0600 whatever the umask."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -232,3 +232,45 @@ def test_spool_replay_command(tmp_path: Path) -> None:
     with SqliteStore(db) as store:
         assert store.count_samples(T0, T0 + 10 * NS) == 4
     assert aside.files() == []
+
+
+def test_spool_files_are_private(tmp_path: Path) -> None:
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        spool = Spool(tmp_path / "new" / "spool", max_bytes=2 * 4096, segment_bytes=4096)
+        spool.append(_lines() * 40)  # past one segment: rotation creates another file
+        spool.commit(spool.read_batch())  # writes the cursor
+        spool.close()
+    finally:
+        os.umask(old)
+    files = list((tmp_path / "new" / "spool").iterdir())
+    assert len(files) >= 2 and any(f.name.endswith("2.lp") for f in files)  # a rotated segment
+    assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+    for d in (tmp_path / "new", tmp_path / "new" / "spool"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_dashboard_exits_0_on_sigterm(tmp_path: Path) -> None:
+    from servers import free_port
+
+    env = {**os.environ, "GPUWATT_HOME": str(tmp_path)}
+    env.pop("GPUWATT_STORE", None)
+    port = free_port()
+    with (tmp_path / "dash.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwatt", "dashboard", "--port", str(port),
+             "--store", f"sqlite:///{tmp_path / 'x.db'}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "gpuwatt dashboard:" not in (tmp_path / "dash.log").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, (tmp_path / "dash.log").read_text()[-2000:]
+    assert "Traceback" not in (tmp_path / "dash.log").read_text()

@@ -8,7 +8,9 @@ dash) still runs every other command.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,8 +69,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     alerts = AlertsDbView(alerts_db_path(args.config))
     store, config = _open(args)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (systemd, docker stop) and Ctrl-C stop the server cleanly, exit status 0.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
     try:
-        serve(store, args.host, args.port, config=config, alerts=alerts)
+        serve(store, args.host, args.port, stop, config=config, alerts=alerts)
     finally:
         store.close()
     return 0
