@@ -1,8 +1,8 @@
 """The seam where the alert evaluator plugs in (the dashboard never imports ``alerts``).
 
 The command line passes an object with ``active()`` (and optionally ``history(start_ns,
-end_ns)`` and ``silences()``) to ``create_app(..., alerts=...)``; until then the overview and
-the alerts page say that no evaluator is connected rather than showing "0 alerts".
+end_ns)``, ``silences()`` and ``deliveries()``) to ``create_app(..., alerts=...)``; until then
+the overview and the alerts page say that no evaluator is connected rather than "0 alerts".
 """
 
 from __future__ import annotations
@@ -34,6 +34,17 @@ class SilenceView:
     starts_ns: int
     ends_ns: int
     kind: str = "silence"  # "silence" | "maintenance"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryView:
+    """A notification that has not gone out: still retried ("retrying") or given up ("failed")."""
+
+    channel: str
+    state: str
+    attempts: int
+    error: str
+    created_ns: int
 
 
 def firing_count(source: AlertsSource | None) -> int | None:

@@ -84,3 +84,34 @@ def test_every_page_counts_firing_alerts_and_the_alerts_page_lists_them(
         assert "alerts-firing" not in without
     finally:
         store.close()
+
+
+def test_the_alerts_page_shows_notifications_that_did_not_go_out(
+    alerts_db: Path, tmp_path: Path
+) -> None:
+    from gpuwatt.alerts.notify.base import AlertItem, Notification
+    from gpuwatt.alerts.outbox import Outbox
+
+    con = open_db(alerts_db)
+    item = AlertItem("fp1", "firing", {"alertname": "GpuStraggler"}, {}, DEMO_END_NS)
+    n = Notification("mail", "g", {}, "firing", (item,), DEMO_END_NS)
+    with transaction(con):
+        outbox = Outbox(con)
+        outbox.enqueue(n, "k1", DEMO_END_NS)
+        (e,) = outbox.due(DEMO_END_NS)
+        con.execute(
+            "UPDATE outbox SET attempts = 3, last_error = ? WHERE id = ?",
+            ("ValueError: timeout_s=nan is not a positive number of seconds", e.id),
+        )
+    con.close()
+    view = AlertsDbView(alerts_db, clock_ns=lambda: DEMO_END_NS)
+    (d,) = view.deliveries()
+    assert (d.channel, d.state, d.attempts) == ("mail", "retrying", 3)
+    store = build_demo_store(tmp_path / "demo.db", minutes=3)
+    try:
+        data = DashboardData(store, clock_ns=lambda: DEMO_END_NS)
+        listing = _text(render_page(alerts_page, {"range": "1h"}, data, view))
+    finally:
+        store.close()
+    assert "Notifications not delivered" in listing
+    assert "retrying to mail after 3 attempt(s)" in listing and "timeout_s=nan" in listing

@@ -54,7 +54,29 @@ def render(ctx: PageContext) -> list[Any]:
     silences = getattr(ctx.alerts, "silences", None)
     if silences is not None:
         out.append(section("Silences and maintenance windows", _silence_rows(silences())))
+    deliveries = getattr(ctx.alerts, "deliveries", None)
+    if deliveries is not None:
+        out.append(section("Notifications not delivered", _delivery_rows(deliveries())))
     return out
+
+
+def _delivery_rows(deliveries: list[Any]) -> Any:
+    """Messages a channel owes (retrying) or gave up on (failed), with the channel's error."""
+    if not deliveries:
+        return dmc.Text("none: every notification went out", c="dimmed", id="deliveries-none")
+    return dmc.Stack(
+        [
+            dmc.Text(
+                f"{d.state} to {d.channel} after {d.attempts} attempt(s), queued "
+                f"{fmt_ns(d.created_ns)} UTC: {d.error}",
+                size="sm",
+                c="red" if d.state == "failed" else "orange",
+            )
+            for d in deliveries
+        ],
+        gap=2,
+        id="deliveries",
+    )
 
 
 def _silence_rows(silences: list[Any]) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpuwatt.alerts.silences import SilenceTable
 from gpuwatt.alerts.state import Alert, AlertTable
-from gpuwatt.dashboard.alerts_hook import AlertView, SilenceView
+from gpuwatt.dashboard.alerts_hook import AlertView, DeliveryView, SilenceView
 
 
 class AlertsDbView:
@@ -48,6 +48,25 @@ class AlertsDbView:
         return [
             SilenceView(dict(s.matchers), s.author, s.comment, s.starts_ns, s.ends_ns, s.kind)
             for s in current
+        ]
+
+    def deliveries(self) -> list[DeliveryView]:
+        """Notifications being retried (with an error) or given up, newest first (at most 50)."""
+        if not self.db_path.exists():
+            return []
+        from gpuwatt.alerts.outbox import FAILED, PENDING, Outbox
+
+        con = self._connect()
+        try:
+            outbox = Outbox(con)
+            owed = [("retrying", e) for e in outbox.entries(PENDING) if e.last_error]
+            failed = [("failed", e) for e in outbox.entries(FAILED)]
+        finally:
+            con.close()
+        rows = sorted(owed + failed, key=lambda r: r[1].created_ns, reverse=True)[:50]
+        return [
+            DeliveryView(e.channel, state, e.attempts, e.last_error, e.created_ns)
+            for state, e in rows
         ]
 
     def history(self, start_ns: int, end_ns: int) -> list[AlertView]:
