@@ -122,8 +122,8 @@ class Straggler:
     evidence: dict[str, float] = field(default_factory=dict)
     peers_waiting_energy_j: float | None = None
     explanation: str = ""
-    intermittent: bool = False  # anomalous in under ``steady_duty`` of the episode's windows
-    duty_cycle: float = 1.0  # anomalous windows / windows spanned by the episode
+    intermittent: bool = False  # on for under ``steady_duty`` of the episode's time
+    duty_cycle: float = 1.0  # share of the episode's time the fault was on
     peers_used: str = ""  # which peers the GPU was compared with, in words
 
     @property
@@ -145,8 +145,12 @@ def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str], np.ndarray]:
     hcodes, huniq = label_codes(gw, "host")
     mcodes, muniq = label_codes(gw, "name")
     nm = max(len(muniq), 1)
-    codes = np.where(has_job, jcodes, len(juniq) + hcodes * nm + np.maximum(mcodes, 0))
-    labels = [f"job:{j}" for j in juniq] + [f"node:{h}" for h in huniq for _ in muniq or [""]]
+    m = np.maximum(mcodes, 0)
+    # a job that mixes models is compared model by model (their clocks differ by design)
+    codes = np.where(has_job, jcodes * nm + m, len(juniq) * nm + hcodes * nm + m)
+    models = muniq if len(muniq) else [""]
+    labels = [f"job:{j}" for j in juniq for _ in models]
+    labels += [f"node:{h}" for h in huniq for _ in models]
     return codes.astype(np.int64), labels, has_job
 
 
@@ -249,7 +253,8 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     hard = (score < cfg.hard_score) & (own_ok | ~capped)
     anomalous = eligible & (hard | (soft & (faulty | inferred)))
     # hardware evidence whatever the utilisation: holding work, far slower, a HW reason active
-    anomalous |= holding & scored & (score < cfg.hard_score) & faulty
+    # (one busy peer is enough here: the reason bits, not the comparison, carry the verdict)
+    anomalous |= holding & (n_busy >= 1) & np.isfinite(score) & (score < cfg.hard_score) & faulty
 
     # synchronous-training signature without a clock deficit: in a job, exactly one busy GPU far
     # busier than the other busy GPUs, which all wait alike (slow for a reason clocks do not show)
@@ -451,12 +456,12 @@ def explain(
     *,
     sampled: bool = False,
     peers: str = "",
-    duty: tuple[int, int] | None = None,
+    duty: tuple[int, int, float] | None = None,
 ) -> str:
     """The one-line explanation of a straggler, numbers first, then what to do.
 
-    ``peers`` says which GPUs it was compared with; ``duty`` (anomalous, spanned windows) marks
-    an intermittent fault."""
+    ``peers`` says which GPUs it was compared with; ``duty`` (anomalous windows, windows spanned,
+    share of the time the fault was on) marks an intermittent fault."""
     parts = [
         f"GPU {idx} on {host} runs at {ev['sm_clock_mhz']:.0f} MHz against a peer median of "
         f"{ev['peer_median_sm_clock_mhz']:.0f} MHz ({ev['clock_delta_pct']:+.0f} %)"
@@ -497,10 +502,8 @@ def explain(
     if peers:
         parts.append(f"compared with {peers}")
     if duty is not None:
-        a, n = duty
-        parts.append(
-            f"intermittent: anomalous in {a} of {n} windows (duty cycle {_fmt_pct(a / n)})"
-        )
+        a, n, on = duty
+        parts.append(f"intermittent: anomalous in {a} of {n} windows, duty cycle {_fmt_pct(on)}")
     return f"{'; '.join(parts)} -> {CAUSE_LABELS[cause]}: {ACTIONS[cause]}"
 
 
@@ -550,7 +553,12 @@ def find_stragglers(
         span = mine.iloc[first : end + 1]
         run = span.loc[span["anomalous"].to_numpy(dtype=bool)]
         latest = run.iloc[-1]
-        duty = len(run) / len(span)
+        # the share of the episode's time the fault was on: per anomalous window, the share of it
+        # with a HW reason active where the reasons say so (a brake on 2 minutes in 3 shows in
+        # every window, a part of each), else the whole window
+        on = span["fault_fraction"].to_numpy(dtype=float)
+        on = np.where(np.isfinite(on) & (on > 0), on, 1.0)
+        duty = float(np.sum(np.where(span["anomalous"].to_numpy(dtype=bool), on, 0.0)) / len(span))
         intermittent = duty < cfg.steady_duty
         newest = mine.iloc[-1]
         active = (
@@ -624,7 +632,7 @@ def find_stragglers(
                     job,
                     sampled=reasons_sampled,
                     peers=peers,
-                    duty=(len(run), len(span)) if intermittent else None,
+                    duty=(len(run), len(span), duty) if intermittent else None,
                 ),
                 intermittent=intermittent,
                 duty_cycle=duty,
