@@ -293,6 +293,10 @@ class GroundTruth:
       ``end_s == start_s``. Symptoms follow physics: a thermal slowdown shows (temperature past the
       slowdown threshold, reasons 0x40) some seconds after ``start_s``, once the GPU has heated up.
     - ``job_id``: the job on that GPU at ``start_s`` (None when none).
+    - ``params``: the fault's parameters, with ``period``/``duty`` (on/off cycle) and ``ramp``
+      (gradual onset) where the scenario gave them. ``STRAGGLER_FAULTS`` says which cause a
+      detector should name for each straggler kind. Per-node models, inlet temperatures and
+      per-GPU power limits are facts of the cluster (``ClusterSpec``), not problems.
     """
 
     host: str

@@ -44,6 +44,17 @@ of ``advance_to``)
       ``max_fraction`` of the total (released at end: the process restarts); energy_counter_reset
       restarts the counter from 0 at start. A lost or idle GPU drops out of its job's barrier (the
       crash that would follow is not modelled).
+    - Clock-only faults: hw_slowdown (reason 0x8 alone), sw_thermal (0x20) and clock_lock
+      (application clocks, 0x2) cap r. Slowdowns clocks do not show: slow_host makes a rank wait
+      ``wait_fraction`` x its compute time for input each step (GPU idle, clocks normal); slow_link
+      makes its all-reduce ``factor`` x longer (the all-reduce starts when the last rank is ready
+      and lasts as long as the slowest link). With ``nccl_spin`` the ranks that wait spin in NCCL
+      kernels: utilisation stays high, tensor activity does not, SM activity 0.3, demand 0.15.
+      Pipeline ``stages`` scale each rank's compute by its stage's load. A ``round_robin``
+      balancer gives every replica its share whatever its speed (a slow one saturates).
+    - Every dynamic fault may cycle (``period``/``duty``: ``FaultSpec.active_at``) and ramp up
+      (``ramp``: severity in tenths, ``FaultSpec.severity_at``); both switch at regime boundaries.
+      Models, inlet temperatures and power limits may differ by node or GPU (``ClusterSpec``).
 
 Memory: ``memory_used_bytes`` is NVML v2 "used" (the processes' memory); the driver's reserve
 (0.65 % of the total) is ``memory_reserved_bytes``.
