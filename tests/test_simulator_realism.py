@@ -198,3 +198,13 @@ def test_an_unknown_model_for_a_node_is_refused_with_its_line() -> None:
     with pytest.raises(ConfigError, match="unknown GPU model 'X9'") as info:
         sim("", cluster)
     assert info.value.line == 7  # the models line
+
+
+def test_a_degraded_link_moves_the_same_bytes_per_step_more_slowly() -> None:
+    s = sim(
+        "jobs:\n  - {id: j, kind: training, gpus: '*:*', comm_fraction: 0.2}\n"
+        "faults:\n  - {kind: slow_link, gpu: 'node-1:0', start: 0, factor: 4}\n"
+    )
+    s.advance_to(300)
+    slow, peer = s.gpu("node-1", 0).nvlink_tx_bytes, s.gpu("node-1", 1).nvlink_tx_bytes
+    assert slow == pytest.approx(peer, rel=0.02)  # window averages cannot tell them apart

@@ -494,7 +494,7 @@ class Simulator:
         coef_compute[_C_FP32] = 0.06
         coef_compute[_C_FP16] = 0.02
         coef_compute[_C_DRAM], coef_comm[_C_DRAM] = dram_k, 0.2
-        coef_comm[_C_NVL] = NVLINK_BYTES_PER_S
+        coef_comm[_C_NVL] = NVLINK_BYTES_PER_S / link  # a degraded link: same bytes, longer
         return _Regime(
             lost=lost,
             working=working,
