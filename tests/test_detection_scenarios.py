@@ -9,7 +9,7 @@ import pytest
 
 from gpuwatt.analytics import AnalysisSummary, analyze
 from gpuwatt.collector.sim.frame import NS, attach_jobs, sample_frame
-from gpuwatt.collector.sim.scenario import STRAGGLER_FAULTS, load_scenario
+from gpuwatt.collector.sim.scenario import STRAGGLER_FAULTS, load_scenario, load_scenario_text
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "bench" / "scenarios"
 START_NS = 1_700_000_040 * NS + 23 * NS  # off the minute
@@ -90,3 +90,16 @@ def test_a_process_without_a_job_is_told_apart_from_a_free_gpu() -> None:
     s, _ = run("orphan_process")
     by = {i.gpu_index: i.idle_class for i in s.idle}
     assert by == {6: "free", 7: "held_no_job"}
+
+
+@pytest.mark.parametrize("load", [0.45, 0.6])
+def test_a_starved_replica_near_the_busy_cut_off_stays_active(load: float) -> None:
+    # utilisation wobbles around 20 %: found, and never reported "ended" while braked
+    text = (SCENARIOS / "starved_replica.yaml").read_text().replace("load: 0.3", f"load: {load}")
+    scenario = load_scenario_text(text, "starved.yaml")
+    frame = attach_jobs(sample_frame(scenario, 1200.0, START_NS), scenario, START_NS)
+    s = analyze(frame, now_ns=START_NS + 1200 * NS, window_s=60)
+    assert [(x.gpu_index, x.cause, x.active, x.intermittent) for x in s.stragglers] == [
+        (3, "power_brake", True, False)
+    ]
+    assert 10 <= s.stragglers[0].evidence["utilization_gpu_pct"] <= 30
