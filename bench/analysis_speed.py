@@ -1,6 +1,7 @@
 """Analysis speed: the whole analysis of 1,024 GPUs over the last hour, read from SQLite.
 
     .venv/bin/python bench/analysis_speed.py [--gpus 1024] [--seconds 3600] [--db PATH]
+                                             [--base CHECKOUT]
 
 Fills a temporary ``SqliteStore`` with ``--seconds`` of 1-second samples of ``--gpus`` simulated
 H100s (the seeded simulator: 64-GPU synchronous training jobs, inference, one thermal and one
@@ -10,6 +11,11 @@ power-brake straggler, an idle job), then times, on this one process:
 * ``analyze()`` on that frame (balance, stragglers, energy, TFLOPS/W): target <= 1 s,
 * reading the same hour raw, for comparison.
 
+``--base CHECKOUT`` also times ``analyze()`` of another checkout (e.g. a ``git worktree`` of an
+earlier commit) on the very same frame, side by side: each side runs in its own process with its
+checkout first on ``PYTHONPATH``, the two alternate for 3 rounds, and the best CPU time of each is
+compared (the ratio is this checkout's over the base's).
+
 Samples are built straight from the simulator's state (not through the fake NVML, whose per-call
 cost is the collector's benchmark, not this one). ``--db`` keeps the database for a re-run.
 """
@@ -17,6 +23,10 @@ cost is the collector's benchmark, not this one). ``--db`` keeps the database fo
 from __future__ import annotations
 
 import argparse
+import os
+import pickle
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -113,12 +123,44 @@ def timed(fn: Callable[[], T], repeat: int = 3) -> tuple[float, T]:
     return best, out
 
 
+_SIDE = """
+import pickle, sys, time
+from gpuwatt.analytics import analyze
+frame, jobs, start_ns, end_ns, window_s = pickle.load(open(sys.argv[1], "rb"))
+best = float("inf")
+for _ in range(3):
+    c = time.process_time()
+    s = analyze(frame, now_ns=end_ns, start_ns=start_ns, window_s=window_s, jobs=jobs)
+    best = min(best, time.process_time() - c)
+print(best, len(s.stragglers))
+"""
+
+
+def side_by_side(frame_path: Path, checkouts: dict[str, Path], rounds: int = 3) -> dict[str, float]:
+    """Best ``analyze()`` CPU seconds of each checkout on the pickled frame, alternating."""
+    best = dict.fromkeys(checkouts, float("inf"))
+    for _ in range(rounds):
+        for name, root in checkouts.items():
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            out = subprocess.run(
+                [sys.executable, "-c", _SIDE, str(frame_path)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=root,
+            ).stdout.split()
+            best[name] = min(best[name], float(out[0]))
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=1024)
     ap.add_argument("--seconds", type=int, default=3600)
     ap.add_argument("--db", type=Path, help="keep (or reuse) the database at this path")
     ap.add_argument("--window-s", type=float, default=60.0)
+    ap.add_argument("--base", type=Path, help="a checkout to compare analyze() with")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.db or Path(tmp) / "speed.db"
@@ -150,6 +192,13 @@ def main() -> None:
             )
             cpu_an = (time.process_time() - c0) / 3
             t_raw, raw = timed(lambda: store.series(start_ns, end_ns, ANALYSIS_FIELDS), repeat=1)
+            compared: dict[str, float] = {}
+            if args.base is not None:
+                frame_path = Path(tmp) / "frame.pkl"
+                with frame_path.open("wb") as fh:
+                    pickle.dump((frame, jobs, start_ns, end_ns, args.window_s), fh)
+                here = Path(__file__).resolve().parents[1]
+                compared = side_by_side(frame_path, {"this": here, "base": args.base.resolve()})
         finally:
             store.close()
     verdict = "ok" if t_an <= 1.0 else "MISSED"
@@ -165,6 +214,12 @@ def main() -> None:
         + ", ".join(f"{s.host}:{s.gpu_index} {s.cause}" for s in summary.stragglers)
         + f"; {len(summary.idle_allocated)} idle allocated GPUs"
     )
+    if compared:
+        print(
+            f"analyze() CPU, side by side (best of 3 alternating rounds): this "
+            f"{compared['this']:.3f} s, base {args.base} {compared['base']:.3f} s, "
+            f"ratio {compared['this'] / compared['base']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

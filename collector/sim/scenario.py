@@ -17,6 +17,9 @@ Schema (times are durations from the start of the scenario: a number of seconds 
       host_prefix: node-            # optional, default "node-": hosts node-0 .. node-3
       inlet_temp_c: 30              # optional, default 30: cold-aisle air temperature
       power_limit_w: 700            # optional, default the model's TDP
+      models: {"node-[2-3]": A100 SXM}        # optional: other models on some nodes
+      node_inlet_temp_c: {node-1: 38}         # optional: per-node inlet air temperature
+      gpu_power_limit_w: {"node-0:3": 450}    # optional: per-GPU enforced power limits
     jobs:
       - id: llm-pretrain            # required, unique
         kind: training              # training | inference | idle
@@ -28,11 +31,19 @@ Schema (times are durations from the start of the scenario: a number of seconds 
         comm_fraction: 0.15         # training only: share of a healthy step spent in all-reduce
         load: 0.85                  # inference only: share of time busy when healthy, 0..1
         memory_gib: 60              # memory each process holds
+        nccl_spin: true             # training only: ranks waiting at the all-reduce spin (high
+                                    # utilisation, no tensor work), as NCCL kernels do
+        stages: [1.0, 0.7, 0.85]    # training only: pipeline-parallel, ranks split evenly into
+                                    # stages whose compute differs by design
+        balancer: round_robin       # inference only: latency_aware (default) | round_robin
     faults:
       - kind: thermal_slowdown      # see FAULT_PARAMS for every kind and its parameters
         gpu: node-2:5
         start: 4m
         end: 50m                    # optional: default lasts to the end
+        period: 3m                  # optional (dynamic faults): on for duty x period, then off
+        duty: 0.66                  # optional, default 1 (always on while active)
+        ramp: 2m                    # optional: severity grows linearly from 0 over this long
 
 GPU selectors are ``HOST:INDICES``. ``HOST`` is a host name, ``*`` (every host) or a Slurm-style
 range ``node-[0-2]``; ``INDICES`` is ``*``, ``5``, ``0-6`` or a comma list ``0,2,4-5``. A GPU may
@@ -44,6 +55,7 @@ against; see ``GroundTruth`` for exactly what each record means.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +68,7 @@ from gpuwatt.yamlfile import Located, load_file, load_text
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
 JOB_KINDS: tuple[str, ...] = ("training", "inference", "idle")
+BALANCERS: tuple[str, ...] = ("latency_aware", "round_robin")
 
 GpuRef = tuple[str, int]  # (host, gpu index)
 
@@ -82,6 +95,33 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "memory_leak": {"rate_gib_per_h": 0.0, "max_fraction": 0.98},
     # the driver reloads: the energy counter restarts from 0 at start (an instant)
     "energy_counter_reset": {},
+    # HW slowdown alone (reason 0x8, e.g. a sensor or PSU event): clock at clock_ratio of max
+    "hw_slowdown": {"clock_ratio": 0.5},
+    # the driver's SW thermal slowdown (reason 0x20): clock at clock_ratio of max
+    "sw_thermal": {"clock_ratio": 0.7},
+    # application clocks locked low (no reason bit but 0x2): clock at clock_mhz (default 60 %)
+    "clock_lock": {"clock_mhz": 0.0},
+    # a slow host / data loader: each step the rank waits wait_fraction x its compute time for
+    # input, with normal clocks and an idle GPU
+    "slow_host": {"wait_fraction": 0.4},
+    # a degraded NVLink/PCIe link: this rank's all-reduce takes factor x longer
+    "slow_link": {"factor": 3.0},
+}
+
+#: Parameters every dynamic (not instant) fault takes: an on/off duty cycle and a gradual onset.
+#: ``period`` 0 means no cycle; ``ramp`` 0 means full severity at once.
+COMMON_FAULT_PARAMS: dict[str, float] = {"period": 0.0, "duty": 1.0, "ramp": 0.0}
+
+#: Fault kinds that make a GPU a straggler, and the detector's cause for each (ground truth for
+#: the detection benchmark). ``slow_unknown``: the cause is not visible in GPU counters.
+STRAGGLER_FAULTS: dict[str, str] = {
+    "thermal_slowdown": "thermal",
+    "power_brake": "power_brake",
+    "hw_slowdown": "hw_slowdown",
+    "sw_thermal": "sw_thermal",
+    "clock_lock": "clock",
+    "slow_host": "host_wait",
+    "slow_link": "slow_unknown",
 }
 
 #: Fault kinds that happen at one instant: ``end`` is not allowed and ground truth has end == start.
@@ -139,10 +179,29 @@ class ClusterSpec:
     host_prefix: str = "node-"
     inlet_temp_c: float = 30.0
     power_limit_w: float | None = None  # None: the model's TDP
+    node_models: tuple[tuple[str, str], ...] = ()  # (host, model) where not ``model``
+    node_inlet_temp_c: tuple[tuple[str, float], ...] = ()  # (host, inlet C) where not the default
+    gpu_power_limit_w: tuple[tuple[GpuRef, float], ...] = ()  # per-GPU enforced limits
 
     @property
     def spec(self) -> GpuSpec:
         return SPECS[self.model]
+
+    def model_of(self, host: str) -> str:
+        return dict(self.node_models).get(host, self.model)
+
+    def inlet_of(self, host: str) -> float:
+        return dict(self.node_inlet_temp_c).get(host, self.inlet_temp_c)
+
+    def power_limit_of(self, ref: GpuRef) -> float:
+        """The enforced power limit of one GPU: its own, else the cluster's, else its TDP."""
+        own = dict(self.gpu_power_limit_w).get(ref)
+        if own is not None:
+            return own
+        model = self.model_of(ref[0])
+        if self.power_limit_w is not None and model == self.model:
+            return self.power_limit_w
+        return SPECS[model].tdp_w
 
     @property
     def gpu_count(self) -> int:
@@ -168,6 +227,16 @@ class JobSpec:
     comm_fraction: float = 0.15  # training
     load: float = 0.85  # inference
     memory_gib: float = 40.0
+    nccl_spin: bool = False  # training: waiting ranks spin (utilisation stays high)
+    stages: tuple[float, ...] = ()  # training: pipeline stages' relative compute, rank-contiguous
+    balancer: str = "latency_aware"  # inference: one of BALANCERS
+
+    def stage_factors(self) -> list[float]:
+        """Each rank's compute relative to the job's step (1.0 without stages)."""
+        if not self.stages:
+            return [1.0] * len(self.gpus)
+        n = len(self.gpus)
+        return [self.stages[min(r * len(self.stages) // n, len(self.stages) - 1)] for r in range(n)]
 
     def active_at(self, t_s: float) -> bool:
         return self.start_s <= t_s and (self.end_s is None or t_s < self.end_s)
@@ -182,7 +251,35 @@ class FaultSpec:
     params: dict[str, Any] = field(default_factory=dict)  # every parameter, defaults filled in
 
     def active_at(self, t_s: float) -> bool:
-        return self.start_s <= t_s and (self.end_s is None or t_s < self.end_s)
+        """Within its window and, with a duty cycle, in an "on" part of it."""
+        if not (self.start_s <= t_s and (self.end_s is None or t_s < self.end_s)):
+            return False
+        period = self.params.get("period", 0.0)
+        if not period:
+            return True
+        return (t_s - self.start_s) % period < self.params.get("duty", 1.0) * period
+
+    def severity_at(self, t_s: float) -> float:
+        """0..1: how far the gradual onset (``ramp``) has come, in tenths."""
+        ramp = self.params.get("ramp", 0.0)
+        if not ramp:
+            return 1.0
+        return min(1.0, math.ceil(10.0 * max(t_s - self.start_s, 0.0) / ramp) / 10.0)
+
+    def switch_times(self, horizon_s: float) -> list[float]:
+        """Every time before ``horizon_s`` at which its duty cycle or ramp changes the fault."""
+        end = min(self.end_s if self.end_s is not None else horizon_s, horizon_s)
+        out: list[float] = []
+        period, duty = self.params.get("period", 0.0), self.params.get("duty", 1.0)
+        if period:
+            t = self.start_s
+            while t < end:
+                out += [t, t + duty * period]
+                t += period
+        ramp = self.params.get("ramp", 0.0)
+        if ramp:
+            out += [self.start_s + ramp * k / 10.0 for k in range(1, 11)]
+        return [t for t in out if t < end]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +293,10 @@ class GroundTruth:
       ``end_s == start_s``. Symptoms follow physics: a thermal slowdown shows (temperature past the
       slowdown threshold, reasons 0x40) some seconds after ``start_s``, once the GPU has heated up.
     - ``job_id``: the job on that GPU at ``start_s`` (None when none).
+    - ``params``: the fault's parameters, with ``period``/``duty`` (on/off cycle) and ``ramp``
+      (gradual onset) where the scenario gave them. ``STRAGGLER_FAULTS`` says which cause a
+      detector should name for each straggler kind. Per-node models, inlet temperatures and
+      per-GPU power limits are facts of the cluster (``ClusterSpec``), not problems.
     """
 
     host: str
@@ -292,7 +393,17 @@ def load_scenario_text(text: str, path: str = "<scenario>") -> Scenario:
 
 _TOP_KEYS = frozenset({"name", "description", "seed", "duration", "cluster", "jobs", "faults"})
 _CLUSTER_KEYS = frozenset(
-    {"nodes", "gpus_per_node", "model", "host_prefix", "inlet_temp_c", "power_limit_w"}
+    {
+        "nodes",
+        "gpus_per_node",
+        "model",
+        "host_prefix",
+        "inlet_temp_c",
+        "power_limit_w",
+        "models",
+        "node_inlet_temp_c",
+        "gpu_power_limit_w",
+    }
 )
 _JOB_KEYS = frozenset(
     {
@@ -306,9 +417,19 @@ _JOB_KEYS = frozenset(
         "comm_fraction",
         "load",
         "memory_gib",
+        "nccl_spin",
+        "stages",
+        "balancer",
     }
 )
-_JOB_KIND_ONLY = {"step_time": "training", "comm_fraction": "training", "load": "inference"}
+_JOB_KIND_ONLY = {
+    "step_time": "training",
+    "comm_fraction": "training",
+    "load": "inference",
+    "nccl_spin": "training",
+    "stages": "training",
+    "balancer": "inference",
+}
 _FAULT_BASE_KEYS = frozenset({"kind", "gpu", "start", "end"})
 
 
@@ -361,7 +482,7 @@ def _parse_cluster(node: Located) -> ClusterSpec:
     prefix = _opt(node, "host_prefix", lambda n: n.string(), "node-")
     if any(c in prefix for c in ":[]*,"):
         raise _req(node, "host_prefix").error("host_prefix may not contain any of : [ ] * ,")
-    return ClusterSpec(
+    base = ClusterSpec(
         nodes=_req(node, "nodes").integer(minimum=1, maximum=4096),
         gpus_per_node=_req(node, "gpus_per_node").integer(minimum=1, maximum=64),
         model=model,
@@ -369,6 +490,41 @@ def _parse_cluster(node: Located) -> ClusterSpec:
         inlet_temp_c=_opt(node, "inlet_temp_c", lambda n: n.number(-10.0, 60.0), 30.0),
         power_limit_w=_opt(node, "power_limit_w", lambda n: n.number(1.0, 5000.0), None),
     )
+    models: dict[str, str] = {}
+    for sel, value in _opt_map(node, "models"):
+        name = value.string()
+        if name not in SPECS:
+            raise value.error(f"unknown GPU model {name!r} (known: {', '.join(SPECS)})")
+        for host in _select_hosts(value, sel, base):
+            models[host] = name
+    inlets: dict[str, float] = {}
+    for sel, value in _opt_map(node, "node_inlet_temp_c"):
+        for host in _select_hosts(value, sel, base):
+            inlets[host] = value.number(-10.0, 60.0)
+    limits: dict[GpuRef, float] = {}
+    for sel, value in _opt_map(node, "gpu_power_limit_w"):
+        for ref in parse_selector(Located(sel, value.path, value.line), base):
+            limits[ref] = value.number(1.0, 5000.0)
+    return ClusterSpec(
+        nodes=base.nodes,
+        gpus_per_node=base.gpus_per_node,
+        model=model,
+        host_prefix=prefix,
+        inlet_temp_c=base.inlet_temp_c,
+        power_limit_w=base.power_limit_w,
+        node_models=tuple(models.items()),
+        node_inlet_temp_c=tuple(inlets.items()),
+        gpu_power_limit_w=tuple(limits.items()),
+    )
+
+
+def _opt_map(node: Located, key: str) -> list[tuple[str, Located]]:
+    """The (selector, value) pairs of an optional mapping field."""
+    child = node.get(key)
+    if child is None or child.value is None:
+        return []
+    child.mapping(f"a mapping of {key} by selector")
+    return list(child.items())
 
 
 def _window(node: Located) -> tuple[float, float | None]:
@@ -414,7 +570,17 @@ def _parse_job(node: Located, cluster: ClusterSpec) -> JobSpec:
         comm_fraction=_opt(node, "comm_fraction", lambda n: n.number(0.0, 0.9), 0.15),
         load=_opt(node, "load", lambda n: n.number(0.0, 1.0), 0.85),
         memory_gib=_memory_gib(node, cluster),
+        nccl_spin=_opt(node, "nccl_spin", lambda n: n.boolean(), False),
+        stages=_opt(node, "stages", _stages, ()),
+        balancer=_opt(node, "balancer", lambda n: n.choice(BALANCERS), "latency_aware"),
     )
+
+
+def _stages(node: Located) -> tuple[float, ...]:
+    items = node.sequence("a list of stage loads like [1.0, 0.8]")
+    if not items:
+        raise node.error("stages needs at least one stage load")
+    return tuple(n.number(0.05, 1.0) for n in items)
 
 
 def _memory_gib(node: Located, cluster: ClusterSpec) -> float:
@@ -447,7 +613,8 @@ def _parse_fault(node: Located, cluster: ClusterSpec) -> FaultSpec:
     node.mapping("a fault (a mapping with kind, gpu, start)")
     kind = _req(node, "kind").choice(list(FAULT_PARAMS))
     defaults = FAULT_PARAMS[kind]
-    base = _FAULT_BASE_KEYS - {"end"} if kind in INSTANT_FAULTS else _FAULT_BASE_KEYS
+    instant = kind in INSTANT_FAULTS
+    base = _FAULT_BASE_KEYS - {"end"} if instant else _FAULT_BASE_KEYS | set(COMMON_FAULT_PARAMS)
     required = {"kind", "gpu"} | {p for p, d in defaults.items() if d is None}
     node.check_keys(base | set(defaults), required=required)
     gpu_node = _req(node, "gpu")
@@ -456,7 +623,19 @@ def _parse_fault(node: Located, cluster: ClusterSpec) -> FaultSpec:
         raise gpu_node.error(f"a fault names one GPU (like node-2:5); this selects {len(refs)}")
     start, end = _window(node)
     params = {p: _fault_param(node, kind, p, d) for p, d in defaults.items()}
+    if not instant:  # only where given: a plain fault's params stay its kind's defaults
+        cycle = _cycle_params(node)
+        params.update({k: v for k, v in cycle.items() if v != COMMON_FAULT_PARAMS[k]})
     return FaultSpec(kind=kind, gpu=refs[0], start_s=start, end_s=end, params=params)
+
+
+def _cycle_params(node: Located) -> dict[str, float]:
+    period = _opt(node, "period", lambda n: n.duration_s(minimum=1.0), 0.0)
+    duty = _opt(node, "duty", lambda n: n.number(0.01, 1.0), 1.0)
+    if node.get("duty") is not None and not period:
+        raise _req(node, "duty").error("duty needs a period (e.g. period: 3m)")
+    ramp = _opt(node, "ramp", lambda n: n.duration_s(), 0.0)
+    return {"period": period, "duty": duty, "ramp": ramp}
 
 
 def _fault_param(node: Located, kind: str, name: str, default: Any) -> Any:
@@ -469,8 +648,12 @@ def _fault_param(node: Located, kind: str, name: str, default: Any) -> Any:
         return child.integer(minimum=0)
     if name == "cooling_factor":
         return child.number(minimum=1.0, maximum=10.0)
-    if name == "max_fraction":
-        return child.number(minimum=0.0, maximum=1.0)
+    if name in ("max_fraction", "wait_fraction"):
+        return child.number(minimum=0.0, maximum=1.0 if name == "max_fraction" else 10.0)
+    if name == "clock_ratio":
+        return child.number(minimum=0.05, maximum=1.0)
+    if name == "factor":
+        return child.number(minimum=1.0, maximum=100.0)
     return child.number(minimum=0.0)
 
 

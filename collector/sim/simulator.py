@@ -44,6 +44,17 @@ of ``advance_to``)
       ``max_fraction`` of the total (released at end: the process restarts); energy_counter_reset
       restarts the counter from 0 at start. A lost or idle GPU drops out of its job's barrier (the
       crash that would follow is not modelled).
+    - Clock-only faults: hw_slowdown (reason 0x8 alone), sw_thermal (0x20) and clock_lock
+      (application clocks, 0x2) cap r. Slowdowns clocks do not show: slow_host makes a rank wait
+      ``wait_fraction`` x its compute time for input each step (GPU idle, clocks normal); slow_link
+      makes its all-reduce ``factor`` x longer (the all-reduce starts when the last rank is ready
+      and lasts as long as the slowest link). With ``nccl_spin`` the ranks that wait spin in NCCL
+      kernels: utilisation stays high, tensor activity does not, SM activity 0.3, demand 0.15.
+      Pipeline ``stages`` scale each rank's compute by its stage's load. A ``round_robin``
+      balancer gives every replica its share whatever its speed (a slow one saturates).
+    - Every dynamic fault may cycle (``period``/``duty``: ``FaultSpec.active_at``) and ramp up
+      (``ramp``: severity in tenths, ``FaultSpec.severity_at``); both switch at regime boundaries.
+      Models, inlet temperatures and power limits may differ by node or GPU (``ClusterSpec``).
 
 Memory: ``memory_used_bytes`` is NVML v2 "used" (the processes' memory); the driver's reserve
 (0.65 % of the total) is ``memory_reserved_bytes``.
@@ -70,13 +81,17 @@ from gpuwatt.collector.sim.scenario import (
     gpu_profile,
 )
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.gpu_specs import SPECS
 from gpuwatt.schema import (
     REASON_GPU_IDLE,
     REASON_HW_POWER_BRAKE,
     REASON_HW_SLOWDOWN,
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
+    REASON_SW_THERMAL,
 )
+
+REASON_APP_CLOCKS = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting
 
 GIB = 1024**3
 MIB = 1024**2
@@ -88,6 +103,7 @@ THERMAL_SPAN_C = 8.0  # the clock falls linearly to the floor over this many K p
 THERMAL_FLOOR = 0.45
 POWER_CAP_FLOOR = 0.5
 BRAKE_DEFAULT_RATIO = 0.35
+LOCK_DEFAULT_RATIO = 0.6
 CLOCK_STEP_MHZ = 15.0  # NVIDIA clocks move in 15 MHz bins
 
 NVLINK_BYTES_PER_S = 270e9
@@ -125,22 +141,31 @@ class _Slots:
     allreduce_s: np.ndarray  # per job (training)
     load: np.ndarray  # per slot (inference)
     sizes: np.ndarray  # slots per job
+    spin: np.ndarray  # per slot: waiting at the all-reduce spins (training)
+    round_robin: np.ndarray  # per slot: the balancer ignores speed (inference)
 
     @classmethod
     def build(cls, jobs: list[_Job], out: np.ndarray) -> _Slots:
-        live = [(j.spec, j.idx[~out[j.idx]]) for j in jobs]
-        live = [(spec, gpus) for spec, gpus in live if gpus.size]
-        sizes = [gpus.size for _, gpus in live]
-        specs = tuple(spec for spec, _ in live)
+        live = []
+        for j in jobs:
+            keep = ~out[j.idx]
+            if keep.any():
+                live.append((j.spec, j.idx[keep], np.asarray(j.spec.stage_factors())[keep]))
+        sizes = [gpus.size for _, gpus, _ in live]
+        specs = tuple(spec for spec, _, _ in live)
+        base = np.repeat([j.step_time_s * (1 - j.comm_fraction) for j in specs], sizes)
+        stage = np.concatenate([f for _, _, f in live]) if live else np.zeros(0)
         return cls(
             jobs=specs,
-            gpus=np.concatenate([g for _, g in live]) if live else np.zeros(0, np.intp),
+            gpus=np.concatenate([g for _, g, _ in live]) if live else np.zeros(0, np.intp),
             starts=np.cumsum([0, *sizes[:-1]]).astype(np.intp),
             job_of_slot=np.repeat(np.arange(len(live)), sizes),
-            compute_s=np.repeat([j.step_time_s * (1 - j.comm_fraction) for j in specs], sizes),
+            compute_s=base * stage,
             allreduce_s=np.array([j.step_time_s * j.comm_fraction for j in specs]),
             load=np.repeat([j.load for j in specs], sizes),
             sizes=np.array(sizes, dtype=float),
+            spin=np.repeat([j.nccl_spin for j in specs], sizes).astype(bool),
+            round_robin=np.repeat([j.balancer == "round_robin" for j in specs], sizes).astype(bool),
         )
 
 
@@ -151,6 +176,11 @@ class _Regime:
     lost: np.ndarray
     working: np.ndarray  # in a running training/inference job, neither lost nor idled
     brake: np.ndarray  # clock ratio the power brake allows (1 = none)
+    hw_slow: np.ndarray  # clock ratio a HW slowdown alone allows (1 = none)
+    sw_thermal: np.ndarray  # clock ratio the driver's SW thermal slowdown allows
+    locked: np.ndarray  # clock ratio locked application clocks allow
+    host_wait: np.ndarray  # per GPU: input wait per step, as a fraction of its compute time
+    link: np.ndarray  # per GPU: all-reduce time multiplier (degraded NVLink/PCIe)
     r_c_per_w: np.ndarray  # thermal resistance including any cooling fault
     power_a: np.ndarray  # demand per unit of compute: 0.3 + 0.9 x intensity
     rest_demand: np.ndarray  # demand of GPUs that are not working
@@ -174,6 +204,8 @@ class _Last:
     util_noise: np.ndarray
     train_jobs: tuple[JobSpec, ...] = ()
     step_s: np.ndarray | None = None
+    spin: np.ndarray | None = None
+    extra_reasons: np.ndarray | None = None
 
 
 class Simulator:
@@ -259,10 +291,11 @@ class Simulator:
     # --- construction -------------------------------------------------------------------------
     def _build_states(self, rng: np.random.Generator) -> list[SimGpuState]:
         cluster = self.scenario.cluster
-        spec, profile = cluster.spec, gpu_profile(cluster.model)
-        limit = cluster.power_limit_w if cluster.power_limit_w is not None else spec.tdp_w
         states = []
         for host, index in self._refs:
+            model = cluster.model_of(host)
+            spec, profile = SPECS[model], gpu_profile(model)
+            limit = cluster.power_limit_of((host, index))
             states.append(
                 SimGpuState(
                     host=host,
@@ -285,24 +318,28 @@ class Simulator:
 
     def _init_arrays(self, rng: np.random.Generator, n: int) -> None:
         cluster = self.scenario.cluster
-        profile = gpu_profile(cluster.model)
-        g0 = self.cluster.gpus[0]
-        self._idle_w = np.full(n, profile.idle_power_w)
-        self._dyn_w = np.full(n, cluster.spec.tdp_w - profile.idle_power_w)
-        self._limit_w = np.full(n, g0.power_limit_w)
+        gpus = self.cluster.gpus
+        profiles = [gpu_profile(cluster.model_of(h)) for h, _ in self._refs]
+        self._idle_w = np.array([g.idle_power_w for g in gpus])
+        self._dyn_w = np.array([g.spec.tdp_w for g in gpus]) - self._idle_w
+        self._limit_w = np.array([g.power_limit_w for g in gpus])
         slot = np.array([i for _, i in self._refs], dtype=float)
         # GPUs further down the airflow breathe warmer air
-        self._inlet_c = cluster.inlet_temp_c + 3.0 * slot / max(cluster.gpus_per_node - 1, 1)
+        inlet = np.array([cluster.inlet_of(h) for h, _ in self._refs])
+        self._inlet_c = inlet + 3.0 * slot / max(cluster.gpus_per_node - 1, 1)
         self._inlet_c += rng.normal(0.0, 0.5, n)
-        self._r_c_per_w = profile.full_load_rise_c / cluster.spec.tdp_w * rng.normal(1.0, 0.05, n)
-        self._slowdown_c = np.full(n, profile.slowdown_temp_c)
-        self._max_clock = np.full(n, float(cluster.spec.peak_clock_mhz))
-        self._idle_clock = profile.idle_sm_clock_mhz
-        self._mem_total = profile.memory_total_mib * MIB
-        self._mem_base = int(0.0065 * self._mem_total)  # driver/context reservation
-        for g in self.cluster.gpus:
-            g.memory_reserved_bytes = self._mem_base
-        self._mem_clock = float(profile.memory_clock_max_mhz)
+        rise = np.array([p.full_load_rise_c for p in profiles])
+        tdp = np.array([g.spec.tdp_w for g in gpus])
+        self._r_c_per_w = rise / tdp * rng.normal(1.0, 0.05, n)
+        self._slowdown_c = np.array([g.slowdown_temp_c for g in gpus])
+        self._max_clock = np.array([g.sm_clock_max_mhz for g in gpus])
+        self._idle_clock = np.array([p.idle_sm_clock_mhz for p in profiles])
+        self._mem_total = np.array([g.memory_total_bytes for g in gpus], dtype=float)
+        # driver/context reservation
+        self._mem_base = (0.0065 * self._mem_total).astype(np.int64)
+        for g, base in zip(gpus, self._mem_base.tolist(), strict=True):
+            g.memory_reserved_bytes = base
+        self._mem_clock = [g.memory_clock_max_mhz for g in gpus]
         # dynamic state at the grid point self._grid, and the step (grid-1, grid] before it
         self._grid = 0
         self._temp_c = self._inlet_c + self._r_c_per_w * self._idle_w
@@ -331,7 +368,7 @@ class Simulator:
             return fault.params["rate_gib_per_h"] * GIB / 3600.0
         duration = (fault.end_s - fault.start_s) if fault.end_s is not None else 3600.0
         held = self._memory_held(fault.gpu, fault.start_s)
-        headroom = fault.params["max_fraction"] * self._mem_total - held
+        headroom = fault.params["max_fraction"] * self._mem_total[self._pos[fault.gpu]] - held
         return max(headroom, 0.0) / duration
 
     # --- the dynamics -------------------------------------------------------------------------
@@ -344,15 +381,17 @@ class Simulator:
 
         over_c = self._temp_c - self._slowdown_c
         r_th = np.minimum(np.maximum(1.0 - over_c / THERMAL_SPAN_C, THERMAL_FLOOR), 1.0)
-        r_hw = np.minimum(r_th, reg.brake)
+        r_hw = np.minimum(np.minimum(r_th, reg.brake), reg.hw_slow)
+        r_hw = np.minimum(np.minimum(r_hw, reg.sw_thermal), reg.locked)
         pc_ratio = self._pc_ratio
         r = np.minimum(r_hw, pc_ratio)
 
         compute = np.zeros(n)
         comm = np.zeros(n)
-        step_s = _train(reg.training, r, noise[0], compute, comm)
+        spin = np.zeros(n)
+        step_s = _train(reg.training, r, noise[0], compute, comm, spin, reg)
         _serve(reg.inference, r, compute)
-        demand = compute * reg.power_a + comm * 0.3
+        demand = compute * reg.power_a + comm * 0.3 + spin * 0.15
         demand = np.where(
             reg.working, np.maximum(demand * (1.0 + 0.03 * noise[1]), 0.0), reg.rest_demand
         )
@@ -363,6 +402,7 @@ class Simulator:
         self._pc_ratio = np.minimum(np.maximum(target, POWER_CAP_FLOOR), 1.0)
 
         rate = reg.coef_compute * compute + reg.coef_comm * comm
+        rate[_C_SM] += 0.3 * spin  # NCCL spin kernels occupy some SMs, no tensor work
         rate[_C_ENERGY_J] = power
         self._rate = rate
         self._power_w = power
@@ -381,6 +421,8 @@ class Simulator:
             noise[2],
             reg.training.jobs,
             step_s,
+            spin,
+            _extra_reasons(reg),
         )
         self._grid += 1
         if self._resets:
@@ -399,20 +441,38 @@ class Simulator:
         idle = np.zeros(n, dtype=bool)
         cooling = np.ones(n)
         brake = np.ones(n)
+        ratios = {kind: np.ones(n) for kind in ("hw_slowdown", "sw_thermal", "clock_lock")}
+        host_wait = np.zeros(n)
+        link = np.ones(n)
         for f in self.scenario.faults:
             if not f.active_at(t_s):
                 continue
             k = self._pos[f.gpu]
+            sev = f.severity_at(t_s)  # gradual onset: 0..1
+
+            def eased(ratio: float, sev: float = sev) -> float:
+                return 1.0 - sev * (1.0 - ratio)
+
             if f.kind == "gpu_lost":
                 lost[k] = True
             elif f.kind == "idle_allocated":
                 idle[k] = True
             elif f.kind == "thermal_slowdown":
-                cooling[k] = f.params["cooling_factor"]
+                cooling[k] = 1.0 + sev * (f.params["cooling_factor"] - 1.0)
             elif f.kind == "power_brake":
                 mhz = f.params["clock_mhz"]
                 ratio = mhz / self._max_clock[k] if mhz > 0 else BRAKE_DEFAULT_RATIO
-                brake[k] = min(brake[k], ratio, 1.0)
+                brake[k] = min(brake[k], eased(ratio), 1.0)
+            elif f.kind in ("hw_slowdown", "sw_thermal"):
+                ratios[f.kind][k] = min(ratios[f.kind][k], eased(f.params["clock_ratio"]))
+            elif f.kind == "clock_lock":
+                mhz = f.params["clock_mhz"]
+                ratio = mhz / self._max_clock[k] if mhz > 0 else LOCK_DEFAULT_RATIO
+                ratios["clock_lock"][k] = min(ratios["clock_lock"][k], eased(ratio))
+            elif f.kind == "slow_host":
+                host_wait[k] = sev * f.params["wait_fraction"]
+            elif f.kind == "slow_link":
+                link[k] = 1.0 + sev * (f.params["factor"] - 1.0)
         out = lost | idle
         running = [j for j in self._jobs if j.spec.active_at(t_s)]
         training = _Slots.build([j for j in running if j.spec.kind == "training"], out)
@@ -434,11 +494,16 @@ class Simulator:
         coef_compute[_C_FP32] = 0.06
         coef_compute[_C_FP16] = 0.02
         coef_compute[_C_DRAM], coef_comm[_C_DRAM] = dram_k, 0.2
-        coef_comm[_C_NVL] = NVLINK_BYTES_PER_S
+        coef_comm[_C_NVL] = NVLINK_BYTES_PER_S / link  # a degraded link: same bytes, longer
         return _Regime(
             lost=lost,
             working=working,
             brake=brake,
+            hw_slow=ratios["hw_slowdown"],
+            sw_thermal=ratios["sw_thermal"],
+            locked=ratios["clock_lock"],
+            host_wait=host_wait,
+            link=link,
             r_c_per_w=self._r_c_per_w * cooling,
             power_a=0.3 + 0.9 * intens,
             rest_demand=np.where(lost, 0.0, 0.005),
@@ -487,13 +552,17 @@ class Simulator:
         fan = np.clip(30.0 + 1.5 * (np.asarray(temp) - 40.0), 30.0, 100.0).tolist()
         power = self._power_w.tolist()
         last = self._last
-        busy_pct = 100.0 * (last.compute + last.comm) + 1.0 * last.util_noise
+        spin = last.spin if last.spin is not None else 0.0
+        busy_pct = 100.0 * (last.compute + last.comm + spin) + 1.0 * last.util_noise
         util = np.where(last.working, np.minimum(np.maximum(busy_pct, 0.0), 100.0), 0.0).tolist()
         util_mem = (100.0 * self._rate[_C_DRAM]).tolist()
         clock_mhz = self._max_clock * last.r
         idle_mhz = np.minimum(self._idle_clock, clock_mhz)
         clock = np.where(last.working, _quantise(clock_mhz), idle_mhz).tolist()
-        reasons = _reasons(last.working, last.power_limited, last.hot, last.braked).tolist()
+        reasons = _reasons(last.working, last.power_limited, last.hot, last.braked)
+        if last.extra_reasons is not None:
+            reasons = reasons | np.where(last.working, last.extra_reasons, 0)
+        reasons = reasons.tolist()
         tx_b, rx_b = _pcie_bytes_per_s(last.compute, last.comm)
         tx = (tx_b / 1024.0).tolist()
         rx = (rx_b / 1024.0).tolist()
@@ -509,7 +578,7 @@ class Simulator:
             g.energy_mj = round(cum[_C_ENERGY_J][k] * 1000.0)
             g.sm_clock_mhz = clock[k]
             g.graphics_clock_mhz = clock[k]
-            g.memory_clock_mhz = self._mem_clock
+            g.memory_clock_mhz = self._mem_clock[k]
             g.clock_event_reasons = reasons[k]
             g.pcie_tx_kib_per_s = tx[k]
             g.pcie_rx_kib_per_s = rx[k]
@@ -545,14 +614,16 @@ class Simulator:
             g.memory_used_bytes = sum(b for _, b in g.processes)
 
     def _leaked_bytes(self, f: FaultSpec, t_s: float, procs: list[tuple[int, int]]) -> int:
-        held = self._mem_base + sum(b for _, b in procs)
-        ceiling = f.params["max_fraction"] * self._mem_total - held
+        k = self._pos[f.gpu]
+        held = int(self._mem_base[k]) + sum(b for _, b in procs)
+        ceiling = f.params["max_fraction"] * self._mem_total[k] - held
         grown = self._leak_rates[id(f)] * (t_s - f.start_s)
         return int(max(0.0, min(grown, ceiling)))
 
     def _memory_held(self, gpu: tuple[str, int], t_s: float) -> float:
         job = self.scenario.job_at(*gpu, t_s)
-        return self._mem_base + (job.memory_gib * GIB if job is not None else 0.0)
+        base = int(self._mem_base[self._pos[gpu]])
+        return base + (job.memory_gib * GIB if job is not None else 0.0)
 
     def _publish_faults(self, t_s: float, energy_j: list[float]) -> None:
         """Fault-driven fields; only GPUs with such a fault are touched (tests script others)."""
@@ -594,30 +665,53 @@ class Simulator:
 
 
 def _train(
-    slots: _Slots, r: np.ndarray, jitter: np.ndarray, compute: np.ndarray, comm: np.ndarray
+    slots: _Slots,
+    r: np.ndarray,
+    jitter: np.ndarray,
+    compute: np.ndarray,
+    comm: np.ndarray,
+    spin: np.ndarray,
+    reg: _Regime,
 ) -> np.ndarray | None:
     """Synchronous data parallel: each job's step waits for its slowest rank's all-reduce.
 
-    Fills ``compute``/``comm`` (fractions of the step) and returns each job's step time."""
+    A rank computes (longer when its clock is cut), may first wait for input from its host (slow
+    host: the GPU idles at normal clocks), then joins the all-reduce, which starts when the last
+    rank arrives and lasts as long as its slowest link. Ranks that arrive early or finish the
+    all-reduce early wait: blocked on the host, or spinning in NCCL kernels (``nccl_spin``).
+    Fills ``compute``/``comm``/``spin`` (fractions of the step); returns each job's step time."""
     if slots.gpus.size == 0:
         return None
     gpus = slots.gpus
     compute_s = slots.compute_s / r[gpus] * (1.0 + 0.01 * jitter[gpus])
-    step_s = np.maximum.reduceat(compute_s, slots.starts) + slots.allreduce_s
+    ready_s = compute_s + reg.host_wait[gpus] * compute_s
+    comm_s = slots.allreduce_s[slots.job_of_slot] * reg.link[gpus]
+    step_s = np.maximum.reduceat(ready_s, slots.starts) + np.maximum.reduceat(comm_s, slots.starts)
     per_slot = step_s[slots.job_of_slot]
     compute[gpus] = compute_s / per_slot
-    comm[gpus] = slots.allreduce_s[slots.job_of_slot] / per_slot
+    comm[gpus] = comm_s / per_slot
+    waiting = np.maximum(per_slot - ready_s - comm_s, 0.0) / per_slot
+    spin[gpus] = np.where(slots.spin, waiting, 0.0)
     return step_s
 
 
 def _serve(slots: _Slots, r: np.ndarray, compute: np.ndarray) -> None:
-    """Independent replicas behind a latency-aware balancer: traffic share goes as r²."""
+    """Independent replicas. A latency-aware balancer sends traffic as r²; a round-robin one
+    gives every replica its share whatever its speed, so a slow replica saturates and queues."""
     if slots.gpus.size == 0:
         return
     rr = r[slots.gpus]
-    share = rr * rr
+    share = np.where(slots.round_robin, 1.0, rr * rr)
     mean = np.add.reduceat(share, slots.starts) / slots.sizes
     compute[slots.gpus] = np.minimum(slots.load * share / mean[slots.job_of_slot] / rr, 1.0)
+
+
+def _extra_reasons(reg: _Regime) -> np.ndarray:
+    """Reason bits of the faults that only cap the clock."""
+    out = np.where(reg.hw_slow < 1.0, REASON_HW_SLOWDOWN, 0)
+    out = out | np.where(reg.sw_thermal < 1.0, REASON_SW_THERMAL, 0)
+    out = out | np.where(reg.locked < 1.0, REASON_APP_CLOCKS, 0)
+    return out.astype(np.int64)
 
 
 def _pcie_bytes_per_s(compute: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -632,13 +726,21 @@ def _pcie_bytes_per_s(compute: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray
     return tx, rx
 
 
+#: how far ahead duty cycles and ramps are expanded into boundaries when a scenario has no duration
+BOUNDARY_HORIZON_S = 48 * 3600.0
+
+
 def _boundaries(scenario: Scenario) -> list[float]:
-    """Every time at which a job or a dynamic fault starts or ends, sorted."""
+    """Every time at which a job or a dynamic fault starts or ends (or its duty cycle switches,
+    or its ramp steps), sorted."""
     times: set[float] = set()
     for item in (*scenario.jobs, *scenario.faults):
         times.add(item.start_s)
         if item.end_s is not None:
             times.add(item.end_s)
+    horizon = scenario.duration_s or BOUNDARY_HORIZON_S
+    for f in scenario.faults:
+        times.update(f.switch_times(horizon))
     return sorted(times)
 
 

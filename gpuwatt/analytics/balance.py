@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gpuwatt.analytics.idle import explain_idle, idle_class
 from gpuwatt.analytics.windows import label_codes, run_lengths, sorted_unique
 
 DEFAULT_INDEX = "cv"
@@ -137,6 +138,7 @@ class IdleGpu:
     process_count: float | None
     idle_energy_j: float | None
     explanation: str
+    idle_class: str = "free"  # one of gpuwatt.analytics.idle.IDLE_CLASSES
 
 
 def mark_idle(gw: pd.DataFrame, *, idle_util_pct: float) -> pd.DataFrame:
@@ -170,23 +172,17 @@ def idle_gpus(gw: pd.DataFrame, *, min_windows: int, window_ns: int) -> list[Idl
         procs_v = float(procs) if procs is not None and np.isfinite(procs) else None
         energy = this["energy_delta_j"].sum(min_count=1) if "energy_delta_j" in this else np.nan
         minutes = n * window_ns / 60e9
-        if job is not None:
-            held = []
-            if mem_v is not None and mem_v > 0:
-                held.append(f"holds {mem_v / 2**30:.1f} GiB")
-            if procs_v:
-                held.append(f"{procs_v:.0f} process(es)")
-            what = (", ".join(held) + ", ") if held else ""
-            expl = (
-                f"GPU {row['gpu_index']} on {row['host']} is allocated to job {job}, {what}"
-                f"but has run at {row['utilization_gpu_pct']:.0f} % utilisation for "
-                f"{minutes:.0f} min; check the job's device placement or release the GPU"
-            )
-        else:
-            expl = (
-                f"GPU {row['gpu_index']} on {row['host']} has no job and has been idle for "
-                f"{minutes:.0f} min"
-            )
+        cls = idle_class(job, mem_v, procs_v)
+        expl = explain_idle(
+            cls,
+            host=str(row["host"]),
+            gpu_index=int(row["gpu_index"]),
+            job_id=job,
+            minutes=minutes,
+            util_pct=float(row["utilization_gpu_pct"]),
+            memory_used_bytes=mem_v,
+            processes=procs_v,
+        )
         out.append(
             IdleGpu(
                 host=str(row["host"]),
@@ -202,7 +198,9 @@ def idle_gpus(gw: pd.DataFrame, *, min_windows: int, window_ns: int) -> list[Idl
                 process_count=procs_v,
                 idle_energy_j=float(energy) if np.isfinite(energy) else None,
                 explanation=expl,
+                idle_class=cls,
             )
         )
-    out.sort(key=lambda i: (not i.allocated, i.host, i.gpu_index))
+    rank = {"allocated_idle": 0, "held_no_job": 1, "free": 2}
+    out.sort(key=lambda i: (rank[i.idle_class], i.host, i.gpu_index))
     return out

@@ -1,8 +1,11 @@
 """Stragglers: GPUs slower than their peers, persistently, with the cause in words.
 
-Peers are the GPUs of the same job, else the job-less GPUs of the same node. Each window, every
-busy GPU is compared with its peers' *median* through ratios, not z-scores (NVIDIA NVRx scores a
-rank by reference median / own; a straggler sits below 0.75):
+Peers always exist: the other GPUs of the same job when it has ``min_peers`` busy ones, else (for
+job-less GPUs) the same-model GPUs of the node, else the same-model GPUs of the cluster doing
+similar work (busy, in that window) -- so 1- and 2-GPU jobs are compared too, and the explanation
+says which peers were used. Each window, every busy GPU is compared with its peers' *median*
+through ratios, not z-scores (NVIDIA NVRx scores a rank by reference median / own; a straggler
+sits below 0.75):
 
 * performance score = own SM clock / peer median SM clock (the clock is what a thermal slowdown,
   a power brake or a clock lock takes away),
@@ -21,6 +24,18 @@ far less power at the same load). A GPU is flagged only after ``persist_windows`
 anomalous windows (Minder's persistence), so a transient dip raises nothing. A healthy GPU under
 light load keeps its clocks, and one under heavy load only shows SW power cap, so uneven load
 alone is never a straggler.
+
+Hardware evidence does not need the GPU to be busy: a GPU holding work (utilisation above
+``holding_util_pct``, or memory or processes held) whose clock is below ``hard_score`` of its
+peers' with a HW fault reason active is anomalous whatever its utilisation (an inference replica
+starved by its balancer because it is slow). Against cluster-wide peers (not its job's) a clock
+deficit alone counts only without SW power cap, as load differs between jobs.
+
+Persistence is ``persist_windows`` (k) anomalous windows among the GPU's last ``persist_of`` (n),
+so a fault that comes and goes is found whatever second the run starts. A finding is one episode:
+anomalous windows no more than n - k windows apart; it stays active while k of the last n windows
+are anomalous (a wobble does not end it), and one anomalous in under ``steady_duty`` of its span
+is reported as intermittent with its duty cycle.
 """
 
 from __future__ import annotations
@@ -34,13 +49,35 @@ import pandas as pd
 from gpuwatt.analytics.reasons import FAULT_FRACTIONS, LABELS
 from gpuwatt.analytics.windows import label_codes, run_lengths
 
-CAUSES: tuple[str, ...] = ("power_brake", "thermal", "hw_slowdown", "clock", "slow_unknown")
+CAUSES: tuple[str, ...] = (
+    "power_brake",
+    "thermal",
+    "hw_slowdown",
+    "sw_thermal",
+    "clock",
+    "host_wait",
+    "slow_unknown",
+)
+
+#: How a cause is named in the explanation (``slow_unknown``: the GPU is slow and its counters do
+#: not show why).
+CAUSE_LABELS: dict[str, str] = {
+    "power_brake": "power brake",
+    "thermal": "thermal",
+    "hw_slowdown": "hw slowdown",
+    "sw_thermal": "sw thermal slowdown",
+    "clock": "clock",
+    "host_wait": "waits on its host (input pipeline / data loader)",
+    "slow_unknown": "slow, cause not visible in GPU counters",
+}
 
 ACTIONS: dict[str, str] = {
     "thermal": "check fans, airflow and inlet temperature of the node",
     "power_brake": "check the node's power supplies and the external power-brake signal",
     "hw_slowdown": "check the node's power and temperature sensors; drain it if this persists",
+    "sw_thermal": "the driver holds the clock under its target temperature: check cooling",
     "clock": "check for locked or application clocks (nvidia-smi -q -d CLOCK)",
+    "host_wait": "check the host's CPU, storage and data loader feeding this rank",
     "slow_unknown": "profile this rank; check its PCIe/NVLink links and the host",
 }
 
@@ -52,9 +89,16 @@ class StragglerConfig:
     soft_score: float = 0.92
     min_fault_fraction: float = 0.2
     hot_delta_c: float = 10.0
-    persist_windows: int = 3
+    persist_windows: int = 3  # k anomalous windows ...
+    persist_of: int = 5  # ... among the last n (never fewer than k)
+    steady_duty: float = 0.8  # an episode anomalous in less of its span is intermittent
     min_peers: int = 3
     sync_util_margin_pct: float = 10.0
+    holding_util_pct: float = 1.0
+
+    @property
+    def window_n(self) -> int:
+        return max(self.persist_of, self.persist_windows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +108,7 @@ class Straggler:
     uuid: str
     name: str
     job_id: str | None
-    peer_group: str  # "job:<id>" or "node:<host>"
+    peer_group: str  # "job:<id>", "node:<host>" (same model) or "model:<model>" (cluster-wide)
     cause: str  # one of CAUSES
     cause_inferred: bool  # True when the reasons bitmask was unavailable and the cause is inferred
     severity: str  # "critical" | "warning"
@@ -78,6 +122,9 @@ class Straggler:
     evidence: dict[str, float] = field(default_factory=dict)
     peers_waiting_energy_j: float | None = None
     explanation: str = ""
+    intermittent: bool = False  # on for under ``steady_duty`` of the episode's time
+    duty_cycle: float = 1.0  # share of the episode's time the fault was on
+    peers_used: str = ""  # which peers the GPU was compared with, in words
 
     @property
     def severity_score(self) -> float:
@@ -91,14 +138,45 @@ def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Peer group per row as codes into labels: ``job:<id>``, else ``node:<host>``; and
-    whether the row has a job."""
+    """First-choice peer group per row as codes into labels: ``job:<id>``, else
+    ``node:<host>`` (its job-less GPUs of the same model); and whether the row has a job."""
     jcodes, juniq = label_codes(gw, "job_id")
     has_job = jcodes >= 0
     hcodes, huniq = label_codes(gw, "host")
-    codes = np.where(has_job, jcodes, len(juniq) + hcodes).astype(np.int64)
-    labels = [f"job:{j}" for j in juniq] + [f"node:{h}" for h in huniq]
-    return codes, labels, has_job
+    mcodes, muniq = label_codes(gw, "name")
+    nm = max(len(muniq), 1)
+    m = np.maximum(mcodes, 0)
+    # a job that mixes models is compared model by model (their clocks differ by design)
+    codes = np.where(has_job, jcodes * nm + m, len(juniq) * nm + hcodes * nm + m)
+    models = muniq if len(muniq) else [""]
+    labels = [f"job:{j}" for j in juniq for _ in models]
+    labels += [f"node:{h}" for h in huniq for _ in models]
+    return codes.astype(np.int64), labels, has_job
+
+
+def _group_medians(
+    groups: np.ndarray, work: pd.DataFrame, busy: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per row: the median of each column over its group (one median per group), and the
+    number of busy rows in the group."""
+    n_groups = int(groups.max()) + 1 if len(groups) else 0
+    med = {c: v.to_numpy()[groups] for c, v in work.groupby(groups, sort=True).median().items()}
+    n_busy = np.bincount(groups[busy], minlength=n_groups)[groups]
+    return med, n_busy
+
+
+def _rolling_count(gpus: np.ndarray, flags: np.ndarray, n: int) -> np.ndarray:
+    """For rows sorted by GPU then window: True flags among the GPU's last ``n`` rows."""
+    m = len(flags)
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    c = np.cumsum(np.asarray(flags, dtype=np.int64))
+    pos = np.arange(m)
+    new_gpu = np.ones(m, dtype=bool)
+    new_gpu[1:] = gpus[1:] != gpus[:-1]
+    first = np.maximum.accumulate(np.where(new_gpu, pos, 0))
+    prev = np.maximum(pos - n, first - 1)
+    return c - np.where(prev >= 0, c[np.maximum(prev, 0)], 0)
 
 
 def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
@@ -107,12 +185,16 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     order = np.lexsort((w, gw["gpu_code"].to_numpy(dtype=np.int64)))  # by GPU, then window
     gw = gw.take(order).reset_index(drop=True)
     gcodes, guniq, has_job = _peer_groups(gw)
+    mcodes, muniq = label_codes(gw, "name")
     util = _col(gw, "utilization_gpu_pct")
     clock = _col(gw, "sm_clock_mhz")
     power = _col(gw, "power_w")
     temp = _col(gw, "temperature_gpu_c")
     tensor = _col(gw, "tensor_active_pct")
     busy = np.where(np.isfinite(util), util >= cfg.busy_util_pct, np.isfinite(clock))
+    mem = _col(gw, "memory_used_bytes")
+    procs = _col(gw, "process_count")
+    holding = busy | (util >= cfg.holding_util_pct) | (mem > 0) | (procs > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         ppu = np.where(util > 0, power / util, np.nan)
 
@@ -120,8 +202,9 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
         return np.where(busy, v, np.nan)
 
     wcodes, _ = pd.factorize(w[order])
+    wcodes = wcodes.astype(np.int64)
     # one group per (window, peer group), numbered once and reduced with numpy
-    groups, _ = pd.factorize(wcodes.astype(np.int64) * max(len(guniq), 1) + gcodes)
+    groups, _ = pd.factorize(wcodes * max(len(guniq), 1) + gcodes)
     n_groups = int(groups.max()) + 1 if len(groups) else 0
     work = pd.DataFrame(
         {
@@ -132,9 +215,21 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
             "util": util,
         }
     )
-    # one median per group, spread to its rows (cheaper than ``transform``)
-    med = {c: v.to_numpy()[groups] for c, v in work.groupby(groups, sort=True).median().items()}
-    n_busy = np.bincount(groups[busy], minlength=n_groups)[groups]
+    med, n_busy = _group_medians(groups, work, busy)
+    # fallback: the same-model GPUs of the cluster doing similar work (busy) in that window
+    own_ok = n_busy >= cfg.min_peers
+    fallback = ~own_ok
+    if fallback.any():
+        cgroups, _ = pd.factorize(wcodes * max(len(muniq), 1) + np.maximum(mcodes, 0))
+        cmed, cn_busy = _group_medians(cgroups, work, busy)
+        for c in med:
+            med[c] = np.where(fallback, cmed[c], med[c])
+        n_busy = np.where(fallback, cn_busy, n_busy)
+    cluster_label = np.asarray([f"model:{m}" for m in muniq] or ["model:"], dtype=object)
+    peer_group = np.where(
+        fallback, cluster_label[np.maximum(mcodes, 0)], np.asarray(guniq, dtype=object)[gcodes]
+    )
+    peer_code = np.where(fallback, -1 - np.maximum(mcodes, 0), gcodes)
     with np.errstate(divide="ignore", invalid="ignore"):
         score = clock / med["clock"]
         power_score = ppu / med["ppu"]
@@ -144,24 +239,42 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     fault_known = np.isfinite(fracs).any(axis=0)
     fault = np.nanmax(np.where(np.isfinite(fracs), fracs, -1.0), axis=0)
     fault = np.where(fault_known, fault, np.nan)
+    sw_thermal = _col(gw, "frac_sw_thermal")
+    capped = _col(gw, "frac_sw_power_cap") >= 0.5
 
-    eligible = busy & (n_busy >= cfg.min_peers) & np.isfinite(score)
+    scored = (n_busy >= cfg.min_peers) & np.isfinite(score)
+    eligible = busy & scored
     faulty = fault_known & (fault >= cfg.min_fault_fraction)
+    faulty |= sw_thermal >= cfg.min_fault_fraction
     inferred = ~fault_known & ((temp_delta >= cfg.hot_delta_c) | (power_score < cfg.hard_score))
     soft = score < cfg.soft_score
-    anomalous = eligible & ((score < cfg.hard_score) | (soft & (faulty | inferred)))
+    # a clock deficit alone convicts against the job's own peers; against cluster-wide peers
+    # only where the GPU is not simply power-capped under a heavier load than theirs
+    hard = (score < cfg.hard_score) & (own_ok | ~capped)
+    anomalous = eligible & (hard | (soft & (faulty | inferred)))
+    # hardware evidence whatever the utilisation: holding work, far slower, a HW reason active
+    # (one busy peer is enough here: the reason bits, not the comparison, carry the verdict)
+    anomalous |= holding & (n_busy >= 1) & np.isfinite(score) & (score < cfg.hard_score) & faulty
 
     # synchronous-training signature without a clock deficit: in a job, exactly one busy GPU far
     # busier than the other busy GPUs, which all wait alike (slow for a reason clocks do not show)
-    sync_slow = _sync_outlier(groups, n_groups, util, busy, n_busy, has_job & eligible, cfg)
-    anomalous = anomalous | sync_slow
+    sync_slow = _sync_outlier(
+        groups, n_groups, util, busy, n_busy, has_job & eligible & own_ok, cfg
+    )
+    host_wait = _host_wait(
+        groups, n_groups, util, tensor, busy, has_job & eligible & own_ok & ~anomalous, cfg
+    )
+    anomalous = anomalous | sync_slow | host_wait
 
-    runs = run_lengths(gw["gpu_code"].to_numpy(), anomalous)
+    gpus = gw["gpu_code"].to_numpy()
+    runs = run_lengths(gpus, anomalous)
+    recent = _rolling_count(gpus, anomalous, cfg.window_n)
     scores = pd.DataFrame(
         dict(
-            peer_group=np.asarray(guniq, dtype=object)[gcodes],
-            peer_code=gcodes,
+            peer_group=peer_group,
+            peer_code=peer_code,
             busy=busy,
+            holding=holding,
             peers_busy=n_busy,
             peer_median_sm_clock_mhz=med["clock"],
             peer_median_temperature_c=med["temp"],
@@ -173,9 +286,11 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
             temperature_delta_c=temp_delta,
             fault_fraction=fault,
             sync_slow=sync_slow,
+            host_wait=host_wait,
             anomalous=anomalous,
             run=runs,
-            flagged=runs >= cfg.persist_windows,
+            recent_anomalous=recent,
+            flagged=anomalous & (recent >= cfg.persist_windows),
         )
     )
     return pd.concat([gw, scores], axis=1)  # one frame, not a column at a time
@@ -217,6 +332,45 @@ def _sync_outlier(
     )
 
 
+def _host_wait(
+    groups: np.ndarray,
+    n_groups: int,
+    util: np.ndarray,
+    tensor: np.ndarray,
+    busy: np.ndarray,
+    candidate: np.ndarray,
+    cfg: StragglerConfig,
+) -> np.ndarray:
+    """Per row: in a synchronous job whose waiting ranks spin in NCCL (high utilisation), the one
+    rank far *less* busy than the others, all alike, yet doing as much tensor work per step: it
+    sits idle between kernels, waiting on its host, at normal clocks."""
+    n_rows = np.bincount(groups[busy], minlength=n_groups)[groups]
+    low = np.full(n_groups, np.nan)
+    np.fmin.at(low, groups, np.where(busy, util, np.nan))
+    is_low = busy & (util <= low[groups])
+    n_low = np.bincount(groups[is_low], minlength=n_groups)[groups]
+    others = np.where(busy & ~is_low, util, np.nan)
+    o_max = np.full(n_groups, np.nan)
+    o_min = np.full(n_groups, np.nan)
+    np.fmax.at(o_max, groups, others)
+    np.fmin.at(o_min, groups, others)
+    t_med = np.full(n_groups, np.nan)
+    np.fmax.at(t_med, groups, np.where(busy & ~is_low, tensor, np.nan))
+    o_max, o_min, t_med = o_max[groups], o_min[groups], t_med[groups]
+    with np.errstate(invalid="ignore"):
+        same_work = ~np.isfinite(tensor) | (tensor >= 0.9 * t_med)
+        return (
+            candidate
+            & is_low
+            & (n_low == 1)
+            & (n_rows >= 4)
+            & (o_min - util >= 2 * cfg.sync_util_margin_pct)
+            & (o_max - o_min <= cfg.sync_util_margin_pct)
+            & (o_min >= 80.0)
+            & same_work
+        )
+
+
 def _cause(run: pd.DataFrame, cfg: StragglerConfig) -> tuple[str, bool]:
     fr = {f: run[f].mean() if f in run.columns else np.nan for f in FAULT_FRACTIONS}
     known = any(np.isfinite(v) for v in fr.values())
@@ -227,13 +381,18 @@ def _cause(run: pd.DataFrame, cfg: StragglerConfig) -> tuple[str, bool]:
             return "thermal", False
         if fr["frac_hw_slowdown"] >= cfg.min_fault_fraction:
             return "hw_slowdown", False
-    else:
+    sw = run["frac_sw_thermal"].mean() if "frac_sw_thermal" in run.columns else np.nan
+    if sw >= cfg.min_fault_fraction:
+        return "sw_thermal", False
+    if not known:
         if (run["temperature_delta_c"] >= cfg.hot_delta_c).mean() >= 0.5:
             return "thermal", True
         if (run["power_score"] < cfg.hard_score).mean() >= 0.5:
             return "power_brake", True
     if run["score"].mean() < cfg.soft_score:
         return "clock", False
+    if run["host_wait"].mean() >= 0.5:
+        return "host_wait", False
     return "slow_unknown", False
 
 
@@ -296,8 +455,13 @@ def explain(
     job: str | None,
     *,
     sampled: bool = False,
+    peers: str = "",
+    duty: tuple[int, int, float] | None = None,
 ) -> str:
-    """The one-line explanation of a straggler, numbers first, then what to do."""
+    """The one-line explanation of a straggler, numbers first, then what to do.
+
+    ``peers`` says which GPUs it was compared with; ``duty`` (anomalous windows, windows spanned,
+    share of the time the fault was on) marks an intermittent fault."""
     parts = [
         f"GPU {idx} on {host} runs at {ev['sm_clock_mhz']:.0f} MHz against a peer median of "
         f"{ev['peer_median_sm_clock_mhz']:.0f} MHz ({ev['clock_delta_pct']:+.0f} %)"
@@ -335,8 +499,36 @@ def explain(
             f"does the least work in {where} (tensor activity {own_t:.0f} % vs peers "
             f"{peer_t:.0f} %, utilisation {own_u:.0f} % vs {peer_u:.0f} %)"
         )
-    label = cause.replace("_", " ")
-    return f"{'; '.join(parts)} -> {label}: {ACTIONS[cause]}"
+    if peers:
+        parts.append(f"compared with {peers}")
+    if duty is not None:
+        a, n, on = duty
+        parts.append(f"intermittent: anomalous in {a} of {n} windows, duty cycle {_fmt_pct(on)}")
+    return f"{'; '.join(parts)} -> {CAUSE_LABELS[cause]}: {ACTIONS[cause]}"
+
+
+def peers_in_words(peer_group: str, n_busy: int, model: str) -> str:
+    """Which peers a GPU was compared with, for the explanation."""
+    kind, _, what = peer_group.partition(":")
+    if kind == "job":
+        return f"the {n_busy} busy GPUs of its job {what}"
+    if kind == "node":
+        return f"the {n_busy} busy {model} GPUs of node {what} (no job known)"
+    return f"{n_busy} busy {what} GPUs across the cluster doing similar work (too few job peers)"
+
+
+def _episode(anom: np.ndarray, last: int, gap: int) -> tuple[int, int]:
+    """First and last position of the episode around ``last`` (an anomalous position): anomalous
+    positions at most ``gap`` non-anomalous ones apart."""
+    pos = np.flatnonzero(anom)
+    k = int(np.searchsorted(pos, last))
+    lo = k
+    while lo > 0 and pos[lo] - pos[lo - 1] - 1 <= gap:
+        lo -= 1
+    hi = k
+    while hi + 1 < len(pos) and pos[hi + 1] - pos[hi] - 1 <= gap:
+        hi += 1
+    return int(pos[lo]), int(pos[hi])
 
 
 def find_stragglers(
@@ -351,18 +543,29 @@ def find_stragglers(
     if flagged.empty:
         return []
     newest_window = int(sw["window_start_ns"].max())
+    gap = cfg.window_n - cfg.persist_windows
     out: list[Straggler] = []
     for gpu, rows in flagged.groupby("gpu_code", sort=False):
         last_flag = rows.iloc[-1]
         mine = sw.loc[sw["gpu_code"] == gpu]
-        # the anomalous run containing the newest flagged window
-        pos = mine.index.get_loc(last_flag.name)
-        start = pos - int(last_flag["run"]) + 1
-        end = pos
-        while end + 1 < len(mine) and bool(mine.iloc[end + 1]["anomalous"]):
-            end += 1
-        run = mine.iloc[start : end + 1]
+        anom = mine["anomalous"].to_numpy(dtype=bool)
+        first, end = _episode(anom, mine.index.get_loc(last_flag.name), gap)
+        span = mine.iloc[first : end + 1]
+        run = span.loc[span["anomalous"].to_numpy(dtype=bool)]
         latest = run.iloc[-1]
+        # the share of the episode's time the fault was on: per anomalous window, the share of it
+        # with a HW reason active where the reasons say so (a brake on 2 minutes in 3 shows in
+        # every window, a part of each), else the whole window
+        on = span["fault_fraction"].to_numpy(dtype=float)
+        on = np.where(np.isfinite(on) & (on > 0), on, 1.0)
+        duty = float(np.sum(np.where(span["anomalous"].to_numpy(dtype=bool), on, 0.0)) / len(span))
+        intermittent = duty < cfg.steady_duty
+        newest = mine.iloc[-1]
+        active = (
+            int(newest["window_start_ns"]) == newest_window
+            and int(newest["recent_anomalous"]) >= cfg.persist_windows
+            and end >= len(mine) - 1 - gap
+        )
         cause, inferred = _cause(run, cfg)
         peers_util = _peer_util(sw, latest)
         own_util = float(latest["utilization_gpu_pct"])
@@ -396,6 +599,9 @@ def find_stragglers(
         score = float(run["score"].median())
         severity = "critical" if (score < 0.7 or cause == "power_brake") else "warning"
         waiting = _waiting_energy(sw, run) if signature == "synchronous" else float("nan")
+        peers = peers_in_words(
+            str(latest["peer_group"]), int(latest["peers_busy"]), str(latest["name"])
+        )
         job = latest["job_id"]
         out.append(
             Straggler(
@@ -411,12 +617,9 @@ def find_stragglers(
                 score=score,
                 signature=signature,
                 onset_ns=int(run["window_start_ns"].iloc[0]),
-                flagged_ns=int(
-                    run.loc[run["run"] >= cfg.persist_windows, "window_start_ns"].iloc[0]
-                ),
+                flagged_ns=int(run.loc[run["flagged"], "window_start_ns"].iloc[0]),
                 last_ns=int(latest["window_start_ns"]),
-                active=int(mine["window_start_ns"].iloc[-1]) == int(latest["window_start_ns"])
-                and int(latest["window_start_ns"]) == newest_window,
+                active=active,
                 windows_anomalous=len(run),
                 evidence=ev,
                 peers_waiting_energy_j=waiting if math.isfinite(waiting) else None,
@@ -428,7 +631,12 @@ def find_stragglers(
                     signature,
                     job,
                     sampled=reasons_sampled,
+                    peers=peers,
+                    duty=(len(run), len(span), duty) if intermittent else None,
                 ),
+                intermittent=intermittent,
+                duty_cycle=duty,
+                peers_used=peers,
             )
         )
     out.sort(key=lambda s: (not s.active, s.severity != "critical", -s.severity_score))
