@@ -14,6 +14,7 @@ import logging
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwatt.alerts.clock import NS_PER_S
 from gpuwatt.alerts.notify.base import (
@@ -165,5 +166,5 @@ def send_isolated(channel: Channel, n: Notification) -> DeliveryResult:
         return RetryLater(f"{type(exc).__name__}: {exc}"[:500])
 
 
-def _entry(r: tuple) -> OutboxEntry:  # type: ignore[type-arg]
+def _entry(r: tuple[Any, ...]) -> OutboxEntry:
     return OutboxEntry(r[0], r[1], Notification.from_json(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])

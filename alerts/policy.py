@@ -22,7 +22,7 @@ from gpuwatt.alerts.state import FIRING as STATE_FIRING
 from gpuwatt.alerts.state import RESOLVED as STATE_RESOLVED
 from gpuwatt.alerts.state import Alert
 
-DEFAULT_GROUP_BY = ("alertname", "cluster")
+DEFAULT_GROUP_BY: tuple[str, ...] = ("alertname", "cluster")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +101,8 @@ class Policy:
         for ck in sorted(set(active) | set(stored)):
             now_active = active.get(ck, [])
             state = stored.get(ck, GroupState((), None, 0))
-            route = route_of.get(ck) or self._route_by_key(ck[1])
-            n = self._decide(ck, now_active, state, route, alerts, group_labels.get(ck), now_ns)
+            owner = route_of.get(ck) or self._route_by_key(ck[1])
+            n = self._decide(ck, now_active, state, owner, alerts, group_labels.get(ck), now_ns)
             if n is not None:
                 sent.append(n)
         return sent

@@ -32,7 +32,7 @@ from __future__ import annotations
 import difflib
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -313,7 +313,7 @@ def _analytics(node: Located) -> AnalyticsQuery:
     )
 
 
-_QUERY_PARSERS = {
+_QUERY_PARSERS: dict[str, Callable[[Located], Query]] = {
     "threshold": _threshold,
     "deadman": _deadman,
     "increase": _increase,
@@ -372,12 +372,12 @@ def _check_template(node: Located, label_names: set[str]) -> None:
         base = re.split(r"[.\[]", f, maxsplit=1)[0]
         if base not in allowed:
             raise node.error(f"unknown placeholder {{{f}}} (use: {', '.join(sorted(allowed))})")
-    for _, f, spec, _ in string.Formatter().parse(node.string()):
+    for _, name, spec, _ in string.Formatter().parse(node.string()):
         # A width or precision is expanded by every render: {value:>50000000} would make each
         # notification 50 MB. Digits in a format spec are widths and precisions.
         if spec and any(int(d) > MAX_TEMPLATE_WIDTH for d in re.findall(r"\d+", spec)):
             raise node.error(
-                f"format spec {{{f}:{spec}}} asks for more than {MAX_TEMPLATE_WIDTH} characters"
+                f"format spec {{{name}:{spec}}} asks for more than {MAX_TEMPLATE_WIDTH} characters"
             )
 
 
@@ -389,7 +389,7 @@ def render_template(text: str, values: dict[str, object]) -> str:
         return text.format_map(_Defaulting({k: str(v) for k, v in values.items()}))
 
 
-class _Defaulting(dict):  # type: ignore[type-arg]
+class _Defaulting(dict[str, object]):
     def __missing__(self, key: str) -> str:
         return ""
 

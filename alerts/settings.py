@@ -115,11 +115,12 @@ def parse_channel(name: str, node: Located, environ: Mapping[str, str]) -> Chann
         assert url is not None
         return SlackChannel(name, url, send_resolved, timeout_s, max_listed)
     if kind == "webhook":
+        url_node = node.get("url")
         url = (
-            node.get("url").string()
-            if node.get("url")
+            url_node.string()
+            if url_node is not None
             else _secret(node, "url", environ, True, literal_ok=True)
-        )  # type: ignore[union-attr]
+        )
         assert url is not None
         max_alerts = node.get("max_alerts").integer(0) if node.get("max_alerts") else 500  # type: ignore[union-attr]
         token = _secret(node, "bearer_token", environ, required=False)

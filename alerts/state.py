@@ -13,6 +13,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpuwatt.alerts.clock import NS_PER_S
 from gpuwatt.alerts.evaluate import Observation
@@ -61,7 +62,7 @@ def alert_labels(rule: Rule, target: Mapping[str, str], cluster: str) -> dict[st
     }
 
 
-def annotations(rule: Rule, labels: Mapping[str, str], obs: Observation) -> dict[str, str]:
+def rule_annotations(rule: Rule, labels: Mapping[str, str], obs: Observation) -> dict[str, str]:
     q = rule.query
     values: dict[str, object] = {
         **labels,
@@ -104,7 +105,7 @@ def next_state(
     refresh = obs is not None and (
         obs.holding or isinstance(rule.query, ThresholdQuery | IncreaseQuery)
     )
-    notes = annotations(rule, labels, obs) if obs is not None and refresh else None
+    notes = rule_annotations(rule, labels, obs) if obs is not None and refresh else None
     active = current is not None and current.state in (PENDING, FIRING)
     if not active:
         if not breach:
@@ -192,7 +193,7 @@ class AlertTable:
         )
 
 
-def _alert(r: tuple) -> Alert:  # type: ignore[type-arg]
+def _alert(r: tuple[Any, ...]) -> Alert:
     return Alert(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4], r[5], r[6], r[7], r[8],
                  r[9], r[10], r[11])  # fmt: skip
 

@@ -43,7 +43,7 @@ class Located:
         return self.value
 
     def check_keys(
-        self, allowed: set[str] | frozenset[str], required: set[str] = frozenset()
+        self, allowed: set[str] | frozenset[str], required: set[str] | frozenset[str] = frozenset()
     ) -> None:
         m = self.mapping()
         for key, node in m.items():
@@ -297,6 +297,7 @@ def _flow_too_deep(text: str) -> int | None:
 def load_text(text: str, path: str) -> Located:
     """Parse YAML text (bounded, see the module's docstring); every problem is a
     ``ConfigError`` with the line."""
+    line: int | None
     if len(text) > MAX_FILE_BYTES:
         line = text.count("\n", 0, MAX_FILE_BYTES) + 1
         raise ConfigError(path, line, f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")

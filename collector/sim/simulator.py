@@ -734,7 +734,8 @@ def _boundaries(scenario: Scenario) -> list[float]:
     """Every time at which a job or a dynamic fault starts or ends (or its duty cycle switches,
     or its ramp steps), sorted."""
     times: set[float] = set()
-    for item in (*scenario.jobs, *scenario.faults):
+    items: list[JobSpec | FaultSpec] = [*scenario.jobs, *scenario.faults]
+    for item in items:
         times.add(item.start_s)
         if item.end_s is not None:
             times.add(item.end_s)

@@ -165,7 +165,7 @@ class InfluxStore:
                     bucket=self.bucket,
                     org=self.org,
                     record=records,
-                    write_precision=WritePrecision.NS,
+                    write_precision=WritePrecision.NS,  # type: ignore[arg-type]
                 )
                 return
             except ApiException as exc:
@@ -251,7 +251,7 @@ class InfluxStore:
 
             self._client = InfluxDBClient(
                 url=self.url,
-                token=self._token.reveal() if self._token else None,
+                token=self._token.reveal() if self._token else "",
                 org=self.org,
                 timeout=int(self.timeout_s * 1000),
                 debug=False,

@@ -14,6 +14,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def migrate_wide_samples(
 
 def _store_rounds(
     con: sqlite3.Connection,
-    rows: list[tuple[object, ...]],
+    rows: list[tuple[Any, ...]],
     tail_ids: dict[tuple[object, ...], int],
     last_ns: int,
 ) -> int:
