@@ -14,6 +14,12 @@ Per row, ``energy_delta_j`` is the energy spent since the GPU's previous row:
 
 On A100/H100 the power sensor covers only part of the runtime, so counter deltas are the honest
 figure and integration is always flagged as such.
+
+A counter step the GPU could not have drawn (more than ``PLAUSIBLE_POWER_FACTOR`` x its TDP, or
+``FALLBACK_MAX_POWER_W`` for a model the GPU table does not know, over the time between the two
+samples) is not energy: it is a counter reset seen late, or two writers of one GPU whose counters
+interleave (two collectors, a demo restarted over stored data). Such a row is marked
+``energy_conflict`` and its interval is filled from its power reading, flagged as integrated.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ import pandas as pd
 from gpuwatt.analytics.quality import Figure, Quality, not_available
 
 J_PER_KWH = 3.6e6
+
+#: A counter may not rise faster than this many times the GPU's TDP (short boosts stay below
+#: ~1.2x; the margin also absorbs timestamp jitter between samples).
+PLAUSIBLE_POWER_FACTOR = 1.5
+#: The ceiling for a GPU whose model the table does not know (above any current GPU's TDP).
+FALLBACK_MAX_POWER_W = 2000.0
+#: Joules of slack on top (counter granularity, a sample a little early or late).
+PLAUSIBLE_SLACK_J = 50.0
 
 SRC_NONE = 0
 SRC_COUNTER = 1
@@ -53,6 +67,9 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
     same_prev[1:] = g[1:] == g[:-1]
     delta = np.full(n, np.nan)
     src = np.full(n, SRC_NONE, dtype=np.int8)
+    conflict = np.zeros(n, dtype=bool)
+    dt_prev_s = np.zeros(n)
+    dt_prev_s[1:] = (t[1:] - t[:-1]) / 1e9
 
     has_counter = np.zeros(n, dtype=bool)
     if "energy_j" in rows.columns:
@@ -64,8 +81,11 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         ok = has_counter & same_prev & np.isfinite(prev)
         d = e - prev
         d = np.where(d < 0, e, d)  # counter restarted: energy since the restart
-        delta = np.where(ok, d, np.nan)
+        ceiling_j = _max_power_w(rows) * np.maximum(dt_prev_s, 0.0) * PLAUSIBLE_POWER_FACTOR
+        conflict = ok & (d > ceiling_j + PLAUSIBLE_SLACK_J)
+        delta = np.where(ok & ~conflict, d, np.nan)
         src[has_counter] = SRC_COUNTER
+        src[conflict] = SRC_INTEGRATED
         if "energy_method" in rows.columns:
             integ = (rows["energy_method"].astype(str) == "integrated").to_numpy()
             src[has_counter & integ] = SRC_INTEGRATED
@@ -83,12 +103,30 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         use = ~has_counter & np.isfinite(p)
         delta = np.where(use, p * dt_ns / 1e9, delta)
         src[use] = SRC_INTEGRATED
-        head = has_counter & ~np.isfinite(delta) & np.isfinite(p)
+        head = has_counter & ~np.isfinite(delta) & np.isfinite(p) & ~conflict
         delta = np.where(head, p * step_ns / 1e9, delta)
+        # an implausible counter step: the row's power over the time since the previous row
+        dt_conflict_ns = np.minimum(dt_prev_s * 1e9, 3 * step_ns if step_ns > 0 else np.inf)
+        delta = np.where(conflict & np.isfinite(p), p * dt_conflict_ns / 1e9, delta)
 
     rows["energy_delta_j"] = delta
     rows["energy_src"] = src
+    rows["energy_conflict"] = conflict
     return rows
+
+
+def _max_power_w(rows: pd.DataFrame) -> np.ndarray:
+    """Per row: the most power its GPU can draw (TDP from the GPU table, else the fallback)."""
+    from gpuwatt.gpu_specs import lookup
+
+    if "name" not in rows.columns:
+        return np.full(len(rows), FALLBACK_MAX_POWER_W)
+    names = rows["name"].astype(str)
+    tdp = {}
+    for name in names.unique():
+        spec = lookup(name)
+        tdp[name] = spec.tdp_w if spec is not None else FALLBACK_MAX_POWER_W
+    return names.map(tdp).to_numpy(dtype=float)
 
 
 def gpu_energy_quality(rows: pd.DataFrame) -> pd.DataFrame:
@@ -103,17 +141,27 @@ def gpu_energy_quality(rows: pd.DataFrame) -> pd.DataFrame:
         Quality.INTEGRATED_POWER.value,
         np.where(c, Quality.MEASURED_COUNTER.value, Quality.NOT_AVAILABLE.value),
     )
+    conflicts = (
+        np.bincount(codes, weights=rows["energy_conflict"].to_numpy(), minlength=n)
+        if "energy_conflict" in rows.columns
+        else np.zeros(n)
+    )
     reason = np.where(
-        i & c,
-        "energy counter missing on some samples: power integrated there",
+        conflicts > 0,
+        "energy counter went backwards or jumped (a late reset, or two writers of this GPU): "
+        "power integrated there",
         np.where(
-            i,
-            "no energy counter: power integrated over time",
-            np.where(c, "", "no energy counter and no power readings"),
+            i & c,
+            "energy counter missing on some samples: power integrated there",
+            np.where(
+                i,
+                "no energy counter: power integrated over time",
+                np.where(c, "", "no energy counter and no power readings"),
+            ),
         ),
     )
     return pd.DataFrame(
-        {"energy_quality": quality, "energy_reason": reason},
+        {"energy_quality": quality, "energy_reason": reason, "energy_conflicts": conflicts},
         index=pd.Index(np.arange(n), name="gpu_code"),
     )
 

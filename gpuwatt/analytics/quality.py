@@ -16,6 +16,7 @@ class Quality(enum.StrEnum):
     UPPER_BOUND = "upper_bound"  # SM activity x tensor peak: an upper bound, not an estimate
     MEASURED = "measured"  # a gauge read as is (utilisation, power, temperature)
     REPORTED = "reported"  # reported by the application itself (step time, model FLOPs)
+    ESTIMATE = "estimate"  # a model applied to measured inputs (energy peers spent waiting)
     NOT_AVAILABLE = "not_available"
 
 
@@ -23,6 +24,7 @@ class Quality(enum.StrEnum):
 _RANK: dict[Quality, int] = {
     Quality.NOT_AVAILABLE: 0,
     Quality.UPPER_BOUND: 1,
+    Quality.ESTIMATE: 2,
     Quality.INTEGRATED_POWER: 2,
     Quality.GPM_ESTIMATE: 3,
     Quality.MEASURED_COUNTER: 4,

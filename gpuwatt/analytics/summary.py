@@ -375,13 +375,27 @@ def analyze(
         e_reason = f"{n_int} of {len(per_gpu)} GPUs without an energy counter: power integrated"
     if not have.all():
         notes.append(f"{int((~have).sum())} GPUs have no energy data (no counter, no power)")
+    if (
+        "energy_conflicts" in per_gpu.columns
+        and (conflicted := per_gpu["energy_conflicts"] > 0).any()
+    ):
+        notes.append(
+            f"{int(conflicted.sum())} GPUs have energy counters that went backwards or jumped "
+            "(a late reset, or two collectors writing the same GPU): those steps were not "
+            "counted as energy; power was integrated there"
+        )
     energy_j = float(per_gpu.loc[have, "energy_j"].sum()) if have.any() else None
     cluster = energy_figures(energy_j, e_quality, e_reason, tariff)
     idle_j = float(per_gpu.loc[have, "idle_energy_j"].sum()) if have.any() else None
     cluster["idle_energy_kwh"] = energy_figures(idle_j, e_quality, e_reason, tariff)["energy_kwh"]
     waiting = [s.peers_waiting_energy_j for s in stragglers if s.peers_waiting_energy_j is not None]
     cluster["peers_waiting_energy_kwh"] = (
-        Figure(sum(waiting) / 3.6e6, "kWh", e_quality, "estimate: peers' energy x time waiting")
+        Figure(
+            sum(waiting) / 3.6e6,
+            "kWh",
+            Quality.ESTIMATE,
+            "estimate: peers' measured energy x the share of time they waited",
+        )
         if waiting and energy_j is not None
         else not_available("kWh", "no synchronous straggler")
     )
