@@ -123,7 +123,9 @@ class Spool:
                     chunk = b""
                 end = chunk.rfind(b"\n")
                 if end >= 0:
-                    lines = chunk[: end + 1].decode("utf-8").splitlines()
+                    # only "\n" ends a line: str.splitlines() would also cut at a CR, U+2028 or
+                    # U+0085 that a name may hold (names are stored percent-encoded for CR only)
+                    lines = chunk[:end].decode("utf-8").split("\n")
                     if len(lines) > max_lines:
                         lines = lines[:max_lines]
                         end = len(("\n".join(lines) + "\n").encode("utf-8")) - 1

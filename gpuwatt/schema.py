@@ -154,16 +154,16 @@ _STR_ESCAPES = str.maketrans({'"': r"\"", "\\": "\\\\"})
 
 # Line protocol cannot carry a newline in a tag value, and its backslash escaping is ambiguous at
 # the end of a value (a host named ``node\`` escapes the separator after it). Names are therefore
-# stored with these four characters percent-encoded (``%``, newline, carriage return, backslash),
-# in tags and in string fields alike; every reader decodes them (``decode_name``). Names without
-# them, which is nearly all, are stored exactly as they are.
-_NAME_ENCODE = str.maketrans({"%": "%25", "\n": "%0A", "\r": "%0D", "\\": "%5C"})
-_NAME_CODE = re.compile("%(25|0A|0D|5C)")
+# stored with these characters percent-encoded (``%``, newline, carriage return, backslash, and
+# NUL, which ends an InfluxQL query), in tags and in string fields alike; every reader decodes
+# them (``decode_name``). Names without them, which is nearly all, are stored exactly as they are.
+_NAME_ENCODE = str.maketrans({"%": "%25", "\n": "%0A", "\r": "%0D", "\\": "%5C", "\x00": "%00"})
+_NAME_CODE = re.compile("%(25|0A|0D|5C|00)")
 
 
 def encode_name(value: str) -> str:
-    """A host, job or GPU name as stored: ``%``, CR, LF and backslash percent-encoded."""
-    if "%" in value or "\n" in value or "\r" in value or "\\" in value:
+    """A host, job or GPU name as stored: ``%``, CR, LF, backslash and NUL percent-encoded."""
+    if "%" in value or "\n" in value or "\r" in value or "\\" in value or "\x00" in value:
         return value.translate(_NAME_ENCODE)
     return value
 

@@ -163,3 +163,30 @@ def test_analyze_on_the_demo_names_the_straggler_and_the_idle_allocated_gpu(
     assert "hardware thermal slowdown" in out
     assert "ALLOCATED GPU 7 on node-3 is allocated to job notebook-17" in out
     assert "MFU" in out  # the demo's training job reports its steps
+
+
+def test_a_restarted_demo_carries_on_instead_of_backfilling_over_its_data(tmp_path: Path) -> None:
+    """Stopped and started again on the same store, the demo stores one history: no sample twice,
+    no second writer's counter interleaved, and the energy of the whole range is what the GPUs
+    drew (their power over the seconds sampled) as for one continuous run."""
+    from gpuwatt.analytics import ANALYSIS_FIELDS, analyze
+
+    args = ("--backfill", "240", "--duration", "3", "--no-dashboard", "--no-alerts")
+    first = gpuwatt("demo", *args, home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = gpuwatt("demo", *args, home=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "carrying on from there instead of backfilling over it" in second.stdout
+    with SqliteStore(tmp_path / "gpuwatt.db") as store:
+        latest = store.latest()
+        end = max(s.time_ns for s in latest) + 1
+        start = end - 600 * 1_000_000_000
+        raw = store.series(start, end, ["power_w", "energy_j"])
+        frame = store.series(start, end, ANALYSIS_FIELDS)
+    assert not raw.duplicated(["uuid", "time_ns"]).any()
+    summary = analyze(frame, now_ns=end, start_ns=start, window_s=60)
+    assert not any("two collectors" in note for note in summary.notes), summary.notes
+    raw = raw.sort_values(["uuid", "time_ns"])
+    dt_s = raw.groupby("uuid")["time_ns"].diff().fillna(1e9) / 1e9
+    drawn_kwh = float((raw["power_w"] * dt_s.clip(upper=3.0)).sum()) / 3.6e6
+    assert summary.cluster["energy_kwh"].value == pytest.approx(drawn_kwh, rel=0.005)

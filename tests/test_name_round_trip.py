@@ -68,10 +68,17 @@ def test_line_protocol(host: str, job: str, gpu_name: str, uuid: str) -> None:
 def test_embedded_store_through_the_spool_path(
     tmp_path: Path, host: str, job: str, gpu_name: str, uuid: str
 ) -> None:
+    from gpuwatt.collector.spool import Spool
+
     sample = _sample(host, job, gpu_name, uuid)
-    path = tmp_path / f"{abs(hash((host, job, gpu_name, uuid)))}.db"
+    key = abs(hash((host, job, gpu_name, uuid)))
+    spool = Spool(tmp_path / f"spool-{key}")
+    spool.append(LineEncoder().encode_many([sample]))  # the collector's path: spool, then store
+    batch = spool.read_batch()
+    spool.close()
+    path = tmp_path / f"{key}.db"
     with SqliteStore(path) as store:
-        store.write_lines(LineEncoder().encode_many([sample]))
+        store.write_lines(batch.lines)
         (got,) = store.latest()
     path.unlink()
     assert _names(got) == _names(sample)

@@ -41,6 +41,9 @@ FALLBACK_MAX_POWER_W = 2000.0
 #: Joules of slack on top (counter granularity, a sample a little early or late).
 PLAUSIBLE_SLACK_J = 50.0
 
+#: This many implausible counter steps in one GPU's range are two writers, not a reset.
+WRITERS_CONFLICTS = 3
+
 SRC_NONE = 0
 SRC_COUNTER = 1
 SRC_INTEGRATED = 2
@@ -147,16 +150,21 @@ def gpu_energy_quality(rows: pd.DataFrame) -> pd.DataFrame:
         else np.zeros(n)
     )
     reason = np.where(
-        conflicts > 0,
-        "energy counter went backwards or jumped (a late reset, or two writers of this GPU): "
-        "power integrated there",
+        conflicts >= WRITERS_CONFLICTS,
+        "energy counter went back and forth (two writers of this GPU?): those steps not "
+        "counted, power integrated there",
         np.where(
-            i & c,
-            "energy counter missing on some samples: power integrated there",
+            conflicts > 0,
+            "energy counter reset (driver reload, collector restart): power integrated over "
+            "the reset",
             np.where(
-                i,
-                "no energy counter: power integrated over time",
-                np.where(c, "", "no energy counter and no power readings"),
+                i & c,
+                "energy counter missing on some samples: power integrated there",
+                np.where(
+                    i,
+                    "no energy counter: power integrated over time",
+                    np.where(c, "", "no energy counter and no power readings"),
+                ),
             ),
         ),
     )

@@ -28,6 +28,7 @@ from gpuwatt.analytics.balance import (
 )
 from gpuwatt.analytics.efficiency import add_row_tflops, efficiency_over_time, gpu_tflops_quality
 from gpuwatt.analytics.energy import (
+    WRITERS_CONFLICTS,
     Tariff,
     add_cost_columns,
     add_row_energy,
@@ -375,14 +376,12 @@ def analyze(
         e_reason = f"{n_int} of {len(per_gpu)} GPUs without an energy counter: power integrated"
     if not have.all():
         notes.append(f"{int((~have).sum())} GPUs have no energy data (no counter, no power)")
-    if (
-        "energy_conflicts" in per_gpu.columns
-        and (conflicted := per_gpu["energy_conflicts"] > 0).any()
-    ):
+    conflicts = per_gpu.get("energy_conflicts", pd.Series(dtype=float))
+    if (writers := conflicts >= WRITERS_CONFLICTS).any():
         notes.append(
-            f"{int(conflicted.sum())} GPUs have energy counters that went backwards or jumped "
-            "(a late reset, or two collectors writing the same GPU): those steps were not "
-            "counted as energy; power was integrated there"
+            f"{int(writers.sum())} GPUs have energy counters that went back and forth (two "
+            "collectors writing the same GPU?): those steps were not counted as energy; power "
+            "was integrated there"
         )
     energy_j = float(per_gpu.loc[have, "energy_j"].sum()) if have.any() else None
     cluster = energy_figures(energy_j, e_quality, e_reason, tariff)

@@ -141,19 +141,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     interval_s = config.collector.interval_s
     now_ns = time.time_ns()
-    source = SimulatedClusterSource(
-        scenario,
-        start_ns=now_ns - round(args.backfill * 1e9),
-        tensor_precision=config.collector.tensor_precision,
-    )
     store = open_store(store_url)
+    start_ns = now_ns - round(args.backfill * 1e9)
+    # A store that already holds recent data (a demo stopped and started again) is carried on
+    # from its newest sample: backfilling over it would store two histories of the same GPUs.
+    newest_ns = max((s.time_ns for s in store.latest(since_ns=start_ns)), default=None)
+    carried_on = newest_ns is not None
+    if newest_ns is not None:
+        start_ns = min(now_ns, newest_ns + round(interval_s * 1e9))
+    source = SimulatedClusterSource(
+        scenario, start_ns=start_ns, tensor_precision=config.collector.tensor_precision
+    )
     _report_simulated_work(source, store_url, config)
     source.open()
     print(
         f"gpuwatt demo: scenario {scenario.name!r}, {source.gpu_count} simulated GPUs, "
         f"store {_display_url(store_url)}"
     )
-    if args.backfill > 0:
+    if carried_on:
+        print(
+            f"the store already holds data up to {(now_ns - start_ns) / 1e9:.0f} s ago: "
+            "carrying on from there instead of backfilling over it"
+        )
+    if start_ns < now_ns:
         started = time.monotonic()
         n = 0
         for samples in source.backfill(
@@ -162,7 +172,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             store.write_samples(samples)
             n += len(samples)
         print(
-            f"backfilled {args.backfill:.0f} s of history ({n} GPU samples) "
+            f"backfilled {(now_ns - start_ns) / 1e9:.0f} s of history ({n} GPU samples) "
             f"in {time.monotonic() - started:.1f} s"
         )
     services = _DemoServices()

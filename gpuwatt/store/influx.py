@@ -36,6 +36,7 @@ from gpuwatt.schema import (
     TAG_UUID,
     LineEncoder,
     decode_name,
+    encode_name,
     sample_from_fields,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
@@ -304,7 +305,7 @@ class InfluxStore:
         if hosts is not None:
             if not hosts:
                 return where + " AND false"
-            ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(h)}' for h in hosts)
+            ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(encode_name(h))}' for h in hosts)
             where += f" AND ({ors})"
         return where
 

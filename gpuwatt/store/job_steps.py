@@ -42,6 +42,7 @@ from gpuwatt.schema import (
     TAG_RANK,
     JobStep,
     encode_job_step,
+    encode_name,
 )
 
 if TYPE_CHECKING:
@@ -264,7 +265,9 @@ class InfluxJobStepStore:
         if job_ids is not None:
             if not job_ids:
                 return _frame([])
-            ors = " OR ".join(f'"{TAG_JOB_ID}" = {influxql_string(j)}' for j in job_ids)
+            ors = " OR ".join(
+                f'"{TAG_JOB_ID}" = {influxql_string(encode_name(j))}' for j in job_ids
+            )
             where += f" AND ({ors})"
         fields = (
             FIELD_STEP,
