@@ -9,6 +9,7 @@ The view's state (range, refresh, grouping, node) lives in the URL, so a link re
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +26,27 @@ from gpuwatt.config import Config
 from gpuwatt.dashboard import csv_export
 from gpuwatt.dashboard.alerts_hook import AlertsSource, firing_count
 from gpuwatt.dashboard.auth import Credentials, install_basic_auth
-from gpuwatt.dashboard.components import DEFAULT_REFRESH, empty_state, error_state, range_line
+from gpuwatt.dashboard.components import (
+    DEFAULT_REFRESH,
+    empty_state,
+    error_state,
+    range_line,
+    straggler_banner,
+)
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.data import DashboardData, DataError
 from gpuwatt.dashboard.pages import alerts, balance, efficiency, node, overview, reports, stragglers
-from gpuwatt.dashboard.timerange import DEFAULT_RANGE, parse_range, query_dict, to_search
+from gpuwatt.dashboard.timerange import (
+    DEFAULT_RANGE,
+    MIN_SPAN_S,
+    NS_PER_S,
+    PRESETS,
+    iso_s,
+    parse_instant_ns,
+    parse_range,
+    query_dict,
+    to_search,
+)
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.dashboard")
@@ -78,6 +95,9 @@ def render_page(
         else:
             win = None
         ctx = PageContext(data, win, tr, query, now, alerts_source)  # type: ignore[arg-type]
+        if win is not None and getattr(page, "STRAGGLER_BANNER", True):
+            banner = straggler_banner(win.active_stragglers, ctx.link)
+            head += [banner] if banner is not None else []
         return [*head, *page.render(ctx)]
     except DataError as exc:
         return [*head, error_state(exc.message)]
@@ -123,19 +143,36 @@ def _register_pages() -> None:
 
 
 def _shell() -> Any:
-    nav = dmc.Group(
+    """Title, page links and the theme switch. From Mantine's ``lg`` breakpoint (1200 px) the
+    links are inline; below, one "pages" menu, so nothing overlaps at 800 px."""
+    links = [
+        dcc.Link(p.NAME, href=p.PATH, id={"type": "nav", "page": p.PAGE}, className="gw-nav")
+        for p in PAGES
+    ]
+    nav = dmc.Group(links, gap="md", visibleFrom="lg", wrap="nowrap", className="gw-nav-row")
+    menu = dmc.Menu(
         [
-            dcc.Link(p.NAME, href=p.PATH, id={"type": "nav", "page": p.PAGE}, className="gw-nav")
-            for p in PAGES
+            dmc.MenuTarget(dmc.Button("pages", variant="default", size="xs", id="nav-menu")),
+            dmc.MenuDropdown(
+                [
+                    dmc.MenuItem(p.NAME, href=p.PATH, id={"type": "nav-item", "page": p.PAGE})
+                    for p in PAGES
+                ]
+            ),
         ],
-        gap="md",
+        position="bottom-start",
     )
     header = dmc.Group(
         [
-            dmc.Group([dmc.Title("gpuwatt", order=3), nav], gap="xl"),
+            dmc.Group(
+                [dmc.Title("gpuwatt", order=3), nav, html.Div(menu, className="gw-nav-menu")],
+                gap="lg",
+                wrap="nowrap",
+            ),
             dmc.Switch(id="dark-switch", label="dark", persistence=True, size="sm"),
         ],
         justify="space-between",
+        wrap="nowrap",
         h="100%",
         px="md",
     )
@@ -143,7 +180,7 @@ def _shell() -> Any:
         dmc.AppShell(
             [
                 dmc.AppShellHeader(header),
-                dmc.AppShellMain(html.Div(dash.page_container, style={"padding": "0 16px"})),
+                dmc.AppShellMain(html.Div(dash.page_container, className="gw-main")),
             ],
             header={"height": 56},
             padding="md",
@@ -193,23 +230,105 @@ def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSou
     _url_param(app, "refresh-picker", "refresh", DEFAULT_REFRESH)
     _url_param(app, "report-by", "by", "gpu")
     _url_param(app, "host-picker", "host")
+    _url_param(app, "gpu-picker", "gpu")
 
-    @app.callback(
-        Output({"type": "nav", "page": ALL}, "href"),
-        Input("url", "search"),
-        State({"type": "nav", "page": ALL}, "id"),
-    )
-    def _nav(search: str | None, ids: list[dict[str, str]]) -> list[str]:
-        query = query_dict(search)
-        keep = to_search({k: v for k, v in query.items() if k in RANGE_KEYS})
-        paths = {p.PAGE: p.PATH for p in PAGES}
-        return [paths[i["page"]] + keep for i in ids]
+    for kind in ("nav", "nav-item"):
+
+        @app.callback(
+            Output({"type": kind, "page": ALL}, "href"),
+            Input("url", "search"),
+            State({"type": kind, "page": ALL}, "id"),
+        )
+        def _nav(search: str | None, ids: list[dict[str, str]]) -> list[str]:
+            query = query_dict(search)
+            keep = to_search({k: v for k, v in query.items() if k in RANGE_KEYS})
+            paths = {p.PAGE: p.PATH for p in PAGES}
+            return [paths[i["page"]] + keep for i in ids]
+
+    _register_range_callbacks(app)
 
     app.clientside_callback(
         "function(on) { return on ? 'dark' : 'light'; }",
         Output("provider", "forceColorScheme"),
         Input("dark-switch", "checked"),
     )
+
+
+def zoom_query(relayout: dict[str, Any] | None, query: dict[str, str]) -> dict[str, str] | None:
+    """The URL query after a drag across a time chart (plotly's ``relayoutData``): the span
+    becomes ``from``/``to`` (UTC, whole seconds; at least ``MIN_SPAN_S``). None when the
+    event is not a zoom of a time axis (autosize, a y-axis zoom, a double-click reset)."""
+    if not relayout:
+        return None
+    lo = hi = None
+    for key, value in relayout.items():
+        if re.fullmatch(r"xaxis\d*\.range\[0\]", key):
+            lo = value
+        elif re.fullmatch(r"xaxis\d*\.range\[1\]", key):
+            hi = value
+        elif re.fullmatch(r"xaxis\d*\.range", key) and isinstance(value, list) and len(value) == 2:
+            lo, hi = value
+    if lo is None or hi is None:
+        return None
+    start, end = parse_instant_ns(str(lo)), parse_instant_ns(str(hi))
+    if start is None or end is None or end <= start:
+        return None
+    if (end - start) < MIN_SPAN_S * NS_PER_S:
+        mid = (start + end) // 2
+        start, end = mid - MIN_SPAN_S * NS_PER_S // 2, mid + MIN_SPAN_S * NS_PER_S // 2
+    out = {k: v for k, v in query.items() if k not in ("range", "end", "from", "to")}
+    out["from"] = iso_s(start)
+    out["to"] = iso_s(end)
+    return out
+
+
+def _register_range_callbacks(app: Dash) -> None:
+    """Zoom on any time chart, the custom from/to range, and back to live: all through the
+    URL's query, from which the page re-renders."""
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input({"type": "zoom-graph", "name": ALL}, "relayoutData"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _zoom(_relayouts: list[Any], search: str | None) -> str:
+        for trig in dash.callback_context.triggered:
+            query = zoom_query(trig.get("value"), query_dict(search))
+            if query is not None:
+                return to_search(query)
+        raise PreventUpdate
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input("range-apply", "n_clicks"),
+        State("range-from", "value"),
+        State("range-to", "value"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _custom(n: int | None, start: str | None, end: str | None, search: str | None) -> str:
+        if not n or not (start or "").strip():
+            raise PreventUpdate
+        query = {k: v for k, v in query_dict(search).items() if k not in ("range", "end", "to")}
+        query["from"] = start.strip()  # type: ignore[union-attr]
+        if (end or "").strip():
+            query["to"] = end.strip()  # type: ignore[union-attr]
+        return to_search(query)  # a time not understood is said on the page (parse_range)
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input("range-live", "n_clicks"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _live(n: int | None, search: str | None) -> str:
+        if not n:
+            raise PreventUpdate
+        query = {k: v for k, v in query_dict(search).items() if k not in ("from", "to", "end")}
+        if query.get("range") not in PRESETS:
+            query.pop("range", None)
+        return to_search(query)
 
 
 def create_app(
