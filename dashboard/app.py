@@ -35,7 +35,17 @@ from gpuwatt.dashboard.components import (
 )
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.data import DashboardData, DataError
-from gpuwatt.dashboard.pages import alerts, balance, efficiency, node, overview, reports, stragglers
+from gpuwatt.dashboard.pages import (
+    alerts,
+    balance,
+    efficiency,
+    health,
+    jobs,
+    node,
+    overview,
+    reports,
+    stragglers,
+)
 from gpuwatt.dashboard.timerange import (
     DEFAULT_RANGE,
     MIN_SPAN_S,
@@ -47,11 +57,23 @@ from gpuwatt.dashboard.timerange import (
     query_dict,
     to_search,
 )
+from gpuwatt.dashboard.work_data import JobWorkSource
 from gpuwatt.store.base import Store
+from gpuwatt.store.job_steps import JobStepStore
 
 log = logging.getLogger("gpuwatt.dashboard")
 
-PAGES: tuple[ModuleType, ...] = (overview, balance, stragglers, efficiency, node, reports, alerts)
+PAGES: tuple[ModuleType, ...] = (
+    overview,
+    balance,
+    stragglers,
+    efficiency,
+    jobs,
+    node,
+    health,
+    reports,
+    alerts,
+)
 ASSETS = Path(__file__).parent / "assets"
 RANGE_KEYS = ("range", "from", "to", "end", "refresh")
 
@@ -77,6 +99,7 @@ def render_page(
     args: dict[str, Any] | None,
     data: DashboardData,
     alerts_source: AlertsSource | None = None,
+    work: JobWorkSource | None = None,
 ) -> list[Any]:
     """The content of one page for the query in ``args``; never raises.
 
@@ -94,7 +117,7 @@ def render_page(
                 return [*head, empty_state()]
         else:
             win = None
-        ctx = PageContext(data, win, tr, query, now, alerts_source)  # type: ignore[arg-type]
+        ctx = PageContext(data, win, tr, query, now, alerts_source, work)  # type: ignore[arg-type]
         if win is not None and getattr(page, "STRAGGLER_BANNER", True):
             banner = straggler_banner(win.active_stragglers, ctx.link)
             head += [banner] if banner is not None else []
@@ -212,7 +235,12 @@ def _url_param(app: Dash, component: str, param: str, default: str | None = None
         return to_search(query)
 
 
-def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSource | None) -> None:
+def _register_callbacks(
+    app: Dash,
+    data: DashboardData,
+    alerts_source: AlertsSource | None,
+    work: JobWorkSource | None = None,
+) -> None:
     for page in PAGES:
 
         def make(page: ModuleType = page) -> None:
@@ -222,7 +250,7 @@ def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSou
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
             )
             def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
-                return render_page(page, args, data, alerts_source)
+                return render_page(page, args, data, alerts_source, work)
 
         make()
 
@@ -339,11 +367,13 @@ def create_app(
     credentials: Credentials | None = None,
     alerts: AlertsSource | None = None,
     cache_ttl_s: float = 10.0,
+    job_steps: JobStepStore | None = None,
 ) -> Dash:
     """The dashboard for ``store``. ``now_ns`` injects the clock (an int freezes it: tests).
 
     With ``credentials`` every request (pages, callbacks, assets, CSV routes) needs HTTP Basic
-    authentication. ``alerts`` connects the alert evaluator (see ``gpuwatt.dashboard.alerts_hook``).
+    authentication. ``alerts`` connects the alert evaluator (see ``gpuwatt.dashboard.alerts_hook``);
+    ``job_steps`` the store of application-reported job steps (reported TFLOPS and MFU per job).
     """
     data = DashboardData(
         store, clock_ns=_clock(now_ns), tariff=tariff_from(config), ttl_s=cache_ttl_s
@@ -360,7 +390,11 @@ def create_app(
     )
     _register_pages()
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), _shell()])
-    _register_callbacks(app, data, alerts)
+    work = None
+    if job_steps is not None:
+        precision = config.collector.tensor_precision if config is not None else "bf16"
+        work = JobWorkSource(job_steps, tensor_precision=precision, ttl_s=cache_ttl_s)
+    _register_callbacks(app, data, alerts, work)
     csv_export.register_routes(app.server, data)
     if credentials is not None:
         install_basic_auth(app.server, credentials)

@@ -184,6 +184,7 @@ def node_gpu_heatmap(
     gpus: pd.DataFrame,
     metric: str = "utilization_gpu_pct",
     marked: Sequence[tuple[str, int]] = (),
+    mark_label: str = "straggler",
 ) -> Fig:
     """Nodes (rows) x GPU index (columns) of one value per GPU; ``marked`` GPUs get a ring.
 
@@ -233,8 +234,8 @@ def node_gpu_heatmap(
                     "color": STRAGGLER,
                     "line": {"width": 3},
                 },
-                "name": "straggler",
-                "hovertemplate": "%{y} %{x}: straggler<extra></extra>",
+                "name": mark_label,
+                "hovertemplate": "%{y} %{x}: " + mark_label + "<extra></extra>",
                 "showlegend": False,
             }
         )
@@ -700,15 +701,16 @@ def node_lines(
     highlight: int | None = None,
     events: pd.DataFrame | None = None,
     step_s: float | None = None,
+    label: tuple[str, str] | None = None,
 ) -> Fig:
     """One line per GPU of a node for one metric; ``events`` (time_ns, gpu_index, label) marked.
 
     For a drill-down: one node's GPUs (a few dozen lines at most) in server-side buckets. The
     ``highlight`` GPU is drawn thick and red; no other line is red or orange.
     """
+    name, unit = label or LABELS.get(metric, (metric, ""))
     if frame.empty or metric not in frame.columns or frame[metric].notna().sum() == 0:
-        return empty_figure(f"{LABELS.get(metric, (metric, ''))[0]}: not measured in this range")
-    name, unit = LABELS.get(metric, (metric, ""))
+        return empty_figure(f"{name}: not measured in this range")
     data = []
     for k, (idx, rows) in enumerate(frame.groupby("gpu_index", sort=True)):
         hl = highlight is not None and int(idx) == highlight
