@@ -9,6 +9,7 @@ The view's state (range, refresh, grouping, node) lives in the URL, so a link re
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,16 +26,54 @@ from gpuwatt.config import Config
 from gpuwatt.dashboard import csv_export
 from gpuwatt.dashboard.alerts_hook import AlertsSource, firing_count
 from gpuwatt.dashboard.auth import Credentials, install_basic_auth
-from gpuwatt.dashboard.components import DEFAULT_REFRESH, empty_state, error_state, range_line
+from gpuwatt.dashboard.components import (
+    DEFAULT_REFRESH,
+    empty_state,
+    error_state,
+    range_line,
+    straggler_banner,
+)
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.data import DashboardData, DataError
-from gpuwatt.dashboard.pages import alerts, balance, efficiency, node, overview, reports, stragglers
-from gpuwatt.dashboard.timerange import DEFAULT_RANGE, parse_range, query_dict, to_search
+from gpuwatt.dashboard.pages import (
+    alerts,
+    balance,
+    efficiency,
+    health,
+    jobs,
+    node,
+    overview,
+    reports,
+    stragglers,
+)
+from gpuwatt.dashboard.timerange import (
+    DEFAULT_RANGE,
+    MIN_SPAN_S,
+    NS_PER_S,
+    PRESETS,
+    iso_s,
+    parse_instant_ns,
+    parse_range,
+    query_dict,
+    to_search,
+)
+from gpuwatt.dashboard.work_data import JobWorkSource
 from gpuwatt.store.base import Store
+from gpuwatt.store.job_steps import JobStepStore
 
 log = logging.getLogger("gpuwatt.dashboard")
 
-PAGES: tuple[ModuleType, ...] = (overview, balance, stragglers, efficiency, node, reports, alerts)
+PAGES: tuple[ModuleType, ...] = (
+    overview,
+    balance,
+    stragglers,
+    efficiency,
+    jobs,
+    node,
+    health,
+    reports,
+    alerts,
+)
 ASSETS = Path(__file__).parent / "assets"
 RANGE_KEYS = ("range", "from", "to", "end", "refresh")
 
@@ -60,6 +99,7 @@ def render_page(
     args: dict[str, Any] | None,
     data: DashboardData,
     alerts_source: AlertsSource | None = None,
+    work: JobWorkSource | None = None,
 ) -> list[Any]:
     """The content of one page for the query in ``args``; never raises.
 
@@ -77,7 +117,10 @@ def render_page(
                 return [*head, empty_state()]
         else:
             win = None
-        ctx = PageContext(data, win, tr, query, now, alerts_source)  # type: ignore[arg-type]
+        ctx = PageContext(data, win, tr, query, now, alerts_source, work)  # type: ignore[arg-type]
+        if win is not None and getattr(page, "STRAGGLER_BANNER", True):
+            banner = straggler_banner(win.active_stragglers, ctx.link)
+            head += [banner] if banner is not None else []
         return [*head, *page.render(ctx)]
     except DataError as exc:
         return [*head, error_state(exc.message)]
@@ -123,19 +166,36 @@ def _register_pages() -> None:
 
 
 def _shell() -> Any:
-    nav = dmc.Group(
+    """Title, page links and the theme switch. From Mantine's ``lg`` breakpoint (1200 px) the
+    links are inline; below, one "pages" menu, so nothing overlaps at 800 px."""
+    links = [
+        dcc.Link(p.NAME, href=p.PATH, id={"type": "nav", "page": p.PAGE}, className="gw-nav")
+        for p in PAGES
+    ]
+    nav = dmc.Group(links, gap="md", visibleFrom="lg", wrap="nowrap", className="gw-nav-row")
+    menu = dmc.Menu(
         [
-            dcc.Link(p.NAME, href=p.PATH, id={"type": "nav", "page": p.PAGE}, className="gw-nav")
-            for p in PAGES
+            dmc.MenuTarget(dmc.Button("pages", variant="default", size="xs", id="nav-menu")),
+            dmc.MenuDropdown(
+                [
+                    dmc.MenuItem(p.NAME, href=p.PATH, id={"type": "nav-item", "page": p.PAGE})
+                    for p in PAGES
+                ]
+            ),
         ],
-        gap="md",
+        position="bottom-start",
     )
     header = dmc.Group(
         [
-            dmc.Group([dmc.Title("gpuwatt", order=3), nav], gap="xl"),
+            dmc.Group(
+                [dmc.Title("gpuwatt", order=3), nav, html.Div(menu, className="gw-nav-menu")],
+                gap="lg",
+                wrap="nowrap",
+            ),
             dmc.Switch(id="dark-switch", label="dark", persistence=True, size="sm"),
         ],
         justify="space-between",
+        wrap="nowrap",
         h="100%",
         px="md",
     )
@@ -143,7 +203,7 @@ def _shell() -> Any:
         dmc.AppShell(
             [
                 dmc.AppShellHeader(header),
-                dmc.AppShellMain(html.Div(dash.page_container, style={"padding": "0 16px"})),
+                dmc.AppShellMain(html.Div(dash.page_container, className="gw-main")),
             ],
             header={"height": 56},
             padding="md",
@@ -175,7 +235,12 @@ def _url_param(app: Dash, component: str, param: str, default: str | None = None
         return to_search(query)
 
 
-def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSource | None) -> None:
+def _register_callbacks(
+    app: Dash,
+    data: DashboardData,
+    alerts_source: AlertsSource | None,
+    work: JobWorkSource | None = None,
+) -> None:
     for page in PAGES:
 
         def make(page: ModuleType = page) -> None:
@@ -185,7 +250,7 @@ def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSou
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
             )
             def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
-                return render_page(page, args, data, alerts_source)
+                return render_page(page, args, data, alerts_source, work)
 
         make()
 
@@ -193,23 +258,105 @@ def _register_callbacks(app: Dash, data: DashboardData, alerts_source: AlertsSou
     _url_param(app, "refresh-picker", "refresh", DEFAULT_REFRESH)
     _url_param(app, "report-by", "by", "gpu")
     _url_param(app, "host-picker", "host")
+    _url_param(app, "gpu-picker", "gpu")
 
-    @app.callback(
-        Output({"type": "nav", "page": ALL}, "href"),
-        Input("url", "search"),
-        State({"type": "nav", "page": ALL}, "id"),
-    )
-    def _nav(search: str | None, ids: list[dict[str, str]]) -> list[str]:
-        query = query_dict(search)
-        keep = to_search({k: v for k, v in query.items() if k in RANGE_KEYS})
-        paths = {p.PAGE: p.PATH for p in PAGES}
-        return [paths[i["page"]] + keep for i in ids]
+    for kind in ("nav", "nav-item"):
+
+        @app.callback(
+            Output({"type": kind, "page": ALL}, "href"),
+            Input("url", "search"),
+            State({"type": kind, "page": ALL}, "id"),
+        )
+        def _nav(search: str | None, ids: list[dict[str, str]]) -> list[str]:
+            query = query_dict(search)
+            keep = to_search({k: v for k, v in query.items() if k in RANGE_KEYS})
+            paths = {p.PAGE: p.PATH for p in PAGES}
+            return [paths[i["page"]] + keep for i in ids]
+
+    _register_range_callbacks(app)
 
     app.clientside_callback(
         "function(on) { return on ? 'dark' : 'light'; }",
         Output("provider", "forceColorScheme"),
         Input("dark-switch", "checked"),
     )
+
+
+def zoom_query(relayout: dict[str, Any] | None, query: dict[str, str]) -> dict[str, str] | None:
+    """The URL query after a drag across a time chart (plotly's ``relayoutData``): the span
+    becomes ``from``/``to`` (UTC, whole seconds; at least ``MIN_SPAN_S``). None when the
+    event is not a zoom of a time axis (autosize, a y-axis zoom, a double-click reset)."""
+    if not relayout:
+        return None
+    lo = hi = None
+    for key, value in relayout.items():
+        if re.fullmatch(r"xaxis\d*\.range\[0\]", key):
+            lo = value
+        elif re.fullmatch(r"xaxis\d*\.range\[1\]", key):
+            hi = value
+        elif re.fullmatch(r"xaxis\d*\.range", key) and isinstance(value, list) and len(value) == 2:
+            lo, hi = value
+    if lo is None or hi is None:
+        return None
+    start, end = parse_instant_ns(str(lo)), parse_instant_ns(str(hi))
+    if start is None or end is None or end <= start:
+        return None
+    if (end - start) < MIN_SPAN_S * NS_PER_S:
+        mid = (start + end) // 2
+        start, end = mid - MIN_SPAN_S * NS_PER_S // 2, mid + MIN_SPAN_S * NS_PER_S // 2
+    out = {k: v for k, v in query.items() if k not in ("range", "end", "from", "to")}
+    out["from"] = iso_s(start)
+    out["to"] = iso_s(end)
+    return out
+
+
+def _register_range_callbacks(app: Dash) -> None:
+    """Zoom on any time chart, the custom from/to range, and back to live: all through the
+    URL's query, from which the page re-renders."""
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input({"type": "zoom-graph", "name": ALL}, "relayoutData"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _zoom(_relayouts: list[Any], search: str | None) -> str:
+        for trig in dash.callback_context.triggered:
+            query = zoom_query(trig.get("value"), query_dict(search))
+            if query is not None:
+                return to_search(query)
+        raise PreventUpdate
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input("range-apply", "n_clicks"),
+        State("range-from", "value"),
+        State("range-to", "value"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _custom(n: int | None, start: str | None, end: str | None, search: str | None) -> str:
+        if not n or not (start or "").strip():
+            raise PreventUpdate
+        query = {k: v for k, v in query_dict(search).items() if k not in ("range", "end", "to")}
+        query["from"] = start.strip()  # type: ignore[union-attr]
+        if (end or "").strip():
+            query["to"] = end.strip()  # type: ignore[union-attr]
+        return to_search(query)  # a time not understood is said on the page (parse_range)
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input("range-live", "n_clicks"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _live(n: int | None, search: str | None) -> str:
+        if not n:
+            raise PreventUpdate
+        query = {k: v for k, v in query_dict(search).items() if k not in ("from", "to", "end")}
+        if query.get("range") not in PRESETS:
+            query.pop("range", None)
+        return to_search(query)
 
 
 def create_app(
@@ -220,11 +367,13 @@ def create_app(
     credentials: Credentials | None = None,
     alerts: AlertsSource | None = None,
     cache_ttl_s: float = 10.0,
+    job_steps: JobStepStore | None = None,
 ) -> Dash:
     """The dashboard for ``store``. ``now_ns`` injects the clock (an int freezes it: tests).
 
     With ``credentials`` every request (pages, callbacks, assets, CSV routes) needs HTTP Basic
-    authentication. ``alerts`` connects the alert evaluator (see ``gpuwatt.dashboard.alerts_hook``).
+    authentication. ``alerts`` connects the alert evaluator (see ``gpuwatt.dashboard.alerts_hook``);
+    ``job_steps`` the store of application-reported job steps (reported TFLOPS and MFU per job).
     """
     data = DashboardData(
         store, clock_ns=_clock(now_ns), tariff=tariff_from(config), ttl_s=cache_ttl_s
@@ -241,7 +390,11 @@ def create_app(
     )
     _register_pages()
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), _shell()])
-    _register_callbacks(app, data, alerts)
+    work = None
+    if job_steps is not None:
+        precision = config.collector.tensor_precision if config is not None else "bf16"
+        work = JobWorkSource(job_steps, tensor_precision=precision, ttl_s=cache_ttl_s)
+    _register_callbacks(app, data, alerts, work)
     csv_export.register_routes(app.server, data)
     if credentials is not None:
         install_basic_auth(app.server, credentials)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -9,12 +10,16 @@ import dash_mantine_components as dmc
 from dash import dcc, html
 
 from gpuwatt.analytics import Figure, Quality
+from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.figures import Fig
 from gpuwatt.dashboard.timerange import PRESETS, TimeRange
 
-REFRESH_CHOICES: tuple[str, ...] = ("off", "30s", "60s", "5m")
+REFRESH_CHOICES: tuple[str, ...] = ("off", "5s", "10s", "30s", "60s", "5m")
 DEFAULT_REFRESH = "60s"
-_REFRESH_MS = {"off": 0, "30s": 30_000, "60s": 60_000, "5m": 300_000}
+_REFRESH_MS = {"off": 0, "5s": 5_000, "10s": 10_000, "30s": 30_000, "60s": 60_000, "5m": 300_000}
+#: Pages whose data is one node's (cheap to re-read): the only ones offered refresh below 30 s.
+FAST_REFRESH_PAGES = frozenset({"node"})
+_GRAPH_SEQ = itertools.count()
 
 QUALITY_TEXT: dict[str, str] = {
     Quality.MEASURED.value: "measured",
@@ -42,8 +47,19 @@ QUALITY_COLOR: dict[str, str] = {
 }
 
 
-def refresh_ms(query: Mapping[str, str]) -> int:
-    return _REFRESH_MS.get(query.get("refresh", DEFAULT_REFRESH), _REFRESH_MS[DEFAULT_REFRESH])
+def refresh_ms(query: Mapping[str, str], page: str = "") -> int:
+    """The auto-refresh period the URL asks for; below 30 s only on a node view (a cluster
+    page at 1,000 GPUs re-analyses the whole range: 5 s would keep a core busy)."""
+    ms = _REFRESH_MS.get(query.get("refresh", DEFAULT_REFRESH), _REFRESH_MS[DEFAULT_REFRESH])
+    if 0 < ms < 30_000 and page not in FAST_REFRESH_PAGES:
+        return 30_000
+    return ms
+
+
+def refresh_choices(page: str) -> tuple[str, ...]:
+    if page in FAST_REFRESH_PAGES:
+        return REFRESH_CHOICES
+    return tuple(r for r in REFRESH_CHOICES if not 0 < _REFRESH_MS[r] < 30_000)
 
 
 def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> html.Div:
@@ -57,40 +73,49 @@ def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> 
         preset = None
     if not query.get("range") and "from" not in query:
         preset = "1h"
+    choices = refresh_choices(page)
     refresh = query.get("refresh", DEFAULT_REFRESH)
-    interval = refresh_ms(query)
+    refresh = refresh if refresh in choices else DEFAULT_REFRESH
+    interval = refresh_ms(query, page)
+    fixed = "from" in query or "end" in query
+    controls = dmc.Group(
+        [
+            dmc.Tooltip(
+                dmc.SegmentedControl(
+                    id="range-picker", data=list(PRESETS), value=preset, size="xs"
+                ),
+                label="time range (kept in the URL: share the link). "
+                "Drag across any time chart to zoom in.",
+                multiline=True,
+                w=260,
+            ),
+            range_inputs(query),
+            dmc.Button(
+                "back to live",
+                id="range-live",
+                size="compact-xs",
+                variant="light",
+                display="inline-block" if fixed else "none",
+            ),
+            dmc.Select(
+                id="refresh-picker",
+                data=[{"value": r, "label": f"refresh {r}"} for r in choices],
+                value=refresh,
+                size="xs",
+                w=120,
+                allowDeselect=False,
+            ),
+        ],
+        gap="xs",
+        className="gw-controls",
+    )
     return html.Div(
         [
             dmc.Group(
-                [
-                    dmc.Title(title, order=2),
-                    dmc.Group(
-                        [
-                            dmc.Tooltip(
-                                dmc.SegmentedControl(
-                                    id="range-picker",
-                                    data=list(PRESETS),
-                                    value=preset,
-                                    size="xs",
-                                ),
-                                label="time range (kept in the URL: share the link)",
-                            ),
-                            dmc.Select(
-                                id="refresh-picker",
-                                data=[
-                                    {"value": r, "label": f"refresh {r}"} for r in REFRESH_CHOICES
-                                ],
-                                value=refresh if refresh in REFRESH_CHOICES else DEFAULT_REFRESH,
-                                size="xs",
-                                w=130,
-                                allowDeselect=False,
-                            ),
-                        ],
-                        gap="sm",
-                    ),
-                ],
+                [dmc.Title(title, order=2), controls],
                 justify="space-between",
                 mb="sm",
+                className="gw-page-head",
             ),
             dcc.Store(id=f"{page}-args", data=dict(query)),
             dcc.Interval(
@@ -99,6 +124,43 @@ def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> 
             *extra,
             dcc.Loading(html.Div(id=f"{page}-content"), type="dot", delay_show=300),
         ]
+    )
+
+
+def range_inputs(query: Mapping[str, str]) -> Any:
+    """A custom from/to range (UTC; ISO 8601 or epoch seconds), applied to the URL."""
+    return dmc.Popover(
+        [
+            dmc.PopoverTarget(
+                dmc.Button("from / to", id="range-custom", size="compact-xs", variant="default")
+            ),
+            dmc.PopoverDropdown(
+                dmc.Stack(
+                    [
+                        dmc.TextInput(
+                            id="range-from",
+                            label="from (UTC)",
+                            placeholder="2026-01-01 08:00",
+                            value=query.get("from", ""),
+                            size="xs",
+                        ),
+                        dmc.TextInput(
+                            id="range-to",
+                            label="to (UTC, empty: now)",
+                            placeholder="2026-01-01 12:00",
+                            value=query.get("to", ""),
+                            size="xs",
+                        ),
+                        dmc.Button("apply", id="range-apply", size="compact-sm"),
+                    ],
+                    gap=6,
+                )
+            ),
+        ],
+        position="bottom-end",
+        withArrow=True,
+        shadow="md",
+        trapFocus=False,
     )
 
 
@@ -149,13 +211,34 @@ def kpi(label: str, value: str, help_text: str, *, color: str | None = None, id_
     return dmc.Tooltip(body, label=help_text, multiline=True, w=320, withArrow=True)
 
 
-def figure_kpi(label: str, fig: Figure, help_text: str, fmt: str = ".3g") -> Any:
+def figure_text(value: float | None, unit: str) -> str:
+    """An analytics figure's value with its unit, SI-prefixed where the unit takes one."""
+    if value is None:
+        return fmt.NA
+    if unit == "kWh":
+        return fmt.energy_kwh(value)
+    if unit == "W":
+        return fmt.watts(value)
+    if unit == "TFLOPS":
+        return fmt.tflops(value)
+    if unit == "kg":
+        return fmt.mass_kg(value)
+    if unit in ("%", "°C"):
+        return f"{fmt.plain(value)} {unit}"
+    if unit == "TFLOPS/W":
+        return fmt.tflops_per_w(value)
+    if len(unit) == 3 and unit.isupper():  # a currency code
+        return fmt.money(value, unit)
+    return f"{fmt.plain(value)} {unit}".strip()
+
+
+def figure_kpi(label: str, fig: Figure, help_text: str) -> Any:
     """A KPI for an analytics ``Figure``: value, unit and its quality badge (or why absent)."""
     if fig.value is None:
         value = "n/a"
         help_text = f"{help_text} Not available: {fig.reason or 'no data'}."
     else:
-        value = f"{fig.value:{fmt}} {fig.unit}".strip()
+        value = figure_text(fig.value, fig.unit)
         help_text = f"{help_text} Quality: {QUALITY_TEXT.get(fig.quality.value, fig.quality)}."
         if fig.reason:
             help_text += f" {fig.reason}."
@@ -186,14 +269,33 @@ def data_table(
     return dmc.Table(data=data, **kwargs, **props)
 
 
-def graph(fig: Fig, id_: str | None = None) -> Any:
+#: Plotly's mode bar: on hover only (CSS fades it in), without the buttons nobody here uses.
+GRAPH_CONFIG: dict[str, Any] = {
+    "displaylogo": False,
+    "responsive": True,
+    "displayModeBar": "hover",
+    "modeBarButtonsToRemove": ["lasso2d", "select2d", "autoScale2d"],
+}
+
+
+def graph(fig: Fig, id_: str | None = None, *, zoom: bool = False) -> Any:
+    """A plotly graph. ``zoom``: a chart over time whose x-axis span, when the user drags
+    across it, becomes the view's range (the URL's from/to; see ``app``)."""
+    config = dict(GRAPH_CONFIG)
+    if zoom:
+        name = f"{id_ or _slug(_title(fig)) or 'chart'}-{next(_GRAPH_SEQ)}"  # unique on a page
+        graph_id: Any = {"type": "zoom-graph", "name": name}
+        return html.Div(
+            dcc.Graph(figure=fig, config=config, className="gw-graph gw-zoom", id=graph_id),
+            **({"id": id_} if id_ else {}),
+        )
     kwargs: dict[str, Any] = {"id": id_} if id_ else {}
-    return dcc.Graph(
-        figure=fig,
-        config={"displaylogo": False, "responsive": True},
-        className="gw-graph",
-        **kwargs,
-    )
+    return dcc.Graph(figure=fig, config=config, className="gw-graph", **kwargs)
+
+
+def _title(fig: Fig) -> str:
+    title = fig.get("layout", {}).get("title", {})
+    return str(title.get("text", "")) if isinstance(title, dict) else str(title)
 
 
 def section(title: str, *children: Any, help_text: str = "") -> Any:
@@ -210,3 +312,24 @@ def _color(color: str | None) -> dict[str, str]:
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def straggler_banner(stragglers: Sequence[Any], link: Any, shown: int = 3) -> Any:
+    """One line naming the active stragglers, on every page that does not list them anyway: at
+    1,000 GPUs a per-node or per-job view must not average the slow GPU away. ``link(path,
+    **params)`` builds a link that keeps the view's range."""
+    if not stragglers:
+        return None
+    items: list[Any] = [dmc.Badge("straggler", color="red", variant="filled", size="sm")]
+    for s in list(stragglers)[:shown]:
+        cause = s.cause.replace("_", " ")
+        items.append(
+            dcc.Link(
+                f"{s.host} GPU {s.gpu_index} ({cause}{', job ' + s.job_id if s.job_id else ''})",
+                href=link("/node", host=s.host, gpu=str(s.gpu_index)),
+                className="straggler-link",
+            )
+        )
+    if len(stragglers) > shown:
+        items.append(dcc.Link(f"and {len(stragglers) - shown} more", href=link("/stragglers")))
+    return dmc.Group(items, gap="sm", mb="xs", id="straggler-banner")

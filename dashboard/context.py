@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gpuwatt.dashboard.alerts_hook import AlertsSource
 from gpuwatt.dashboard.data import DashboardData, WindowData
 from gpuwatt.dashboard.timerange import TimeRange
+from gpuwatt.dashboard.work_data import JobWorkSource
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class PageContext:
     query: dict[str, str]
     now_ns: int
     alerts: AlertsSource | None = None
+    work: JobWorkSource | None = None  # application-reported job steps, when connected
 
     def link(self, path: str, **params: str) -> str:
         """A link to another page that keeps this view's time range."""

@@ -85,6 +85,11 @@ def choose_step_s(span_s: float) -> int:
     return HOUR_STEPS_S[-1]
 
 
+def iso_s(ns: int) -> str:
+    """Epoch ns -> "2026-01-01T00:10:00Z" (whole seconds; for the URL)."""
+    return datetime.fromtimestamp(ns // NS_PER_S, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def fmt_ns(ns: int) -> str:
     return datetime.fromtimestamp(ns / NS_PER_S, tz=UTC).strftime("%Y-%m-%d %H:%M")
 

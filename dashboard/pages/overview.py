@@ -9,6 +9,7 @@ import pandas as pd
 from dash import dcc, html
 
 from gpuwatt.analytics import Straggler
+from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import figure_kpi, graph, kpi, page_frame, section
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.data import DataError
@@ -18,6 +19,7 @@ PAGE = "overview"
 PATH = "/"
 NAME = "Overview"
 ORDER = 0
+STRAGGLER_BANNER = False  # the page lists them
 TOP_STRAGGLERS = 3
 
 
@@ -116,12 +118,12 @@ def render(ctx: PageContext) -> list[Any]:
             ),
             kpi(
                 "Utilisation",
-                "n/a" if util is None else f"{util:.0f} %",
+                fmt.percent(util),
                 "Mean GPU utilisation of the cluster in the newest window.",
             ),
             kpi(
                 "Power now",
-                f"{up_power / 1000:.1f} kW",
+                fmt.watts(up_power),
                 "Sum of the newest power reading of every GPU that is up (measured).",
             ),
             today_kpi,

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import dash_mantine_components as dmc
+import numpy as np
+import pandas as pd
 from dash import html
 
+from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import data_table, page_frame, section
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.csv_export import GROUPINGS, build_report
@@ -31,15 +34,34 @@ def _download_query(ctx: PageContext, **extra: str) -> str:
     return to_search(keep)
 
 
+def preview_frame(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The preview's columns: those with a value in some row (an empty column, e.g.
+    ``alerts_count`` with no alert history, is named under the table instead), UUIDs
+    shortened to their first group (the CSV has them whole)."""
+    empty = [str(c) for c in table.columns if table[c].isna().all() or (table[c] == "").all()]
+    shown = table.drop(columns=empty)
+    if "uuid" in shown.columns:
+        shown = shown.assign(uuid=shown["uuid"].astype(str).str.slice(0, 12) + "…")
+    return shown, empty
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float | np.floating):
+        return fmt.plain(value, 4)
+    return "" if value is None else str(value)
+
+
 def render(ctx: PageContext) -> list[Any]:
     by = ctx.query.get("by") if ctx.query.get("by") in GROUPINGS else "gpu"
     table = build_report(ctx.win.summary, by)
+    shown, left_out = preview_frame(table.head(PREVIEW_ROWS))
     preview = data_table(
-        table.columns,
-        table.head(PREVIEW_ROWS).round(3).itertuples(index=False, name=None),
+        shown.columns,
+        ([_cell(v) for v in row] for row in shown.itertuples(index=False, name=None)),
         id_="report-preview",
         fz="xs",
         striped=True,
+        className="gw-nowrap",
     )
     links = dmc.Group(
         [
@@ -69,6 +91,8 @@ def render(ctx: PageContext) -> list[Any]:
         f"{len(table)} rows; showing {min(len(table), PREVIEW_ROWS)}. Units are in the column "
         "names; text cells that a spreadsheet would run as a formula are prefixed with '."
     )
+    if left_out:
+        note += f" Columns empty in this range, in the CSV only: {', '.join(left_out)}."
     return [
         section("Download", links, dmc.Text(note, size="xs", c="dimmed")),
         section(

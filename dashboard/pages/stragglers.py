@@ -10,6 +10,7 @@ import pandas as pd
 from dash import dcc
 
 from gpuwatt.analytics import Straggler
+from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import data_table, graph, page_frame, section
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.figures import LABELS, band_figure
@@ -19,6 +20,7 @@ PAGE = "stragglers"
 PATH = "/stragglers"
 NAME = "Stragglers"
 ORDER = 2
+STRAGGLER_BANNER = False  # the page lists them
 MAX_PLOTTED = 5
 #: The signals a straggler is judged on, plotted against its peers.
 SIGNALS: tuple[str, ...] = ("sm_clock_mhz", "temperature_gpu_c", "utilization_gpu_pct", "power_w")
@@ -50,7 +52,7 @@ def peer_bands(
 
 def evidence_table(s: Straggler) -> Any:
     rows = [
-        (key.replace("_", " "), f"{value:.3g}")
+        (key.replace("_", " "), fmt.plain(value))
         for key, value in s.evidence.items()
         if value is not None and np.isfinite(value)
     ]
@@ -83,8 +85,8 @@ def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
     if s.peers_waiting_energy_j:
         children.append(
             dmc.Text(
-                f"Energy its peers spent waiting for it: {s.peers_waiting_energy_j / 3.6e6:.3f} "
-                "kWh (estimate)",
+                "Energy its peers spent waiting for it: "
+                f"{fmt.energy_kwh(s.peers_waiting_energy_j / 3.6e6)} (estimate)",
                 size="sm",
             )
         )
@@ -96,13 +98,18 @@ def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
                 continue
             x, own, med, lo, hi = peer_bands(sw, s, metric)
             name, unit = LABELS[metric]
-            figs.append(
-                graph(
-                    band_figure(
-                        x, own, med, lo, hi, title=name, own_name=f"GPU {s.gpu_index}", unit=unit
-                    )
-                )
+            band = band_figure(
+                x,
+                own,
+                med,
+                lo,
+                hi,
+                title=name,
+                own_name=f"GPU {s.gpu_index}",
+                unit=unit,
+                step_s=ctx.range.step_s,
             )
+            figs.append(graph(band, zoom=True))
         children.append(dmc.SimpleGrid(figs, cols={"base": 1, "md": 2}, spacing="xs"))
     children.append(
         dmc.Accordion(

@@ -1,0 +1,206 @@
+"""Hardware health of the cluster now: every GPU's newest sample checked for what needs a person
+(lost or silent, XID, uncorrectable ECC, row remapping pending or failed, a hardware throttle
+reason, hot), a temperature map of node x GPU, and a table of the GPUs with a problem first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import dash_mantine_components as dmc
+import pandas as pd
+
+from gpuwatt.analytics.reasons import BITS, FAULT_FRACTIONS, LABELS
+from gpuwatt.dashboard.components import graph, kpi, page_frame, section
+from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.data import SILENT_AFTER_S
+from gpuwatt.dashboard.figures import node_gpu_heatmap
+from gpuwatt.dashboard.grid import (
+    link_column,
+    md_link,
+    number_column,
+    si_column,
+    sortable_table,
+    text_column,
+)
+from gpuwatt.dashboard.timerange import NS_PER_S
+from gpuwatt.model import GpuSample
+from gpuwatt.status import natural_key
+
+PAGE = "health"
+PATH = "/health"
+NAME = "Health"
+ORDER = 5
+#: A GPU at or above this temperature is "hot" (H100/A100 slow down from about 85-87 °C).
+HOT_C = 85
+#: Rows of the table: every GPU with a problem, then the hottest others up to this many.
+MAX_ROWS = 64
+
+
+def layout(**query: str) -> Any:
+    return page_frame(PAGE, NAME, query)
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    sample: GpuSample
+    problems: list[str]
+
+    @property
+    def severity(self) -> int:
+        """0 ok, 1 warning, 2 needs action now."""
+        if not self.problems:
+            return 0
+        urgent = ("lost", "silent", "XID", "uncorrectable ECC", "row remapping failed")
+        return 2 if any(p.startswith(urgent) for p in self.problems) else 1
+
+
+def throttle_now(reasons: int | None) -> list[str]:
+    """The hardware (fault) clock-event reasons set in a bitmask."""
+    if reasons is None:
+        return []
+    return [LABELS[f] for f in FAULT_FRACTIONS if int(reasons) & BITS[f]]
+
+
+def check(s: GpuSample, now_ns: int) -> GpuHealth:
+    problems: list[str] = []
+    if s.lost:
+        problems.append("lost (fell off the bus)")
+    elif (now_ns - s.time_ns) / NS_PER_S > SILENT_AFTER_S:
+        problems.append("silent (no recent sample)")
+    if s.xid_errors:
+        problems.append(f"XID {s.xid_errors[-1]}")
+    if s.ecc_dbe_volatile_count:
+        problems.append(f"uncorrectable ECC errors: {s.ecc_dbe_volatile_count}")
+    if s.remapped_rows_failure:
+        problems.append("row remapping failed")
+    if s.remapped_rows_pending:
+        problems.append("row remapping pending (reset)")
+    problems += [f"throttled: {r}" for r in throttle_now(s.clock_event_reasons)]
+    if s.temperature_gpu_c is not None and s.temperature_gpu_c >= HOT_C:
+        problems.append(f"hot ({s.temperature_gpu_c} °C)")
+    return GpuHealth(s, problems)
+
+
+def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
+    def temp(h: GpuHealth) -> float:
+        t = h.sample.temperature_gpu_c
+        return float(t) if t is not None else -1.0
+
+    bad = sorted((h for h in checked if h.problems), key=lambda h: (-h.severity, -temp(h)))
+    rest = sorted((h for h in checked if not h.problems), key=lambda h: -temp(h))
+    shown = (bad + rest)[: max(MAX_ROWS, len(bad))]
+    rows = []
+    for h in shown:
+        s = h.sample
+        rows.append(
+            {
+                "gpu": md_link(
+                    f"{s.host} GPU {s.gpu_index}",
+                    ctx.link("/node", host=s.host, gpu=str(s.gpu_index)),
+                ),
+                "state": "; ".join(h.problems) or "ok",
+                "temp": s.temperature_gpu_c,
+                "fan": s.fan_speed_pct,
+                "power": s.power_w,
+                "limit": s.power_limit_w,
+                "sbe": s.ecc_sbe_volatile_count,
+                "dbe": s.ecc_dbe_volatile_count,
+                "remap_c": s.remapped_rows_correctable,
+                "remap_u": s.remapped_rows_uncorrectable,
+                "xid": s.xid_errors[-1] if s.xid_errors else None,
+                "job": s.job_id or "",
+            }
+        )
+    columns = [
+        link_column("gpu", "GPU"),
+        text_column("state", "state"),
+        number_column("temp", "temp. °C", "d"),
+        number_column("fan", "fan %", "d"),
+        si_column("power", "power", "W"),
+        si_column("limit", "limit", "W"),
+        number_column("sbe", "ECC SBE", "d"),
+        number_column("dbe", "ECC DBE", "d"),
+        number_column("remap_c", "remapped (corr.)", "d"),
+        number_column("remap_u", "remapped (uncorr.)", "d"),
+        number_column("xid", "last XID", "d"),
+        text_column("job", "job"),
+    ]
+    note = (
+        f"{len(bad)} GPUs with a problem"
+        + (f", then the hottest others: {len(shown)} of {len(checked)} GPUs." if rest else ".")
+        + " ECC counts are volatile (since the last driver load); NVML's aggregate counts are "
+        "not collected."
+    )
+    return dmc.Stack(
+        [
+            dmc.Text(note, size="xs", c="dimmed"),
+            sortable_table(columns, rows, "health-table"),
+        ],
+        gap=4,
+    )
+
+
+def render(ctx: PageContext) -> list[Any]:
+    samples = sorted(ctx.win.latest, key=lambda s: (natural_key(s.host), s.gpu_index))
+    checked = [check(s, ctx.now_ns) for s in samples]
+    count = {k: sum(1 for h in checked if h.severity == k) for k in (0, 1, 2)}
+    kinds = {
+        "XID": sum(1 for h in checked if any(p.startswith("XID") for p in h.problems)),
+        "ECC": sum(1 for h in checked if any("ECC" in p for p in h.problems)),
+        "throttled": sum(1 for h in checked if any(p.startswith("throttled") for p in h.problems)),
+        "hot": sum(1 for h in checked if any(p.startswith("hot") for p in h.problems)),
+    }
+    kpis = dmc.SimpleGrid(
+        [
+            kpi("Healthy", f"{count[0]} / {len(checked)}", "GPUs with no problem now."),
+            kpi(
+                "Need action",
+                str(count[2]),
+                "Lost or silent, an XID event, uncorrectable ECC errors, or failed row "
+                "remapping: drain the GPU or its node.",
+                color="red" if count[2] else None,
+                id_="kpi-need-action",
+            ),
+            kpi(
+                "Warnings",
+                str(count[1]),
+                "A hardware throttle reason set, row remapping pending, or hot.",
+                color="orange" if count[1] else None,
+            ),
+            kpi(
+                "Throttled / hot",
+                f"{kinds['throttled']} / {kinds['hot']}",
+                f"Hardware slowdown, thermal slowdown or power brake now / at or above {HOT_C} °C.",
+            ),
+        ],
+        cols={"base": 2, "sm": 4},
+        spacing="sm",
+        mb="md",
+    )
+    temps = pd.DataFrame(
+        {
+            "host": [s.host for s in samples],
+            "gpu_index": [s.gpu_index for s in samples],
+            "temperature_gpu_c": [
+                float(s.temperature_gpu_c) if s.temperature_gpu_c is not None else float("nan")
+                for s in samples
+            ],
+        }
+    )
+    marked = [(h.sample.host, h.sample.gpu_index) for h in checked if h.severity]
+    heat = node_gpu_heatmap(temps, "temperature_gpu_c", marked, mark_label="problem")
+    return [
+        kpis,
+        section(
+            "GPUs",
+            health_table(ctx, checked),
+            help_text="From each GPU's newest sample. Click a GPU for its fan, PCIe/NVLink, "
+            "ECC and throttle history.",
+        ),
+        section(
+            "Temperature now, node x GPU",
+            graph(heat, "health-heatmap"),
+            help_text="Red rings: GPUs with a problem.",
+        ),
+    ]
