@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the test suite starts as real servers on 127.0.0.1.
 TEST_APT_PACKAGES := influxdb victoria-metrics prometheus chromium chromium-driver
 
-.PHONY: demo test install test-deps lint format bench clean
+.PHONY: demo test install test-deps lint typecheck format bench clean
 
 # `make demo` installs what the product needs (the dashboard extra); `make test` adds the test tools.
 $(VENV)/bin/python:
@@ -39,7 +39,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: install test-deps lint
+typecheck: install
+	$(VENV)/bin/mypy
+
+test: install test-deps lint typecheck
 	$(VENV)/bin/pytest
 
 format: install

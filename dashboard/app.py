@@ -384,7 +384,7 @@ def create_app(
         pages_folder="",
         assets_folder=str(ASSETS),
         title="gpuwatt",
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # Dash: None keeps the tab title
         suppress_callback_exceptions=True,
         serve_locally=True,
     )

@@ -281,13 +281,14 @@ GRAPH_CONFIG: dict[str, Any] = {
 def graph(fig: Fig, id_: str | None = None, *, zoom: bool = False) -> Any:
     """A plotly graph. ``zoom``: a chart over time whose x-axis span, when the user drags
     across it, becomes the view's range (the URL's from/to; see ``app``)."""
-    config = dict(GRAPH_CONFIG)
+    config: Any = dict(GRAPH_CONFIG)
     if zoom:
         name = f"{id_ or _slug(_title(fig)) or 'chart'}-{next(_GRAPH_SEQ)}"  # unique on a page
         graph_id: Any = {"type": "zoom-graph", "name": name}
+        wrapper: dict[str, Any] = {"id": id_} if id_ else {}
         return html.Div(
             dcc.Graph(figure=fig, config=config, className="gw-graph gw-zoom", id=graph_id),
-            **({"id": id_} if id_ else {}),
+            **wrapper,
         )
     kwargs: dict[str, Any] = {"id": id_} if id_ else {}
     return dcc.Graph(figure=fig, config=config, className="gw-graph", **kwargs)

@@ -321,7 +321,7 @@ class DashboardData:
         frames = self._read("samples", lambda: series_many(self.store, reads))
         frame = frames[0]
         summary = self._analyze(frame, tr.end_ns, tr.start_ns, tr.step_s, jobs)
-        recent = None
+        recent: AnalysisSummary | StragglerFindings | None = None
         if coarse and not frame.empty:
             if shared is not None:
                 recent = shared.summary

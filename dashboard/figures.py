@@ -10,7 +10,7 @@ already small, and headless/remote browsers render WebGL in software.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +60,7 @@ LABELS: dict[str, tuple[str, str]] = {
 SI_UNITS = frozenset({"W", "B", "B/s", "J", "Wh", "FLOPS"})
 
 
-def natural_sorted(values: Sequence[Any]) -> list[str]:
+def natural_sorted(values: Iterable[Any]) -> list[str]:
     """Node names in human order: node-2 before node-10."""
     return sorted((str(v) for v in values), key=natural_key)
 

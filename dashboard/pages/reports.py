@@ -52,7 +52,8 @@ def _cell(value: Any) -> str:
 
 
 def render(ctx: PageContext) -> list[Any]:
-    by = ctx.query.get("by") if ctx.query.get("by") in GROUPINGS else "gpu"
+    asked = ctx.query.get("by") or "gpu"
+    by = asked if asked in GROUPINGS else "gpu"
     table = build_report(ctx.win.summary, by)
     shown, left_out = preview_frame(table.head(PREVIEW_ROWS))
     preview = data_table(
