@@ -156,7 +156,10 @@ def _analytics(q: AnalyticsQuery, store: Store, now_ns: int) -> list[Observation
     frame = store.series(start_ns, now_ns + 1, list(ANALYSIS_FIELDS), step_s=None)
     if frame.empty:
         return []
-    summary = analyze(frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns)
+    # The same input the dashboard and `gpuwatt analyze` build: jobs from the GPUs' samples in
+    # the window (without them no GPU is "allocated", and peers are nodes, not jobs).
+    jobs = {s.uuid: s.job_id for s in store.latest(since_ns=start_ns) if s.job_id}
+    summary = analyze(frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=jobs)
     seen = {
         (h, int(i), u, n)
         for h, i, u, n in frame[_GPU_KEYS].drop_duplicates().itertuples(index=False)
