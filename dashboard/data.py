@@ -15,7 +15,6 @@ Store failures become ``DataError`` with a message meant for the page ("store no
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -228,7 +227,7 @@ class DashboardData:
     def _read(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except (StoreUnavailable, ConnectionError, OSError, sqlite3.OperationalError) as exc:
+        except (StoreUnavailable, ConnectionError, OSError) as exc:
             log.warning("store not reachable while reading %s: %s", what, _describe(exc))
             raise DataError(f"store not reachable: {_describe(exc)}", unreachable=True) from None
         except Exception as exc:

@@ -274,3 +274,25 @@ def test_dashboard_exits_0_on_sigterm(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert proc.returncode == 0, (tmp_path / "dash.log").read_text()[-2000:]
     assert "Traceback" not in (tmp_path / "dash.log").read_text()
+
+
+def test_a_locked_embedded_store_is_an_outage_not_bad_data(tmp_path: Path) -> None:
+    import sqlite3
+
+    spool = Spool(tmp_path / "spool")
+    spool.append(_lines())
+    with SqliteStore(tmp_path / "s.db", busy_timeout_s=0.1) as store:
+        other = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+        flusher = Flusher(spool, store)
+        try:
+            flusher.flush()
+            assert flusher.store_down_since_s is not None
+            assert flusher.rejected_lines == 0 and spool.pending_lines() == 4  # kept, not set aside
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        flusher._next_attempt_s = 0.0  # past the back-off
+        flusher.flush()
+        assert spool.pending_lines() == 0 and flusher.delivered_lines == 4
+    spool.close()

@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod, make_gpu_sample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
@@ -48,11 +50,13 @@ from gpuwatt.schema import (
     format_processes,
     parse_processes,
 )
-from gpuwatt.store import LAST_VALUE_ATTRS, legacy, packed, rounds
+from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, legacy, packed, rounds
 from gpuwatt.store.base import SeriesRead
 
 if TYPE_CHECKING:
     import pandas as pd
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 NS_PER_S = 1_000_000_000
 MINUTE_NS = 60 * NS_PER_S
@@ -170,6 +174,24 @@ def _agg_sql(step_ns: int, src: str, attrs: Sequence[str]) -> str:
         + "".join(f", {c} AS {a}" for c, a in zip(cols, attrs, strict=True))
         + f" FROM ({src}) GROUP BY 1, gpu_id"
     )
+
+
+def _store_errors(method: F) -> F:
+    """SQLite's own errors as gpuwatt's: a locked, busy, full or unopenable database is an outage
+    (``StoreUnavailable``: a writer's spool keeps the samples and retries, a reader says "not
+    reachable"); a database SQLite cannot read is ``StoreRejected`` (retrying will not help).
+    Nothing above the store sees ``sqlite3``."""
+
+    @functools.wraps(method)
+    def wrapped(self: SqliteStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"embedded store {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreRejected(f"embedded store {self.path} cannot be read: {exc}") from exc
+
+    return wrapped  # type: ignore[return-value]
 
 
 class SqliteStore:
@@ -304,9 +326,11 @@ class SqliteStore:
 
     # --- writes -------------------------------------------------------------------------------
 
+    @_store_errors
     def write_lines(self, lines: Sequence[str]) -> None:
         self.write_samples([decode_line(line) for line in lines if line.strip()])
 
+    @_store_errors
     def write_samples(self, samples: Sequence[GpuSample]) -> None:
         if not samples:
             return
@@ -588,6 +612,7 @@ class SqliteStore:
         con.execute("DELETE FROM samples_1h WHERE time_ns < ?", (newest_ns - self.retention_1h_ns,))
         packed.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)
 
+    @_store_errors
     def flush_rollups(self) -> None:
         """Recompute every dirty bucket now (normally done once writes have moved past it)."""
         with self._lock, self._transaction(self._writer):
@@ -596,6 +621,7 @@ class SqliteStore:
 
     # --- reads --------------------------------------------------------------------------------
 
+    @_store_errors
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         with self._reader() as con:
             (n_bytes,) = con.execute(
@@ -605,6 +631,7 @@ class SqliteStore:
             ).fetchone()
         return int(n_bytes) // 8  # one int64 id per sample; no (time, GPU) twice (``rounds``)
 
+    @_store_errors
     def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
         with self._reader() as con:
             gpus = con.execute(
@@ -645,6 +672,7 @@ class SqliteStore:
             out.append(_sample_from_row(row))
         return out
 
+    @_store_errors
     def series(
         self,
         start_ns: int,
@@ -656,6 +684,7 @@ class SqliteStore:
     ) -> pd.DataFrame:
         return self.series_many([SeriesRead(start_ns, end_ns, fields, step_s, hosts)])[0]
 
+    @_store_errors
     def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
         """Several ``series`` reads in one read transaction (they see the same data). The raw
         samples not rolled up yet, whose aggregation is most of the cost of a read that ends
