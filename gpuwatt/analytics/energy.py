@@ -2,12 +2,16 @@
 
 Per row, ``energy_delta_j`` is the energy spent since the GPU's previous row:
 
-* counter: ``energy_j[i] - energy_j[i-1]``. A negative delta means the counter restarted (driver
-  reload, collector restart with an integrating fallback); the new value is then the energy since
-  the restart and is taken as the delta. The first row of a GPU (or the first after a gap in the
-  counter) has no predecessor: its interval is filled with ``power_w`` x one sampling step, so
-  that a read of 1-minute rollups (counter = last value of each bucket) does not lose its first
-  bucket. That is at most one step of the range, and the figure keeps the counter's quality.
+* counter: ``energy_j[i] - energy_j[i-1]`` within one uninterrupted run of the counter
+  (docs/accounting.md). A run ends where the counter goes backwards (driver reload, collector
+  restart, a second writer), rises faster than the GPU could draw (more than its power limit, or
+  ``DEFAULT_MAX_POWER_W`` without one, times the elapsed time times ``RISE_MARGIN``: a reset or a
+  conflict between two writers) or the GPU was not seen for more than three sampling steps:
+  such a delta is never energy. The first row of a run (of a GPU, or after a reset or a gap) has
+  no usable predecessor: its interval is filled with ``power_w`` x the elapsed time (one
+  sampling step at most), so that a read of 1-minute rollups (counter = last value of each
+  bucket) does not lose its first bucket. That is at most one step per run, and the figure keeps
+  the counter's quality.
 * integrated: where the row has no counter value, ``power_w`` times the time to the GPU's next row
   (capped at three sampling steps so an outage is not integrated). With 1-minute rollups the row's
   power is the bucket's mean, so this is exact up to sampling.
@@ -31,6 +35,11 @@ SRC_NONE = 0
 SRC_COUNTER = 1
 SRC_INTEGRATED = 2
 
+#: The power assumed when a GPU reports no power limit: above any GPU sold today (B200: 1 kW).
+DEFAULT_MAX_POWER_W = 1200.0
+#: How much faster than its power limit a counter may rise before the rise is a reset/conflict.
+RISE_MARGIN = 1.25
+
 
 def median_step_ns(rows: pd.DataFrame) -> int:
     """The typical spacing of one GPU's rows (0 when no GPU has two rows)."""
@@ -53,6 +62,11 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
     same_prev[1:] = g[1:] == g[:-1]
     delta = np.full(n, np.nan)
     src = np.full(n, SRC_NONE, dtype=np.int8)
+    t_prev = np.empty(n, dtype=np.int64)
+    t_prev[:1] = 0
+    t_prev[1:] = t[:-1]
+    elapsed_ns = np.where(same_prev, t - t_prev, 0)
+    elapsed_s = elapsed_ns / 1e9
 
     has_counter = np.zeros(n, dtype=bool)
     if "energy_j" in rows.columns:
@@ -61,9 +75,15 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         prev = np.empty(n)
         prev[0] = np.nan
         prev[1:] = e[:-1]
-        ok = has_counter & same_prev & np.isfinite(prev)
+        limit_w = np.full(n, DEFAULT_MAX_POWER_W)
+        if "power_limit_w" in rows.columns:
+            lim = pd.to_numeric(rows["power_limit_w"], errors="coerce").to_numpy(dtype=float)
+            limit_w = np.where(np.isfinite(lim) & (lim > 0), lim, limit_w)
         d = e - prev
-        d = np.where(d < 0, e, d)  # counter restarted: energy since the restart
+        possible = (d >= 0) & (d <= limit_w * elapsed_s * RISE_MARGIN)
+        if step_ns > 0:
+            possible &= elapsed_ns <= 3 * step_ns  # not across a gap
+        ok = has_counter & same_prev & np.isfinite(prev) & possible
         delta = np.where(ok, d, np.nan)
         src[has_counter] = SRC_COUNTER
         if "energy_method" in rows.columns:
@@ -84,7 +104,8 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         delta = np.where(use, p * dt_ns / 1e9, delta)
         src[use] = SRC_INTEGRATED
         head = has_counter & ~np.isfinite(delta) & np.isfinite(p)
-        delta = np.where(head, p * step_ns / 1e9, delta)
+        head_ns = np.where(same_prev, np.minimum(elapsed_ns, step_ns), step_ns)
+        delta = np.where(head, p * head_ns / 1e9, delta)
 
     rows["energy_delta_j"] = delta
     rows["energy_src"] = src
