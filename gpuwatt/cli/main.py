@@ -20,6 +20,7 @@ from pathlib import Path
 from gpuwatt import __version__
 from gpuwatt.config import Config, gpuwatt_home, load_config
 from gpuwatt.errors import ConfigError, GpuwattError, NvmlUnavailable
+from gpuwatt.store.base import Store
 
 EXIT_OK = 0
 EXIT_INVALID = 1  # check-config found a problem
@@ -97,20 +98,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gpuwatt.store import open_store
 
     interval_s = config.collector.interval_s
-    now_ns = time.time_ns()
-    source = SimulatedClusterSource(
-        scenario,
-        start_ns=now_ns - round(args.backfill * 1e9),
-        tensor_precision=config.collector.tensor_precision,
-    )
     store = open_store(store_url)
+    now_ns = time.time_ns()
+    start_ns = _demo_start_ns(store, now_ns, args.backfill, interval_s)
+    source = SimulatedClusterSource(
+        scenario, start_ns=start_ns, tensor_precision=config.collector.tensor_precision
+    )
     _report_simulated_work(source, store_url, config)
     source.open()
     print(
         f"gpuwatt demo: scenario {scenario.name!r}, {source.gpu_count} simulated GPUs, "
         f"store {_display_url(store_url)}"
     )
-    if args.backfill > 0:
+    backfill_s = (now_ns - start_ns) / 1e9
+    if start_ns > now_ns - round(args.backfill * 1e9):
+        print(f"the store holds data up to {backfill_s:.0f} s ago: carrying on from there")
+    if backfill_s > 0:
         started = time.monotonic()
         n = 0
         for samples in source.backfill(
@@ -119,7 +122,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             store.write_samples(samples)
             n += len(samples)
         print(
-            f"backfilled {args.backfill:.0f} s of history ({n} GPU samples) "
+            f"backfilled {backfill_s:.0f} s of history ({n} GPU samples) "
             f"in {time.monotonic() - started:.1f} s"
         )
     services = _DemoServices()
@@ -142,6 +145,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     finally:
         services.stop()
+
+
+def _demo_start_ns(store: Store, now_ns: int, backfill_s: float, interval_s: float) -> int:
+    """Where the demo's history starts: ``backfill_s`` before now, or, on a store that already
+    holds newer data (a demo stopped and started again), one interval after its newest sample,
+    so that no (GPU, time) already stored is written again (docs/accounting.md)."""
+    start_ns = now_ns - round(backfill_s * 1e9)
+    newest = max((s.time_ns for s in store.latest(since_ns=start_ns)), default=None)
+    if newest is None:
+        return start_ns
+    return min(now_ns, max(start_ns, newest + round(interval_s * 1e9)))
 
 
 class _DemoServices:
