@@ -110,3 +110,35 @@ def test_gpu_without_any_energy_data_is_not_available() -> None:
     assert (s.energy_by_gpu["energy_quality"] == Quality.NOT_AVAILABLE.value).all()
     assert s.energy_by_gpu["energy_j"].isna().all()
     assert s.cluster["energy_kwh"].value is None
+
+
+def test_an_impossible_counter_rise_or_a_step_back_is_not_energy(
+    known_power: pd.DataFrame,
+) -> None:
+    """A second writer's counter interleaved with the GPU's own (rows 10x the true counter) and
+    a counter that jumps back: the deltas between the two are no energy; the energy stays
+    within 1 % of the power integral (the few intervals cut are filled from power)."""
+    f = known_power.copy()
+    uuid = f["uuid"].iloc[0]
+    mine = (f["uuid"] == uuid).to_numpy()
+    idx = np.flatnonzero(mine)
+    f.loc[f.index[idx[100:103]], "energy_j"] *= 10.0  # a conflicting writer's counter
+    f.loc[f.index[idx[200:]], "energy_j"] -= 5e5  # a step back, then counting on
+    s = analyze(f, now_ns=T0_NS + 3600 * NS)
+    row = s.energy_by_gpu.set_index("uuid").loc[uuid]
+    assert row["energy_j"] == pytest.approx(_true_integral_j(known_power, uuid), rel=0.01)
+
+
+def test_energy_across_a_collector_gap_counts_only_the_seen_time(
+    known_power: pd.DataFrame,
+) -> None:
+    """Docs/accounting.md rule 3: a counter delta over a gap longer than three sampling steps
+    ends the run; the unseen time is not energy."""
+    f = known_power.copy()
+    gap = (f["time_ns"] >= T0_NS + 1000 * NS) & (f["time_ns"] < T0_NS + 2000 * NS)
+    s = analyze(f.loc[~gap], now_ns=T0_NS + 3600 * NS)
+    for _, row in s.energy_by_gpu.iterrows():
+        seen = f.loc[~gap & (f["uuid"] == row["uuid"])]
+        before = _true_integral_j(seen.loc[seen["time_ns"] < T0_NS + 1000 * NS], row["uuid"])
+        after = _true_integral_j(seen.loc[seen["time_ns"] >= T0_NS + 2000 * NS], row["uuid"])
+        assert row["energy_j"] == pytest.approx(before + after, rel=0.01)

@@ -4,8 +4,8 @@ Per row, ``energy_delta_j`` is the energy spent since the GPU's previous row:
 
 * counter: ``energy_j[i] - energy_j[i-1]``. A negative delta means the counter restarted (driver
   reload, collector restart with an integrating fallback); the new value is then the energy since
-  the restart and is taken as the delta. The first row of a GPU (or the first after a gap in the
-  counter) has no predecessor: its interval is filled with ``power_w`` x one sampling step, so
+  the restart and is taken as the delta. The first row of a GPU (or the first after a gap of more
+  than three sampling steps, which ends a run of the counter) has no predecessor: its interval is filled with ``power_w`` x one sampling step, so
   that a read of 1-minute rollups (counter = last value of each bucket) does not lose its first
   bucket. That is at most one step of the range, and the figure keeps the counter's quality.
 * integrated: where the row has no counter value, ``power_w`` times the time to the GPU's next row
@@ -86,7 +86,10 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         d = np.where(d < 0, e, d)  # counter restarted: energy since the restart
         ceiling_j = _max_power_w(rows) * np.maximum(dt_prev_s, 0.0) * PLAUSIBLE_POWER_FACTOR
         conflict = ok & (d > ceiling_j + PLAUSIBLE_SLACK_J)
-        delta = np.where(ok & ~conflict, d, np.nan)
+        # A run of one counter ends at a gap of more than three sampling steps: the time the GPU
+        # was not seen is not energy (docs/accounting.md, rule 3).
+        across_gap = ok & (dt_prev_s * 1e9 > 3 * step_ns) if step_ns > 0 else np.zeros(n, bool)
+        delta = np.where(ok & ~conflict & ~across_gap, d, np.nan)
         src[has_counter] = SRC_COUNTER
         src[conflict] = SRC_INTEGRATED
         if "energy_method" in rows.columns:
@@ -107,7 +110,10 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         delta = np.where(use, p * dt_ns / 1e9, delta)
         src[use] = SRC_INTEGRATED
         head = has_counter & ~np.isfinite(delta) & np.isfinite(p) & ~conflict
-        delta = np.where(head, p * step_ns / 1e9, delta)
+        # the first interval of a run: its power over one step (or less, if the GPU's previous
+        # row is nearer)
+        head_ns = np.where(same_prev, np.minimum(dt_prev_s * 1e9, step_ns), step_ns)
+        delta = np.where(head, p * head_ns / 1e9, delta)
         # an implausible counter step: the row's power over the time since the previous row
         dt_conflict_ns = np.minimum(dt_prev_s * 1e9, 3 * step_ns if step_ns > 0 else np.inf)
         delta = np.where(conflict & np.isfinite(p), p * dt_conflict_ns / 1e9, delta)

@@ -796,18 +796,29 @@ class SqliteStore:
         clean: tuple[int, int] | None = None
         dirty: list[int] = []
         below: list[tuple[int, int]] = []
-        if up is not None and start_ns < min(end_ns, up):
-            clean = (start_ns, min(end_ns, up))
+        # Only whole buckets come from this level: a range that starts or ends inside a bucket
+        # reads that part from the level below (docs/accounting.md, rule 4). A rolled bucket
+        # read by ``time_ns >= start`` would drop the partial first bucket, and one read by
+        # ``time_ns < end`` would count the partial last bucket whole.
+        first = -(-start_ns // level_ns) * level_ns  # first bucket boundary at or after start
+        rolled_end = end_ns if up is None else min(end_ns, up)
+        last = _floor(rolled_end, level_ns)
+        if up is not None and first < last:
+            clean = (first, last)
             dirty = [
                 b
                 for (b,) in con.execute(
                     "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
                     "AND bucket_ns < ?",
-                    (level_ns, _floor(start_ns, level_ns), clean[1]),
+                    (level_ns, first, last),
                 )
             ]
-            below += [(max(b, start_ns), min(b + level_ns, end_ns)) for b in dirty]
-        tail_start = start_ns if up is None else max(start_ns, up)
+            if start_ns < first:
+                below.append((start_ns, first))
+            below += [(b, b + level_ns) for b in dirty]
+            tail_start = last
+        else:
+            tail_start = start_ns
         if tail_start < end_ns:
             below.append((tail_start, end_ns))
         return clean, dirty, below

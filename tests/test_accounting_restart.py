@@ -1,0 +1,57 @@
+"""Accounting, overlaps and restarts (docs/accounting.md): `gpuwatt demo` stopped and started
+again on the same store carries on from its newest sample instead of backfilling over it, and
+the energy over the whole range stays the power drawn (the restarted counters are resets, never
+energy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_cli import gpuwatt
+
+from gpuwatt.analytics import analyze
+from gpuwatt.store import open_store
+
+
+def _power_integral_j(frame: pd.DataFrame) -> float:
+    """Trapezoids of power between consecutive samples of each GPU (gaps over 30 s left out)."""
+    total = 0.0
+    for _, g in frame.sort_values("time_ns").groupby("uuid"):
+        t = g["time_ns"].to_numpy() / 1e9
+        p = g["power_w"].to_numpy()
+        dt = np.diff(t)
+        keep = dt <= 30
+        total += float(np.sum(((p[1:] + p[:-1]) / 2 * dt)[keep]))
+    return total
+
+
+def test_demo_run_twice_carries_on_and_counts_every_second_once(tmp_path: Path) -> None:
+    args = ("demo", "--backfill", "300", "--duration", "1", "--no-dashboard", "--no-alerts")
+    first = gpuwatt(*args, home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    store = open_store(f"sqlite:///{tmp_path / 'gpuwatt.db'}")
+    try:
+        before = store.series(0, 2**62, ["power_w", "energy_j"])
+    finally:
+        store.close()
+    second = gpuwatt(*args, home=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "carrying on from there" in second.stdout
+    store = open_store(f"sqlite:///{tmp_path / 'gpuwatt.db'}")
+    try:
+        after = store.series(0, 2**62, ["power_w", "energy_j"])
+    finally:
+        store.close()
+    # the first run's samples are untouched: nothing was written over their times
+    newest_before = int(before["time_ns"].max())
+    kept = after.loc[after["time_ns"] <= newest_before].reset_index(drop=True)
+    assert kept.equals(before.reset_index(drop=True))
+    assert len(after) > len(before)
+    assert not after.duplicated(["uuid", "time_ns"]).any()
+    # energy over the whole range: the power drawn, the counters' restart not counted
+    s = analyze(after, now_ns=int(after["time_ns"].max()) + 1, start_ns=0)
+    energy_j = float(s.energy_by_gpu["energy_j"].sum())
+    assert energy_j == pytest.approx(_power_integral_j(after), rel=0.01)
