@@ -7,7 +7,8 @@ Per row, ``energy_delta_j`` is the energy spent since the GPU's previous row:
   the restart and is taken as the delta. The first row of a GPU (or the first after a gap of more
   than three sampling steps, which ends a run of the counter) has no predecessor: its interval is
   filled with ``power_w`` x one sampling step, so that a read of 1-minute rollups (counter = last
-  value of each bucket) does not lose its first bucket. That is at most one step of the range, and the figure keeps the counter's quality.
+  value of each bucket) does not lose its first bucket. That is at most one step of the range,
+  and the figure keeps the counter's quality.
 * integrated: where the row has no counter value, ``power_w`` times the time to the GPU's next row
   (capped at three sampling steps so an outage is not integrated). With 1-minute rollups the row's
   power is the bucket's mean, so this is exact up to sampling.
