@@ -30,9 +30,15 @@ from gpuwatt.store import LAST_VALUE_ATTRS, open_store
 NS = 1_000_000_000
 MINUTES = 20
 INTERVAL_S = 10.0
-# Ends a minute before the test starts: the CLI and the alert rule analyse "the last N minutes".
-END_NS = (time.time_ns() // (60 * NS)) * 60 * NS - 60 * NS
-START_NS = END_NS - MINUTES * 60 * NS
+
+
+def _span() -> tuple[int, int]:
+    """The history's (start, end): it ends a minute before the module's tests run, since the CLI
+    and the alert rule analyse "the last N minutes". Computed when the data is built, not when
+    the suite is collected (a long suite would leave it behind)."""
+    end = (time.time_ns() // (60 * NS)) * 60 * NS - 60 * NS
+    return end - MINUTES * 60 * NS, end
+
 
 pytestmark = [
     pytest.mark.servers,
@@ -41,15 +47,21 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def samples() -> list[GpuSample]:
+def span() -> tuple[int, int]:
+    return _span()
+
+
+@pytest.fixture(scope="module")
+def samples(span: tuple[int, int]) -> list[GpuSample]:
+    start_ns, end_ns = span
     source = SimulatedClusterSource(
-        load_scenario("thermal_straggler"), start_ns=START_NS, clock_ns=lambda: END_NS
+        load_scenario("thermal_straggler"), start_ns=start_ns, clock_ns=lambda: end_ns
     )
     source.open()
     try:
         out = [
             s
-            for batch in source.backfill(END_NS, interval_s=INTERVAL_S, slow_interval_s=60.0)
+            for batch in source.backfill(end_ns, interval_s=INTERVAL_S, slow_interval_s=60.0)
             for s in batch
         ]
     finally:
@@ -114,10 +126,13 @@ def _reference(samples: list[GpuSample], start_ns: int, end_ns: int, step_s: int
     return df.groupby(["bucket", "uuid"]).agg(agg)
 
 
-def test_bucketed_reads_equal_the_samples_buckets(store_url: str, samples: list[GpuSample]) -> None:
+def test_bucketed_reads_equal_the_samples_buckets(
+    store_url: str, samples: list[GpuSample], span: tuple[int, int]
+) -> None:
+    start_ns, _ = span
     # A range that starts and ends between minute boundaries: partial buckets at both edges.
-    start = START_NS + 7 * 60 * NS + 29 * NS
-    end = START_NS + 17 * 60 * NS + 41 * NS
+    start = start_ns + 7 * 60 * NS + 29 * NS
+    end = start_ns + 17 * 60 * NS + 41 * NS
     with open_store(store_url) as store:
         df = store.series(start, end, FIELDS, step_s=60)
         raw = store.series(start, end, ["power_w"])
