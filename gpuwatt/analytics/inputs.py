@@ -5,11 +5,13 @@ evaluator read the same rows at the same level and attribute the same jobs. The 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from gpuwatt.analytics.summary import ANALYSIS_FIELDS
+from gpuwatt.model import GpuSample
 from gpuwatt.store.base import Store
 
 #: Ranges at least this long are read from 1-minute rollups (fast at 1,000 GPUs); shorter
@@ -33,7 +35,12 @@ def jobs_in_range(store: Store, start_ns: int) -> dict[str, str]:
     """uuid -> job id for the GPUs seen holding a job since ``start_ns`` (their newest job in
     it), whether or not the GPU still runs it: a GPU idle under a job for the whole range is
     attributed to it, as a GPU that finished its job before the end of the range."""
-    return {s.uuid: s.job_id for s in store.latest(since_ns=start_ns) if s.job_id}
+    return jobs_of(store.latest(since_ns=start_ns), start_ns)
+
+
+def jobs_of(latest: Sequence[GpuSample], start_ns: int) -> dict[str, str]:
+    """``jobs_in_range`` from newest samples already read (the dashboard keeps them cached)."""
+    return {s.uuid: s.job_id for s in latest if s.job_id and s.time_ns >= start_ns}
 
 
 def read_analysis_input(
