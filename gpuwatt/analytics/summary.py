@@ -381,7 +381,12 @@ def analyze(
     cluster["idle_energy_kwh"] = energy_figures(idle_j, e_quality, e_reason, tariff)["energy_kwh"]
     waiting = [s.peers_waiting_energy_j for s in stragglers if s.peers_waiting_energy_j is not None]
     cluster["peers_waiting_energy_kwh"] = (
-        Figure(sum(waiting) / 3.6e6, "kWh", e_quality, "estimate: peers' energy x time waiting")
+        Figure(
+            sum(waiting) / 3.6e6,
+            "kWh",
+            Quality.MODEL_ESTIMATE,
+            "estimate: peers' energy x their utilisation gap to the straggler",
+        )
         if waiting and energy_j is not None
         else not_available("kWh", "no synchronous straggler")
     )
