@@ -104,7 +104,13 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         delta = np.where(use, p * dt_ns / 1e9, delta)
         src[use] = SRC_INTEGRATED
         head = has_counter & ~np.isfinite(delta) & np.isfinite(p)
-        head_ns = np.where(same_prev, np.minimum(elapsed_ns, step_ns), step_ns)
+        # a run's first row: the time since the previous row (a reset), or, for a GPU's first
+        # row, up to its next row (a bucket cut by the range's start is shorter than a step)
+        head_ns = np.where(
+            same_prev,
+            np.minimum(elapsed_ns, step_ns),
+            np.where(same_next, np.minimum(nxt - t, step_ns), step_ns),
+        )
         delta = np.where(head, p * head_ns / 1e9, delta)
 
     rows["energy_delta_j"] = delta
