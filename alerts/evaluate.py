@@ -150,16 +150,16 @@ def _event(q: EventQuery, latest: list[GpuSample], now_ns: int) -> list[Observat
 
 
 def _analytics(q: AnalyticsQuery, store: Store, now_ns: int) -> list[Observation]:
-    from gpuwatt.analytics import ANALYSIS_FIELDS, analyze
+    from gpuwatt.analytics import analyze
+    from gpuwatt.analytics.inputs import read_analysis_input
 
     start_ns = now_ns - round(q.window_s * NS_PER_S)
-    frame = store.series(start_ns, now_ns + 1, list(ANALYSIS_FIELDS), step_s=None)
+    # the same input as the CLI and the dashboard: rows, read level and job attribution
+    data = read_analysis_input(store, start_ns, now_ns + 1)
+    frame = data.frame
     if frame.empty:
         return []
-    # The same input the dashboard and `gpuwatt analyze` build: jobs from the GPUs' samples in
-    # the window (without them no GPU is "allocated", and peers are nodes, not jobs).
-    jobs = {s.uuid: s.job_id for s in store.latest(since_ns=start_ns) if s.job_id}
-    summary = analyze(frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=jobs)
+    summary = analyze(frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=data.jobs)
     seen = {
         (h, int(i), u, n)
         for h, i, u, n in frame[_GPU_KEYS].drop_duplicates().itertuples(index=False)

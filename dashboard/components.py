@@ -26,6 +26,8 @@ QUALITY_TEXT: dict[str, str] = {
     Quality.MEASURED_COUNTER.value: "measured (energy counter)",
     Quality.INTEGRATED_POWER.value: "estimated (power integrated over time)",
     Quality.GPM_ESTIMATE.value: "estimated (GPM pipe activity x peak)",
+    Quality.MODEL_ESTIMATE.value: "estimated (a model over measured inputs)",
+    Quality.REPORTED.value: "reported by the application",
     Quality.UPPER_BOUND.value: "upper bound (SM activity x tensor peak)",
     Quality.NOT_AVAILABLE.value: "not available",
 }
@@ -34,6 +36,8 @@ QUALITY_SHORT: dict[str, str] = {
     Quality.MEASURED_COUNTER.value: "measured",
     Quality.INTEGRATED_POWER.value: "estimated",
     Quality.GPM_ESTIMATE.value: "estimated",
+    Quality.MODEL_ESTIMATE.value: "estimated",
+    Quality.REPORTED.value: "reported",
     Quality.UPPER_BOUND.value: "upper bound",
     Quality.NOT_AVAILABLE.value: "not available",
 }
@@ -42,6 +46,8 @@ QUALITY_COLOR: dict[str, str] = {
     Quality.MEASURED_COUNTER.value: "green",
     Quality.INTEGRATED_POWER.value: "yellow",
     Quality.GPM_ESTIMATE.value: "yellow",
+    Quality.MODEL_ESTIMATE.value: "yellow",
+    Quality.REPORTED.value: "green",
     Quality.UPPER_BOUND.value: "orange",
     Quality.NOT_AVAILABLE.value: "gray",
 }

@@ -34,6 +34,7 @@ from gpuwatt.analytics import (
     analyze,
     find_stragglers_in,
 )
+from gpuwatt.analytics.inputs import jobs_of
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
@@ -309,7 +310,7 @@ class DashboardData:
 
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()
-        jobs = {s.uuid: s.job_id for s in latest if s.job_id}
+        jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
         reads = [SeriesRead(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, tr.step_s)]
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
         coarse = tr.step_s > RECENT_STEP_S

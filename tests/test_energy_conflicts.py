@@ -83,5 +83,5 @@ def test_waiting_energy_is_labelled_an_estimate() -> None:
     frame = attach_jobs(sample_frame(scenario, 900.0, T0), scenario, T0)
     summary = analyze(frame, now_ns=T0 + 900 * NS, start_ns=T0, window_s=60)
     waiting = summary.cluster["peers_waiting_energy_kwh"]
-    assert waiting.available and waiting.quality is Quality.ESTIMATE
+    assert waiting.available and waiting.quality is Quality.MODEL_ESTIMATE
     assert summary.cluster["energy_kwh"].quality is Quality.MEASURED_COUNTER

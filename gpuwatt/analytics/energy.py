@@ -111,9 +111,13 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         delta = np.where(use, p * dt_ns / 1e9, delta)
         src[use] = SRC_INTEGRATED
         head = has_counter & ~np.isfinite(delta) & np.isfinite(p) & ~conflict
-        # the first interval of a run: its power over one step (or less, if the GPU's previous
-        # row is nearer)
-        head_ns = np.where(same_prev, np.minimum(dt_prev_s * 1e9, step_ns), step_ns)
+        # a run's first row: the time since the previous row (a reset or a gap), or, for a GPU's
+        # first row, up to its next row (a bucket cut by the range's start is shorter than a step)
+        head_ns = np.where(
+            same_prev,
+            np.minimum(dt_prev_s * 1e9, step_ns),
+            np.where(same_next, np.minimum(nxt - t, step_ns), step_ns),
+        )
         delta = np.where(head, p * head_ns / 1e9, delta)
         # an implausible counter step: the row's power over the time since the previous row
         dt_conflict_ns = np.minimum(dt_prev_s * 1e9, 3 * step_ns if step_ns > 0 else np.inf)

@@ -13,10 +13,10 @@ class Quality(enum.StrEnum):
     MEASURED_COUNTER = "measured_counter"  # energy-counter deltas (NVML total energy)
     INTEGRATED_POWER = "integrated_power"  # power_w integrated over time (no counter)
     GPM_ESTIMATE = "gpm_estimate"  # pipe activity (GPM) x the GPU table's peaks x clock ratio
+    MODEL_ESTIMATE = "model_estimate"  # derived from measured inputs by a model (e.g. waiting)
     UPPER_BOUND = "upper_bound"  # SM activity x tensor peak: an upper bound, not an estimate
     MEASURED = "measured"  # a gauge read as is (utilisation, power, temperature)
     REPORTED = "reported"  # reported by the application itself (step time, model FLOPs)
-    ESTIMATE = "estimate"  # a model applied to measured inputs (energy peers spent waiting)
     NOT_AVAILABLE = "not_available"
 
 
@@ -24,9 +24,9 @@ class Quality(enum.StrEnum):
 _RANK: dict[Quality, int] = {
     Quality.NOT_AVAILABLE: 0,
     Quality.UPPER_BOUND: 1,
-    Quality.ESTIMATE: 2,
     Quality.INTEGRATED_POWER: 2,
     Quality.GPM_ESTIMATE: 3,
+    Quality.MODEL_ESTIMATE: 3,
     Quality.MEASURED_COUNTER: 4,
     Quality.REPORTED: 4,
     Quality.MEASURED: 5,

@@ -392,8 +392,8 @@ def analyze(
         Figure(
             sum(waiting) / 3.6e6,
             "kWh",
-            Quality.ESTIMATE,
-            "estimate: peers' measured energy x the share of time they waited",
+            Quality.MODEL_ESTIMATE,
+            "estimate: peers' energy x their utilisation gap to the straggler",
         )
         if waiting and energy_j is not None
         else not_available("kWh", "no synchronous straggler")

@@ -336,19 +336,18 @@ def cmd_spool(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    from gpuwatt.analytics import ANALYSIS_FIELDS, analyze, render_text
+    from gpuwatt.analytics import analyze, render_text
+    from gpuwatt.analytics.inputs import read_analysis_input
     from gpuwatt.store import open_store
 
     store = open_store(_store_url(args, config))
     now_ns = time.time_ns()
     start_ns = now_ns - round(args.since * 1e9)
     try:
-        # Long windows read the 1-minute rollups (fast at 1,000 GPUs); short ones read raw samples.
-        step_s = 60 if args.since >= 1800 else None
-        frame = store.series(start_ns, now_ns, ANALYSIS_FIELDS, step_s=step_s)
-        jobs = {s.uuid: s.job_id for s in store.latest(since_ns=start_ns) if s.job_id}
+        data = read_analysis_input(store, start_ns, now_ns)
     finally:
         store.close()
+    frame, jobs = data.frame, data.jobs
     from gpuwatt.store.job_steps import open_job_step_store
 
     steps_store = open_job_step_store(_store_url(args, config))

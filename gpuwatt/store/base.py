@@ -73,6 +73,8 @@ class Store(Protocol):
         ``fields`` are ``GpuSample`` attribute names (None: every numeric metric). With
         ``step_s`` the rows are per-GPU buckets of that many seconds: the mean of gauges and the
         last value of counters (``schema.COUNTER_ATTRS``), served from rollups where they exist.
+        A bucket is keyed at its start, or at ``start_ns`` when the range starts inside it (it
+        then holds only the samples from ``start_ns`` on: docs/accounting.md, rule 4).
         """
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:

@@ -358,7 +358,11 @@ class InfluxStore:
         series = self.query(
             f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
         )
-        return _frame(series, attrs)
+        frame = _frame(series, attrs)
+        if step_s is not None and len(frame):
+            # a bucket cut by the range's start is keyed at the start (``Store.series``)
+            frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
+        return frame
 
 
 def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:

@@ -693,7 +693,10 @@ class SqliteStore:
         with self._reader() as con:
             columns = [self._series_columns(con, memo, r) for r in reads]
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
-        return [_frame(c, attrs, gpus) for c, attrs in columns]
+        return [
+            _frame(_cut_first_bucket(c, r), attrs, gpus)
+            for (c, attrs), r in zip(columns, reads, strict=True)
+        ]
 
     def _series_columns(
         self, con: sqlite3.Connection, memo: dict[tuple[Any, ...], dict[str, Any]], read: SeriesRead
@@ -859,6 +862,16 @@ def _rollup_table_columns(
         sql += " AND gpu_id IN (SELECT value FROM json_each(?))"
         params.append(json.dumps(scope.gpu_ids.tolist()))
     return _level_columns_of(con.execute(sql, params).fetchall(), scope.attrs)
+
+
+def _cut_first_bucket(columns: dict[str, Any], read: SeriesRead) -> dict[str, Any]:
+    """A bucket cut by the range's start is keyed at the start, so that every row lies in
+    ``[start_ns, end_ns)`` (``Store.series``) and an analysis of the range keeps it."""
+    import numpy as np
+
+    if read.step_s is None or not len(columns["time_ns"]):
+        return columns
+    return {**columns, "time_ns": np.maximum(columns["time_ns"], read.start_ns)}
 
 
 def _rolled_key(level_ns: int) -> str:
