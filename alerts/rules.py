@@ -183,7 +183,7 @@ def load_rules(path: str | Path | None = None) -> list[Rule]:
 def validate_rules_file(path: str | Path) -> str:
     """For ``gpuwatt check-config``: raises ``ConfigError`` or returns a one-line summary."""
     rules = load_rules(path)
-    return f"ok (alert rules: {len(rules)})"
+    return f"alert rules: {len(rules)}"
 
 
 def looks_like_rules(value: object) -> bool:

@@ -62,7 +62,7 @@ def test_shipped_rules_load_and_validate() -> None:
     assert all(r.runbook_url.startswith("https://") for r in rules)
     from gpuwatt.alerts.rules import DEFAULT_RULES_PATH
 
-    assert validate_rules_file(DEFAULT_RULES_PATH) == "ok (alert rules: 10)"
+    assert validate_rules_file(DEFAULT_RULES_PATH) == "alert rules: 10"
 
 
 def test_secrets_come_from_env_or_file_never_the_config(tmp_path: Path) -> None:
