@@ -19,10 +19,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpuwatt.store import rollup_rule
+
 GPU_ID_ATTR = "_gpu_id"
 N_OK_ATTR = "_n_ok"  # non-lost samples in the bucket: the weight of its means
 T_LAST_ATTR = "_t_last_ns"  # the newest non-lost sample (NULL_TIME when none)
-NULL_TIME = -(2**63)
+NULL_TIME = rollup_rule.NULL_TIME
 _WEIGHTS = (N_OK_ATTR, T_LAST_ATTR)
 
 SCHEMA_SQL = """
@@ -154,34 +156,8 @@ def rebucket(
     attrs: Sequence[str],
     last_value_attrs: frozenset[str] | set[str],
 ) -> dict[str, np.ndarray]:
-    """Level columns aggregated into ``step_ns`` buckets per GPU, as the store's SQL does:
-    gauges are means weighted by ``n_ok`` over the rows where they are set; last-value
-    attributes are those of the row with the newest non-lost sample (``t_last_ns``)."""
-    t = cols["time_ns"] // step_ns * step_ns
-    gid = cols["gpu_id"]
-    if len(t) == 0:
-        return {k: v[:0] for k, v in cols.items()}
-    order = np.lexsort((cols["t_last_ns"], gid, t))  # by bucket, GPU, then newest last
-    t_s, g_s = t[order], gid[order]
-    new = np.r_[True, (t_s[1:] != t_s[:-1]) | (g_s[1:] != g_s[:-1])]
-    starts = np.flatnonzero(new)
-    last = np.r_[starts[1:], len(order)] - 1
-    n_ok = cols["n_ok"][order]
-    out = {
-        "time_ns": t_s[starts],
-        "gpu_id": g_s[starts],
-        "n_ok": np.add.reduceat(n_ok, starts),
-        "t_last_ns": np.maximum.reduceat(cols["t_last_ns"][order], starts),
-    }
-    w_all = n_ok.astype(np.float64)
-    for a in attrs:
-        v = cols[a][order]
-        if a in last_value_attrs:
-            out[a] = v[last]
-            continue
-        ok = np.isfinite(v)
-        num = np.add.reduceat(np.where(ok, v * w_all, 0.0), starts)
-        den = np.add.reduceat(np.where(ok, w_all, 0.0), starts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out[a] = np.where(den > 0, num / den, np.nan)
+    """Level columns aggregated into ``step_ns`` buckets per GPU by the one rollup rule."""
+    out = rollup_rule.combine(cols, step_ns, attrs, last_value_attrs)
+    if "n" not in cols:
+        del out["n"]
     return out
