@@ -17,6 +17,7 @@ import argparse
 import statistics
 import time
 
+from gpuwatt.line_protocol import LineEncoder, format_processes, parse_line
 from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
 from gpuwatt.schema import (
     FIELD_ENERGY_METHOD,
@@ -29,9 +30,6 @@ from gpuwatt.schema import (
     FIELDS,
     MEASUREMENT,
     Kind,
-    LineEncoder,
-    format_processes,
-    parse_line,
 )
 
 T0_NS = 1_700_000_040 * 1_000_000_000

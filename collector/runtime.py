@@ -24,8 +24,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpuwatt.collector.delivery import SetAside, StoreRefusesUs, deliver_lines
 from gpuwatt.collector.spool import Spool, SpoolBatch
 from gpuwatt.errors import GpuwattError, StoreUnavailable
+from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import LineEncoder
 from gpuwatt.store.base import Store
 
 log = logging.getLogger(__name__)

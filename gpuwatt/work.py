@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwatt.schema import JobStep
+from gpuwatt.job_step_format import JobStep
 from gpuwatt.store.job_steps import JobStepStore, open_job_step_store
 
 log = logging.getLogger(__name__)

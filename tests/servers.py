@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import LineEncoder
 
 INFLUXD = "influxd"
 VICTORIA_METRICS = "victoria-metrics"

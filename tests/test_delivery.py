@@ -25,8 +25,8 @@ import pytest
 from gpuwatt.collector.delivery import SetAside
 from gpuwatt.collector.runtime import Flusher
 from gpuwatt.collector.spool import Spool
+from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import LineEncoder
 from gpuwatt.store import open_store
 from gpuwatt.store.sqlite import SqliteStore
 

@@ -15,7 +15,7 @@ import pytest
 from servers import VictoriaMetricsServer, free_port
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.schema import LineEncoder, parse_line
+from gpuwatt.line_protocol import LineEncoder, parse_line
 from gpuwatt.store import StoreRejected
 from gpuwatt.store.influx import InfluxStore
 

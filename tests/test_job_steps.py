@@ -8,13 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.schema import (
-    JOB_STEP_COLUMNS,
-    JobStep,
-    LineProtocolError,
-    decode_job_step,
-    encode_job_step,
-)
+from gpuwatt.job_step_format import JOB_STEP_COLUMNS, JobStep, decode_job_step, encode_job_step
+from gpuwatt.line_protocol import LineProtocolError
 from gpuwatt.store import open_store
 from gpuwatt.store.job_steps import (
     InfluxJobStepStore,

@@ -13,7 +13,7 @@ from gpuwatt.analytics import analyze, render_text
 from gpuwatt.collector.sim.scenario import load_scenario_text
 from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.collector.sim.work import SimulatedWorkReporter
-from gpuwatt.schema import JOB_STEP_COLUMNS, JobStep
+from gpuwatt.job_step_format import JOB_STEP_COLUMNS, JobStep
 
 FLOPS = 3.166e15  # per step, whole job: 3166 TFLOPS at 1 s per step = 40.0 % of 8 x 989.4
 

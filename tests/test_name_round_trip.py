@@ -25,8 +25,8 @@ from gpuwatt.alerts.notify.base import AlertItem, Notification, printable
 from gpuwatt.alerts.notify.email import render as render_email
 from gpuwatt.alerts.notify.slack import render as render_slack
 from gpuwatt.dashboard.csv_export import csv_lines
+from gpuwatt.line_protocol import LineEncoder, decode_line
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import LineEncoder, decode_line
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 

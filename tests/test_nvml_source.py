@@ -28,8 +28,8 @@ from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
 from gpuwatt.gpu_specs import SPECS
+from gpuwatt.line_protocol import LineEncoder, parse_line
 from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod
-from gpuwatt.schema import LineEncoder, parse_line
 from gpuwatt.tflops import estimate_tflops_from_pipes
 
 HOST = "node-1"

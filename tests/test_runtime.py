@@ -9,8 +9,8 @@ from pathlib import Path
 from gpuwatt.collector.runtime import Flusher, Sampler, run
 from gpuwatt.collector.spool import Spool
 from gpuwatt.errors import GpuwattError, StoreUnavailable
+from gpuwatt.line_protocol import decode_line
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import decode_line
 
 
 class CountingSource:

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from gpuwatt.line_protocol import LineEncoder, LineProtocolError, decode_line, parse_line
 from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
-from gpuwatt.schema import FIELDS, LineEncoder, LineProtocolError, decode_line, parse_line
+from gpuwatt.schema import FIELDS
 
 BASE = GpuSample(
     time_ns=1_700_000_000_123_456_789,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuwatt.line_protocol import format_processes
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import FIELDS, Kind, format_processes
+from gpuwatt.schema import FIELDS, Kind
 from gpuwatt.store import LAST_VALUE_ATTRS
 from gpuwatt.store.sqlite import SqliteStore
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample, TflopsMethod
-from gpuwatt.schema import LineEncoder
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000

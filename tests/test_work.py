@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuwatt.schema import JobStep
+from gpuwatt.job_step_format import JobStep
 from gpuwatt.store.job_steps import InfluxJobStepStore, open_job_step_store
 from gpuwatt.work import WorkReporter, gpus_from_environment
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from gpuwatt.collector.sim.scenario import JobSpec
 from gpuwatt.collector.sim.simulator import Simulator
-from gpuwatt.schema import JobStep
+from gpuwatt.job_step_format import JobStep
 
 NS_PER_S = 1_000_000_000
 

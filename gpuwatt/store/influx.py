@@ -6,7 +6,7 @@ InfluxDB 1.8, 2.x and 3.x take ``/api/v2/write``; 1.6 and 1.7 only the 1.x ``/wr
 form ``user:password`` is sent as Basic authentication, as 1.x servers with auth expect.
 
 Writes: ``write_api(write_options=SYNCHRONOUS)`` with records that are our own line-protocol
-strings (``schema.LineEncoder``), precision ns. No client-side batching or buffering: the caller's
+strings (``line_protocol.LineEncoder``), precision ns. No client-side batching or buffering: the caller's
 spool is the buffer (see design §4 for why). Connection failures, timeouts, 429 and 5xx raise
 ``StoreUnavailable`` (retry later); any other 4xx raises ``StoreRejected`` (retrying the same data
 will not help).
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
+from gpuwatt.line_protocol import LineEncoder, decode_name, encode_name, sample_from_fields
 from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
@@ -34,10 +35,6 @@ from gpuwatt.schema import (
     TAG_INDEX,
     TAG_NAME,
     TAG_UUID,
-    LineEncoder,
-    decode_name,
-    encode_name,
-    sample_from_fields,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
 from gpuwatt.store.base import KEY_COLUMNS

@@ -1,4 +1,4 @@
-"""Where application-reported job steps (``schema.JobStep``, ``gpuwatt_job_step``) are kept.
+"""Where application-reported job steps (``job_step_format.JobStep``, ``gpuwatt_job_step``) are kept.
 
 A small store of its own beside the sample store, so that a training job's reporter needs no
 more than this module and the samples' stores stay as they are:
@@ -8,7 +8,7 @@ more than this module and the samples' stores stay as they are:
   finds the file locked waits up to ``busy_timeout_s``). Keyed by ``(time_ns, job_id, rank)``,
   so writing the same step twice stores it once. Rows older than the newest step minus
   ``retention_s`` are deleted (checked once per minute of data time).
-- ``InfluxJobStepStore``: line protocol (``schema.encode_job_step``) through ``InfluxStore``'s
+- ``InfluxJobStepStore``: line protocol (``job_step_format.encode_job_step``) through ``InfluxStore``'s
   SYNCHRONOUS write path (/api/v2/write) and InfluxQL reads over /query, with its error mapping:
   ``StoreUnavailable`` (retry later) and ``StoreRejected`` (the data or query is refused).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.schema import (
+from gpuwatt.job_step_format import (
     FIELD_GPU_UUIDS,
     FIELD_MODEL_FLOPS_PER_STEP,
     FIELD_PRECISION,
@@ -37,13 +37,13 @@ from gpuwatt.schema import (
     FIELD_TOKENS_PER_STEP,
     JOB_STEP_COLUMNS,
     JOB_STEP_MEASUREMENT,
-    TAG_HOST,
     TAG_JOB_ID,
     TAG_RANK,
     JobStep,
     encode_job_step,
-    encode_name,
 )
+from gpuwatt.line_protocol import encode_name
+from gpuwatt.schema import TAG_HOST
 
 if TYPE_CHECKING:
     import pandas as pd

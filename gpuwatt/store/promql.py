@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
+from gpuwatt.line_protocol import decode_name
 from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
-from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind, decode_name
+from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
 from gpuwatt.store.base import KEY_COLUMNS
 
@@ -503,7 +504,7 @@ def _ident(dialect: Dialect, labels: dict[str, str]) -> tuple[str, int, str, str
         labels.get(dialect.uuid, ""),
         labels.get(dialect.model, ""),
     )
-    if dialect.encoded_names:  # gpuwatt's line protocol (``schema.encode_name``)
+    if dialect.encoded_names:  # gpuwatt's line protocol (``line_protocol.encode_name``)
         names = tuple(map(decode_name, names))  # type: ignore[assignment]
     return (names[0], index, names[1], names[2])
 

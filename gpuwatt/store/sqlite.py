@@ -42,14 +42,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from gpuwatt.errors import StoreUnavailable
+from gpuwatt.line_protocol import decode_line, format_processes, parse_processes
 from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod, make_gpu_sample
-from gpuwatt.schema import (
-    FIELD_BY_ATTR,
-    Kind,
-    decode_line,
-    format_processes,
-    parse_processes,
-)
+from gpuwatt.schema import FIELD_BY_ATTR, Kind
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, legacy, packed, rounds
 from gpuwatt.store.base import SeriesRead
 
