@@ -88,7 +88,10 @@ def _undelivered_lines(spool: Path) -> int:
         seq = int(path.stem)
         if seq < cursor["segment"]:
             continue
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # delivered and removed since the glob
+            continue
         total += data[cursor["offset"] if seq == cursor["segment"] else 0 :].count(b"\n")
     return total
 
