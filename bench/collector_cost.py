@@ -10,7 +10,8 @@ fresh process with its own tree on ``PYTHONPATH``, and the ratio of the medians)
 
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
-line-protocol encoding (``gpuwatt.line_protocol.LineEncoder``), per GPU-sample, median of several runs;
+line-protocol encoding (``gpuwatt.line_protocol.LineEncoder``), per GPU-sample, median of
+several runs;
 the simulator's own step is outside the timed region. The minimum over runs is printed beside the
 median (the figure least affected by other load, as ``timeit`` recommends). What the fake NVML
 itself costs is measured apart (the calls of each tick logged, then replayed against the fake

@@ -6,7 +6,8 @@ InfluxDB 1.8, 2.x and 3.x take ``/api/v2/write``; 1.6 and 1.7 only the 1.x ``/wr
 form ``user:password`` is sent as Basic authentication, as 1.x servers with auth expect.
 
 Writes: ``write_api(write_options=SYNCHRONOUS)`` with records that are our own line-protocol
-strings (``line_protocol.LineEncoder``), precision ns. No client-side batching or buffering: the caller's
+strings (``line_protocol.LineEncoder``), precision ns. No client-side batching or buffering: the
+caller's
 spool is the buffer (see design §4 for why). Connection failures, timeouts, 429 and 5xx raise
 ``StoreUnavailable`` (retry later); any other 4xx raises ``StoreRejected`` (retrying the same data
 will not help).

@@ -1,4 +1,4 @@
-"""Where application-reported job steps (``job_step_format.JobStep``, ``gpuwatt_job_step``) are kept.
+"""Where application-reported job steps (``job_step_format.JobStep``) are kept.
 
 A small store of its own beside the sample store, so that a training job's reporter needs no
 more than this module and the samples' stores stay as they are:
@@ -8,9 +8,10 @@ more than this module and the samples' stores stay as they are:
   finds the file locked waits up to ``busy_timeout_s``). Keyed by ``(time_ns, job_id, rank)``,
   so writing the same step twice stores it once. Rows older than the newest step minus
   ``retention_s`` are deleted (checked once per minute of data time).
-- ``InfluxJobStepStore``: line protocol (``job_step_format.encode_job_step``) through ``InfluxStore``'s
-  SYNCHRONOUS write path (/api/v2/write) and InfluxQL reads over /query, with its error mapping:
-  ``StoreUnavailable`` (retry later) and ``StoreRejected`` (the data or query is refused).
+- ``InfluxJobStepStore``: line protocol (``job_step_format.encode_job_step``) through
+  ``InfluxStore``'s SYNCHRONOUS write path (/api/v2/write) and InfluxQL reads over /query, with
+  its error mapping: ``StoreUnavailable`` (retry later) and ``StoreRejected`` (the data or query
+  is refused).
 
 ``open_job_step_store(url)`` takes the same URLs as ``gpuwatt.store.open_store``. Reads return a
 pandas frame with ``schema.JOB_STEP_COLUMNS`` sorted by time (``gpu_uuids`` comma-separated, "" when
@@ -32,10 +33,10 @@ from gpuwatt.job_step_format import (
     FIELD_GPU_UUIDS,
     FIELD_MODEL_FLOPS_PER_STEP,
     FIELD_PRECISION,
-    FIELD_STEP,
     FIELD_STEP_TIME_S,
     FIELD_TOKENS_PER_STEP,
     JOB_STEP_COLUMNS,
+    JOB_STEP_FIELDS,
     JOB_STEP_MEASUREMENT,
     TAG_JOB_ID,
     TAG_RANK,
@@ -269,15 +270,7 @@ class InfluxJobStepStore:
                 f'"{TAG_JOB_ID}" = {influxql_string(encode_name(j))}' for j in job_ids
             )
             where += f" AND ({ors})"
-        fields = (
-            FIELD_STEP,
-            FIELD_STEP_TIME_S,
-            FIELD_MODEL_FLOPS_PER_STEP,
-            FIELD_TOKENS_PER_STEP,
-            FIELD_GPU_UUIDS,
-            FIELD_PRECISION,
-        )
-        select = ", ".join(f'"{f}"' for f in fields)
+        select = ", ".join(f'"{f}"' for f in JOB_STEP_FIELDS)
         series = self._store.query(
             f'SELECT {select} FROM "{JOB_STEP_MEASUREMENT}" WHERE {where} '
             f'GROUP BY "{TAG_HOST}", "{TAG_JOB_ID}", "{TAG_RANK}"'
@@ -285,7 +278,7 @@ class InfluxJobStepStore:
         rows: list[tuple[Any, ...]] = []
         for s in series:
             tags = s.get("tags", {})
-            pos = [s["columns"].index(f) for f in fields]
+            pos = [s["columns"].index(f) for f in JOB_STEP_FIELDS]
             for row in s.get("values", []):
                 values = [row[i] for i in pos]
                 if values[0] is None or values[1] is None:
