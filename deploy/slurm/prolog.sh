@@ -24,8 +24,10 @@ job_dir="${GPUWATT_JOB_DIR:-/run/gpuwatt/jobs}"
 job_id="${SLURM_JOB_ID:-}"
 gpus="${SLURM_JOB_GPUS:-${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}}"
 
+# To the system log (journal) and to stderr (slurmd's log, at its debug levels).
 say() {
-	logger -t gpuwatt-prolog -- "$*" 2>/dev/null || printf 'gpuwatt-prolog: %s\n' "$*" >&2
+	printf 'gpuwatt-prolog: %s\n' "$*" >&2
+	logger -t gpuwatt-prolog -- "$*" 2>/dev/null || :
 }
 
 case "$job_id" in
