@@ -11,9 +11,10 @@ COPY collector ./collector
 COPY dashboard ./dashboard
 COPY alerts ./alerts
 RUN pip install --no-cache-dir ".[${GPUWATT_EXTRAS}]" \
-    && useradd --system --home /var/lib/gpuwatt gpuwatt \
+    && useradd --system --uid 10001 --user-group --home /var/lib/gpuwatt gpuwatt \
     && mkdir -p /var/lib/gpuwatt && chown gpuwatt /var/lib/gpuwatt
-USER gpuwatt
+# A fixed uid, so that Kubernetes can run it as runAsUser: 10001 (deploy/kubernetes/).
+USER 10001
 ENV GPUWATT_HOME=/var/lib/gpuwatt \
     PYTHONUNBUFFERED=1
 ENTRYPOINT []
