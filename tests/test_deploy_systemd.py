@@ -161,6 +161,17 @@ def test_exec_start_is_a_command_line_gpuwatt_accepts(unit: Path) -> None:
     assert args.config == "/etc/gpuwatt/gpuwatt.yaml"
 
 
+def test_the_collector_keeps_the_gpus_behind_its_device_allow_list() -> None:
+    """ProtectClock=yes implies DeviceAllow=char-rtc r, which turns the device policy into an
+    allow-list: without an explicit nvidia entry NVML could not open /dev/nvidiactl."""
+    collector = UNITS_DIR / "gpuwatt-collector.service"
+    implies_allow_list = _values(collector, "ProtectClock") == ["yes"]
+    if implies_allow_list or _values(collector, "DeviceAllow"):
+        assert "char-nvidia* rw" in _values(collector, "DeviceAllow")
+    assert _values(collector, "PrivateDevices") in ([], ["no"])  # would hide /dev/nvidia*
+    assert _values(collector, "DevicePolicy") == ["closed"]  # no other device
+
+
 def test_dashboard_binds_loopback_and_the_collector_reads_the_job_directory() -> None:
     dash = shlex.split(_values(UNITS_DIR / "gpuwatt-dashboard.service", "ExecStart")[0])
     assert dash[dash.index("--host") + 1] == "127.0.0.1"
@@ -169,7 +180,7 @@ def test_dashboard_binds_loopback_and_the_collector_reads_the_job_directory() ->
     assert job_dir.collector.job_mapping_dir is not None
     # ProtectSystem=strict: readable, and explicitly read-only for the collector
     assert any(
-        str(job_dir.collector.job_mapping_dir).startswith(p)
+        str(job_dir.collector.job_mapping_dir).startswith(p.removeprefix("-"))
         for p in _values(collector, "ReadOnlyPaths")
     )
 
