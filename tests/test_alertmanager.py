@@ -26,7 +26,16 @@ from gpuwatt.alerts.db import open_db, transaction
 from gpuwatt.alerts.dispatch import ChannelWorkers
 from gpuwatt.alerts.notify import alertmanager
 from gpuwatt.alerts.notify.alertmanager import AlertmanagerChannel, label_name
-from gpuwatt.alerts.notify.base import AlertItem, Delivered, Notification, Rejected, RetryLater
+from gpuwatt.alerts.notify.base import (
+    AlertItem,
+    Delivered,
+    Notification,
+    Rejected,
+    RetryLater,
+)
+from gpuwatt.alerts.notify.base import (
+    test_notification as make_test_notification,
+)
 from gpuwatt.alerts.notify.http import post_json
 from gpuwatt.alerts.outbox import PENDING, SENT, Outbox
 from gpuwatt.alerts.settings import parse_alert_settings
@@ -317,6 +326,18 @@ def test_render_is_alertmanagers_postable_alert_list() -> None:
     assert body[1]["endsAt"] == "2025-06-15T15:06:39.000000Z"  # when it resolved
     assert alertmanager.alerts_url("http://am:9093/") == "http://am:9093/api/v2/alerts"
     assert alertmanager.alerts_url("http://am:9093/api/v2/alerts") == "http://am:9093/api/v2/alerts"
+
+
+def test_a_test_notification_reaches_alertmanager_and_ends_by_itself(
+    am: AlertmanagerServer,
+) -> None:
+    now_ns = time.time_ns()
+    n = make_test_notification("am", now_ns)
+    channel = AlertmanagerChannel("am", [am.url])  # default resolve_timeout: 5 h
+    assert isinstance(channel.send(n), Delivered)
+    (got,) = [a for a in am.alerts() if a["labels"]["alertname"] == "GpuwattTestNotification"]
+    assert got["labels"] == {"alertname": "GpuwattTestNotification", "severity": "info"}
+    assert _same_time(got["endsAt"], now_ns + 300 * NS_PER_S)  # not paging anyone for 5 h
 
 
 def test_a_route_that_repeats_too_rarely_for_alertmanager_is_refused() -> None:

@@ -5,7 +5,8 @@ Each alert of a notification becomes one of Alertmanager's postable alerts: ``la
 alert's identity there: ``alertname``, ``severity``, ``host``, ``gpu`` ...), ``annotations``
 (summary, runbook_url ...), ``startsAt``, ``endsAt`` and ``generatorURL``.
 
-``endsAt``: a resolved alert carries the time it resolved. A firing one carries the send time plus
+``endsAt``: a resolved alert carries the time it resolved (a test notification resolves itself
+after five minutes). A firing one carries the send time plus
 ``resolve_timeout``: Alertmanager holds it firing until then, and gpuwatt sends it again before
 (the route's ``repeat_interval`` must be shorter, which the settings check), so an alert stays
 firing while gpuwatt says so and resolves by itself if gpuwatt stops saying anything. This is how
@@ -36,6 +37,7 @@ from gpuwatt.alerts.notify.http import post_json
 
 API_PATH = "/api/v2/alerts"
 DEFAULT_RESOLVE_TIMEOUT_S = 5 * 3600.0  # the default route repeats every 4 h
+TEST_ALERT_TTL_S = 300.0  # `gpuwatt alerts test`: shown for 5 minutes, then resolved
 _NS_PER_S = 1_000_000_000
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -58,7 +60,8 @@ def alerts_url(base_url: str) -> str:
 
 def render(n: Notification, resolve_timeout_s: float) -> list[dict[str, Any]]:
     """The exact body posted: a list of Alertmanager v2 postable alerts (pure)."""
-    firing_ends_ns = n.created_ns + round(resolve_timeout_s * _NS_PER_S)
+    ttl_s = min(resolve_timeout_s, TEST_ALERT_TTL_S) if n.test else resolve_timeout_s
+    firing_ends_ns = n.created_ns + round(ttl_s * _NS_PER_S)
     body = []
     for a in n.alerts:
         labels = _label_set(a.labels)
