@@ -7,6 +7,7 @@ it has no schema for fails here instead of being skipped with a warning, as its 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ def test_the_manifests_hold_the_expected_objects() -> None:
         ("Namespace", "gpuwatt"),
         ("PersistentVolumeClaim", "gpuwatt-alerts-state"),
         ("Service", "gpuwatt-dashboard"),
+        ("Service", "influxdb"),
+        ("StatefulSet", "influxdb"),
     ]
     for _, d in DOCS:
         assert d["kind"] == "Namespace" or d["metadata"]["namespace"] == "gpuwatt"
@@ -161,3 +164,19 @@ def test_the_shipped_configs_are_valid(tmp_path: Path) -> None:
     settings = parse_alert_settings(mapping["alerts"], environ={})
     assert isinstance(settings.channels["alertmanager"], AlertmanagerChannel)
     assert set(settings.channels) == {"slack", "alertmanager"}
+
+
+def test_the_stores_url_is_the_shipped_influxdb_service() -> None:
+    influx = pod_spec("StatefulSet", "influxdb")
+    (container,) = influx["containers"]
+    assert re.fullmatch(r"influxdb:2\.\d+\.\d+", container["image"])  # not :latest (3 Core)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    service = find("Service", "influxdb")
+    (port,) = service["spec"]["ports"]
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+    bucket, org = env["DOCKER_INFLUXDB_INIT_BUCKET"], env["DOCKER_INFLUXDB_INIT_ORG"]
+    for name in ("gpuwatt-collector", "gpuwatt-central"):
+        config = parse_config(load_text(find("ConfigMap", name)["data"]["gpuwatt.yaml"], name))
+        assert config.store_url == f"influxdb://{host}:{port['port']}/{bucket}?org={org}"
+    for key in ("USERNAME", "PASSWORD", "ADMIN_TOKEN"):
+        assert env[f"DOCKER_INFLUXDB_INIT_{key}_FILE"].startswith("/var/run/secrets/")
