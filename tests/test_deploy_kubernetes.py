@@ -106,7 +106,7 @@ def test_pods_are_locked_down_and_limited(kind: str, name: str) -> None:
         for m in c["volumeMounts"]:
             if m["mountPath"] not in ("/var/lib/gpuwatt", "/tmp"):
                 assert m["readOnly"] is True, (c["name"], m)
-    # no host path at all: the host's /proc is seen read-only through hostPID, nothing else
+    # no host path at all: host processes are seen through hostPID, as an unprivileged user
     assert not any("hostPath" in v for v in spec["volumes"])
 
 
