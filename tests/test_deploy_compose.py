@@ -159,3 +159,18 @@ def test_node_collector_reads_the_mounted_job_mapping_directory() -> None:
     # the spool lives on the named volume, so a restarted container replays it
     assert str(config.collector.spool_dir).startswith("/var/lib/gpuwatt/")
     assert mounts["/var/lib/gpuwatt"].startswith("collector-spool:")
+
+
+def test_dashboard_finds_the_alert_state_without_the_channels_secrets() -> None:
+    """The dashboard mounts the shared config but none of the alert channels' secrets, and the
+    state volume read-only: finding alerts.db must need neither."""
+    from gpuwatt.cli.compose import alerts_db_path
+
+    dash = CENTRAL["services"]["dashboard"]
+    assert not {"slack-webhook-url", "smtp-password"} & set(dash["secrets"])
+    config_mount = next(v for v in dash["volumes"] if "gpuwatt.yaml" in v)
+    host_config = ROOT / config_mount.split(":")[0]
+    assert "/run/secrets/slack-webhook-url" in host_config.read_text()  # absent here
+    assert alerts_db_path(str(host_config)) == Path("/var/lib/gpuwatt/alerts.db")
+    state_mount = next(v for v in dash["volumes"] if v.startswith("alerts-state:"))
+    assert state_mount == "alerts-state:/var/lib/gpuwatt:ro"
