@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the test suite starts as real servers on 127.0.0.1.
-TEST_APT_PACKAGES := influxdb victoria-metrics prometheus chromium chromium-driver
+TEST_APT_PACKAGES := influxdb victoria-metrics prometheus chromium chromium-driver systemd prometheus-alertmanager
 
 .PHONY: demo test install test-deps lint typecheck format bench clean
 

@@ -20,6 +20,7 @@ config file itself or the command line, and never logged. Example::
           from: gpuwatt@example.org
           to: [oncall@example.org]
         am: {type: webhook, url: "http://receiver:9095/hook"}
+        alertmanager: {type: alertmanager, url: "http://alertmanager:9093", resolve_timeout: 20m}
       routes:
         - match: {severity: critical}
           channels: [slack-ops, oncall-mail]
@@ -34,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwatt.alerts.notify.alertmanager import DEFAULT_RESOLVE_TIMEOUT_S, AlertmanagerChannel
 from gpuwatt.alerts.notify.base import Channel
 from gpuwatt.alerts.notify.email import PLAIN, SECURITY, STARTTLS, TLS, EmailChannel
 from gpuwatt.alerts.notify.slack import SlackChannel
@@ -53,6 +55,8 @@ _TYPE_KEYS = {
     },
     "webhook": {"url", "url_env", "url_file", "bearer_token_env", "bearer_token_file",
                 "max_alerts"},
+    "alertmanager": {"url", "urls", "url_env", "url_file", "bearer_token_env",
+                     "bearer_token_file", "resolve_timeout"},
 }  # fmt: skip
 _DEFAULT_PORT = {STARTTLS: 587, TLS: 465, PLAIN: 25}
 _ROUTE = {"match", "channels", "group_by", "group_interval", "repeat_interval", "continue"}
@@ -92,6 +96,7 @@ def parse_alert_settings(
             s.routes.append(_route(rn, set(s.channels)))
     elif s.channels:
         s.routes.append(Route(tuple(s.channels), {}))
+    _check_alertmanager_repeats(s, node.get("routes") or node)
     if (r := node.get("retry")) is not None:
         r.check_keys({"base_backoff", "max_backoff", "max_age"})
         d = RetryPolicy()
@@ -125,6 +130,8 @@ def parse_channel(name: str, node: Located, environ: Mapping[str, str]) -> Chann
         max_alerts = node.get("max_alerts").integer(0) if node.get("max_alerts") else 500  # type: ignore[union-attr]
         token = _secret(node, "bearer_token", environ, required=False)
         return WebhookChannel(name, url, send_resolved, timeout_s, max_alerts, token)
+    if kind == "alertmanager":
+        return _alertmanager(name, node, environ, send_resolved, timeout_s)
     security = node.get("security").choice(SECURITY) if node.get("security") else STARTTLS  # type: ignore[union-attr]
     port = node.get("port").integer(1, 65535) if node.get("port") else _DEFAULT_PORT[security]  # type: ignore[union-attr]
     username = node.get("username").string() if node.get("username") else None  # type: ignore[union-attr]
@@ -151,6 +158,51 @@ def parse_channel(name: str, node: Located, environ: Mapping[str, str]) -> Chann
         send_resolved=send_resolved,
         max_listed=max_listed,
     )
+
+
+def _alertmanager(
+    name: str, node: Located, environ: Mapping[str, str], send_resolved: bool, timeout_s: float
+) -> AlertmanagerChannel:
+    if (many := node.get("urls")) is not None:
+        urls = [u.string() for u in many.sequence("a list of Alertmanager URLs")]
+        if not urls:
+            raise many.error("at least one Alertmanager URL")
+    elif (one := node.get("url")) is not None:
+        urls = [one.string()]
+    else:
+        url = _secret(node, "url", environ, True, literal_ok=True)
+        assert url is not None
+        urls = [url]
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise node.error(
+                f"Alertmanager URL must start with http:// or https:// (got {u[:8]!r}…)"
+            )
+    return AlertmanagerChannel(
+        name,
+        urls,
+        send_resolved,
+        timeout_s,
+        _dur(node, "resolve_timeout", DEFAULT_RESOLVE_TIMEOUT_S, 60.0),
+        _secret(node, "bearer_token", environ, required=False),
+    )
+
+
+def _check_alertmanager_repeats(s: AlertSettings, where: Located) -> None:
+    """A route to Alertmanager must repeat before Alertmanager would let the alert expire."""
+    for route in s.routes:
+        for name in route.channels:
+            ch = s.channels.get(name)
+            if (
+                isinstance(ch, AlertmanagerChannel)
+                and route.repeat_interval_s >= ch.resolve_timeout_s
+            ):
+                raise where.error(
+                    f"channel {name!r}: its route repeats every {route.repeat_interval_s:g} s, not "
+                    f"within its resolve_timeout ({ch.resolve_timeout_s:g} s), so Alertmanager "
+                    "would resolve firing alerts between repeats; lower the route's "
+                    "repeat_interval or raise resolve_timeout"
+                )
 
 
 def _secret(

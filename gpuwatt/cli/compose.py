@@ -108,11 +108,19 @@ def _view(a: Alert) -> AlertView:
 
 
 def alerts_db_path(config_path: str | None) -> Path:
-    """Where the alert evaluator keeps its state for this config (its ``alerts.state_db``)."""
+    """Where the alert evaluator keeps its state for this config (its ``alerts.state_db``).
+
+    Only that one value is read: the dashboard, which asks, holds none of the channels' secrets
+    and reads the state from a read-only mount (compose, systemd, Kubernetes), so neither the
+    secret files nor the folder's writability are checked here; the evaluator checks both."""
     import os
 
-    from gpuwatt.cli.alerts import load_settings
     from gpuwatt.config import gpuwatt_home
+    from gpuwatt.yamlfile import load_file
 
-    _, settings = load_settings(config_path)
-    return settings.state_db or gpuwatt_home(os.environ) / "alerts.db"
+    if config_path is not None:
+        alerts = load_file(config_path).get("alerts")
+        state_db = alerts.get("state_db") if alerts is not None else None
+        if state_db is not None:
+            return Path(state_db.string()).expanduser()
+    return gpuwatt_home(os.environ) / "alerts.db"
