@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gpuwatt.collector.nvml_errors import ErrorPolicy
@@ -50,14 +51,24 @@ class GpmReader:
     """
 
     def __init__(
-        self, nv: Any, policy: ErrorPolicy, index: int, off: set[str], buffers: tuple[Any, Any]
+        self,
+        nv: Any,
+        policy: ErrorPolicy,
+        index: int,
+        off: set[str],
+        buffers: tuple[Any, Any],
+        *,
+        sample_get: Callable[[Any, Any], Any] | None = None,
+        label: str = "gpm",
     ) -> None:
         self._nv = nv
         self._policy = policy
         self._errors = policy.errors
         self._index = index
         self._off = off
-        self._sample_get = nv.nvmlGpmSampleGet
+        self._label = label  # the field its errors are recorded under
+        # (handle, buffer) -> snapshot: the GPU's own, or a MIG instance's through its parent
+        self._sample_get = sample_get or nv.nvmlGpmSampleGet
         self._metrics_get = nv.nvmlGpmMetricsGet
         self._buffers = buffers
         first, second = buffers
@@ -91,7 +102,7 @@ class GpmReader:
             self._sample_get(handle, buffer)
         except self._errors as exc:
             self.primed = False
-            self.refused = self._policy.failed(self._index, self._off, "gpm", exc)
+            self.refused = self._policy.failed(self._index, self._off, self._label, exc)
             return False
         self._turn ^= 1
         if not self.primed:
@@ -100,7 +111,7 @@ class GpmReader:
         try:
             self._metrics_get(request)
         except self._errors as exc:
-            self._policy.failed(self._index, self._off, "gpm_metrics", exc)
+            self._policy.failed(self._index, self._off, f"{self._label}_metrics", exc)
             return False
         raw = self._results.unpack_from(request)  # (nvmlReturn, value) per metric
         if any(raw[0::2]):  # some metric failed: it alone is left out
@@ -124,24 +135,41 @@ class GpmReader:
 
 
 def open_gpm(
-    nv: Any, policy: ErrorPolicy, index: int, off: set[str], handle: Any
+    nv: Any,
+    policy: ErrorPolicy,
+    index: int,
+    off: set[str],
+    handle: Any,
+    *,
+    mig_gpu_instance_id: int | None = None,
+    label: str = "gpm",
 ) -> GpmReader | None:
-    """A ``GpmReader`` for the GPU if NVML offers GPM on it, else None (and why is recorded)."""
+    """A ``GpmReader`` for the GPU if NVML offers GPM on it, else None (and why is recorded).
+
+    With ``mig_gpu_instance_id``, ``handle`` is the parent GPU's and the reader snapshots that
+    GPU instance (``nvmlGpmMigSampleGet``): its metrics are percent of the instance's own SMs.
+    """
     query = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
-    if query is None or getattr(nv, "nvmlGpmSampleGet", None) is None:
+    if mig_gpu_instance_id is None:
+        sample_get = getattr(nv, "nvmlGpmSampleGet", None)
+    else:
+        mig_get = getattr(nv, "nvmlGpmMigSampleGet", None)
+        gi = mig_gpu_instance_id
+        sample_get = None if mig_get is None else (lambda h, buf: mig_get(h, gi, buf))
+    if query is None or sample_get is None:
         return None
     if getattr(nv, "NVML_GPM_METRICS_GET_VERSION", None) != _GPM_GET_VERSION:
-        policy.unsupported.setdefault(f"gpu{index}/gpm", "unknown GPM request version")
+        policy.unsupported.setdefault(f"gpu{index}/{label}", "unknown GPM request version")
         return None
-    if "gpm" in off:
+    if label in off:
         return None
     try:
         support = query(handle)
     except policy.errors as exc:
-        policy.failed(index, off, "gpm", exc)
+        policy.failed(index, off, label, exc)
         return None
     if not support.isSupportedDevice:
-        policy.unsupported.setdefault(f"gpu{index}/gpm", "not a GPM device")
+        policy.unsupported.setdefault(f"gpu{index}/{label}", "not a GPM device")
         return None
     buffers: list[Any] = []
     try:
@@ -150,6 +178,8 @@ def open_gpm(
     except policy.errors as exc:
         for buf in buffers:  # the first may have been allocated
             nv.nvmlGpmSampleFree(buf)
-        policy.failed(index, off, "gpm", exc)
+        policy.failed(index, off, label, exc)
         return None
-    return GpmReader(nv, policy, index, off, (buffers[0], buffers[1]))
+    return GpmReader(
+        nv, policy, index, off, (buffers[0], buffers[1]), sample_get=sample_get, label=label
+    )
