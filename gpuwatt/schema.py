@@ -120,6 +120,11 @@ FIELD_PROCESSES = "processes"  # "pid:bytes;pid:bytes" (bytes empty when unknown
 # As a field it costs nothing in cardinality; InfluxQL can still filter on it (a scan, not an
 # index lookup). Sites with few long jobs may prefer a tag; see the README.
 FIELD_JOB_ID = "job_id"
+# A MIG device's point (tags: its own uuid and name, the parent GPU's index): its parent GPU's
+# uuid (string) and its GPU and compute instance ids (int). Absent on a whole GPU.
+FIELD_PARENT_UUID = "parent_uuid"
+FIELD_GPU_INSTANCE_ID = "gpu_instance_id"
+FIELD_COMPUTE_INSTANCE_ID = "compute_instance_id"
 
 FIELD_BY_ATTR: dict[str, FieldSpec] = {f.attr: f for f in FIELDS}
 FIELD_BY_NAME: dict[str, FieldSpec] = {f.field: f for f in FIELDS}
@@ -309,6 +314,12 @@ class _FieldEncoder:
                 extra.append(f'{FIELD_PROCESSES}="{format_processes(s.processes)}"')
         if s.job_id is not None:
             extra.append(f'{FIELD_JOB_ID}="{_escape_str(s.job_id)}"')
+        if s.parent_uuid is not None:  # a MIG device
+            extra.append(f'{FIELD_PARENT_UUID}="{_escape_str(s.parent_uuid)}"')
+            if s.gpu_instance_id is not None:
+                extra.append(f"{FIELD_GPU_INSTANCE_ID}={s.gpu_instance_id}i")
+            if s.compute_instance_id is not None:
+                extra.append(f"{FIELD_COMPUTE_INSTANCE_ID}={s.compute_instance_id}i")
         if extra:
             return body + "," + ",".join(extra)
         return body
@@ -520,6 +531,11 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
         kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
     if (job := values.get(FIELD_JOB_ID)) is not None:
         kwargs["job_id"] = decode_name(str(job))
+    if (parent := values.get(FIELD_PARENT_UUID)) is not None:
+        kwargs["parent_uuid"] = decode_name(str(parent))
+    for name in (FIELD_GPU_INSTANCE_ID, FIELD_COMPUTE_INSTANCE_ID):
+        if (instance := values.get(name)) is not None:
+            kwargs[name] = int(instance)
     return GpuSample(
         time_ns=int(time_ns),
         host=decode_name(tags.get(TAG_HOST, "")),

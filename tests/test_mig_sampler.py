@@ -16,6 +16,7 @@ from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
 from gpuwatt.gpu_specs import SPECS
 from gpuwatt.model import GpuSample, TflopsMethod
+from gpuwatt.schema import LineEncoder, decode_line
 from gpuwatt.tflops import PipePeaks, tflops_from_pipes
 
 HOST = "node-1"
@@ -165,3 +166,22 @@ def test_a_gpu_without_gpm_gives_mig_devices_memory_and_processes_but_no_activit
         assert s.memory_total_bytes is not None and s.processes == ()
         assert s.sm_active_pct is None and s.tflops_estimate is None
     assert "gpu0/mig0/gpm" in sampler.unsupported_fields()
+
+
+def test_a_mig_device_keeps_its_parent_and_instance_ids_through_line_protocol() -> None:
+    cluster = make_cluster(1)
+    scenario_mig_partitioned(cluster, index=0, profiles=("1g.10gb",))
+    sampler, tick = _sampler(cluster)
+    with sampler:
+        parent, mig = tick()
+    line = LineEncoder().encode(mig)
+    assert f'parent_uuid="{parent.uuid}"' in line and "gpu_instance_id=1i" in line
+    back = decode_line(line)
+    assert (back.uuid, back.parent_uuid, back.gpu_instance_id, back.compute_instance_id) == (
+        mig.uuid,
+        parent.uuid,
+        1,
+        0,
+    )
+    assert back.memory_total_bytes == mig.memory_total_bytes
+    assert "parent_uuid" not in LineEncoder().encode(parent)
