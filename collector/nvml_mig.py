@@ -27,8 +27,6 @@ from gpuwatt.collector.nvml_fields import FieldQuery, Reader, bind, bind_all, mi
 from gpuwatt.model import GpuSample, TflopsMethod, gpu_sample_from_fields
 from gpuwatt.tflops import PipePeaks, tflops_from_pipes
 
-MIG_UUID_PREFIX = "MIG-"
-
 
 @dataclass(frozen=True, slots=True)
 class MigDeviceInfo:

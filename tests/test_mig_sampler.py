@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from nvml_fixtures import (
     Activity,
@@ -11,6 +13,7 @@ from nvml_fixtures import (
     scenario_mig_partitioned,
 )
 
+from gpuwatt.collector.jobs import MappingDirResolver, attach_jobs
 from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
@@ -185,3 +188,20 @@ def test_a_mig_device_keeps_its_parent_and_instance_ids_through_line_protocol() 
     )
     assert back.memory_total_bytes == mig.memory_total_bytes
     assert "parent_uuid" not in LineEncoder().encode(parent)
+
+
+def test_jobs_are_resolved_per_mig_device_and_never_for_the_gpu_in_mig_mode(
+    tmp_path: Path,
+) -> None:
+    cluster = make_cluster(1)
+    migs = scenario_mig_partitioned(cluster, index=0, profiles=("3g.40gb", "3g.40gb"))
+    (tmp_path / migs[1].uuid).write_text("slurm-77\n")
+    (tmp_path / "0").write_text("whole-gpu-job\n")  # a stale file for the parent's index
+    migs[1].processes = [(4242, GIB)]
+    sampler, tick = _sampler(cluster)
+    with sampler:
+        parent, first, second = attach_jobs(tick(), MappingDirResolver(tmp_path))
+    assert parent.processes is not None and [p.pid for p in parent.processes] == [4242]
+    assert parent.job_id is None  # its processes are its MIG devices'
+    assert first.job_id is None  # a MIG device is named by its uuid only, never by the index
+    assert second.job_id == "slurm-77"
