@@ -13,6 +13,8 @@ How a simulated GPU misbehaves (tests script these on ``SimGpuState``):
   C name of the variant: ``"nvmlDeviceGetMemoryInfo_v2"`` refuses only ``version=nvmlMemory_v2``
   calls, ``"nvmlDeviceGetMemoryInfo"`` refuses both.
 - ``failing``: function name -> ``NVML_ERROR_*`` code raised on every call.
+- a static fact (limit, threshold, max clock) that is NaN: ``NotSupported`` for that argument
+  (a real device's ``N/A``: ``collector.sim.device_profile``).
 - ``mig_enabled``: utilisation and device-level GPM answer ``NotSupported``, as NVML does in MIG
   mode; everything else answers at the GPU level. Its ``mig_devices`` (``SimMigState``) have
   handles of their own (``nvmlDeviceGetMigDeviceHandleByIndex``) that answer identity, memory,
@@ -144,6 +146,13 @@ def _gpm_results(ids: tuple[int, ...], a: tuple[float, ...], b: tuple[float, ...
     return out
 
 
+def _known(value: float) -> int:
+    """A static fact as NVML's integer; NaN (a device profile's N/A) is NotSupported."""
+    if value != value:
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+    return round(value)
+
+
 def _fake_pointer(ptr_type: Any) -> Any:
     return ctypes.cast(_VOID_P(next(_ADDRESSES)), ptr_type)
 
@@ -250,14 +259,14 @@ class FakeNvml:
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetMaxClockInfo")
         if type == _NV.NVML_CLOCK_MEM:
-            return round(g.memory_clock_max_mhz)
+            return _known(g.memory_clock_max_mhz)
         if type in (_NV.NVML_CLOCK_SM, _NV.NVML_CLOCK_GRAPHICS):
-            return round(g.sm_clock_max_mhz)
+            return _known(g.sm_clock_max_mhz)
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
         g = _gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
-        return round(g.spec.tdp_w * 1000)
+        return _known(g.spec.tdp_w * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         return round(_gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_w * 1000)
@@ -268,9 +277,9 @@ class FakeNvml:
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetTemperatureThreshold")
         if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
-            return round(g.slowdown_temp_c)
+            return _known(g.slowdown_temp_c)
         if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
-            return round(g.shutdown_temp_c)
+            return _known(g.shutdown_temp_c)
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetAttributes(self, device: Any) -> Any:
