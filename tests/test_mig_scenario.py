@@ -190,3 +190,18 @@ def test_a_model_without_mig_is_refused() -> None:
     text += "mig: [{gpus: 'node-0:0', instances: [1g.10gb]}]\n"
     with pytest.raises(ConfigError, match="not simulated in MIG mode"):
         load_scenario_text(text)
+
+
+def test_gpuwatt_demo_on_the_mig_scenario_then_status(tmp_path: Path) -> None:
+    from test_cli import gpuwatt
+
+    demo = gpuwatt(
+        "demo", "--scenario", "mig_partitioned", "--backfill", "60", "--duration", "2",
+        home=tmp_path,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stderr
+    status = gpuwatt("status", home=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert "8 GPUs and 15 MIG devices, 0 lost" in status.stdout
+    rows = [line for line in status.stdout.splitlines() if "  MIG " in line]
+    assert len(rows) == 15 and sum("chat-replica" in r for r in rows) == 6

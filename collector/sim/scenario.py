@@ -44,6 +44,8 @@ Schema (times are durations from the start of the scenario: a number of seconds 
         period: 3m                  # optional (dynamic faults): on for duty x period, then off
         duty: 0.66                  # optional, default 1 (always on while active)
         ramp: 2m                    # optional: severity grows linearly from 0 over this long
+    mig: [...]                      # optional: GPUs in MIG mode, see mig_scenario.py
+    mig_jobs: [...]                 # optional: jobs on their MIG devices, see mig_scenario.py
 
 GPU selectors are ``HOST:INDICES``. ``HOST`` is a host name, ``*`` (every host) or a Slurm-style
 range ``node-[0-2]``; ``INDICES`` is ``*``, ``5``, ``0-6`` or a comma list ``0,2,4-5``. A GPU may
