@@ -7,15 +7,20 @@ per-job reports are built from what the store returns.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import plotly.utils
 import pytest
 
 from gpuwatt.collector.sim.mig_scenario import MIG_PROFILES
 from gpuwatt.collector.sim.scenario import load_scenario, load_scenario_text
 from gpuwatt.collector.sim.source import SimulatedClusterSource
+from gpuwatt.dashboard.app import PAGES, render_page
 from gpuwatt.dashboard.csv_export import build_report
 from gpuwatt.dashboard.data import DashboardData
+from gpuwatt.dashboard.pages import node, overview
 from gpuwatt.dashboard.timerange import parse_range
 from gpuwatt.errors import ConfigError
 from gpuwatt.mig import is_mig_device, mig_profile, parents
@@ -205,3 +210,29 @@ def test_gpuwatt_demo_on_the_mig_scenario_then_status(tmp_path: Path) -> None:
     assert "8 GPUs and 15 MIG devices, 0 lost" in status.stdout
     rows = [line for line in status.stdout.splitlines() if "  MIG " in line]
     assert len(rows) == 15 and sum("chat-replica" in r for r in rows) == 6
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.PAGE)
+def test_every_dashboard_page_renders_with_mig_devices(
+    page: Any, run: tuple[SimulatedClusterSource, SqliteStore]
+) -> None:
+    _, store = run
+    data = DashboardData(store, clock_ns=lambda: END_NS)
+    out = render_page(page, {"range": "15m", "host": "node-0", "gpu": "0"}, data)
+    text = json.dumps(out, cls=plotly.utils.PlotlyJSONEncoder)
+    assert "error-state" not in text and "empty-state" not in text
+    if page is overview:
+        assert "8 / 8 (+15 MIG)" in text  # GPUs up, MIG devices counted with their GPUs
+
+
+def test_the_node_page_lists_each_process_once_under_its_mig_device(
+    run: tuple[SimulatedClusterSource, SqliteStore],
+) -> None:
+    _, store = run
+    data = DashboardData(store, clock_ns=lambda: END_NS)
+    text = json.dumps(
+        render_page(node, {"range": "15m", "host": "node-1"}, data),
+        cls=plotly.utils.PlotlyJSONEncoder,
+    )
+    assert text.count("GPU 0 MIG 1g.10gb") == 6  # the six chat replicas, not their parent too
+    assert text.count("chat-replicas") >= 6
