@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import pandas as pd
-
 from gpuwatt.model import GpuSample
 
 MIG_UUID_PREFIX = "MIG-"
@@ -48,23 +46,3 @@ def parents(samples: Iterable[GpuSample]) -> dict[str, str]:
             if parent:
                 out[s.uuid] = parent
     return out
-
-
-def with_parent_column(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` (columns ``host``, ``gpu_index``, ``uuid``) with ``parent_uuid``: the parent
-    GPU's uuid on a MIG device's rows, None on a whole GPU's (kept where the frame has it)."""
-    if frame.empty:
-        return frame.assign(parent_uuid=pd.Series([], dtype=object))
-    uuid = frame["uuid"].astype(str)
-    mig = uuid.str.startswith(MIG_UUID_PREFIX).to_numpy()
-    own = frame["parent_uuid"] if "parent_uuid" in frame.columns else None
-    whole = frame.loc[~mig, ["host", "gpu_index", "uuid"]].drop_duplicates(["host", "gpu_index"])
-    key = dict(zip(zip(whole["host"], whole["gpu_index"], strict=True), whole["uuid"], strict=True))
-    derived = [
-        key.get((h, i)) if m else None
-        for h, i, m in zip(frame["host"], frame["gpu_index"], mig, strict=True)
-    ]
-    parent = pd.Series(derived, index=frame.index, dtype=object)
-    if own is not None:
-        parent = own.where(own.notna(), parent)
-    return frame.assign(parent_uuid=parent)
