@@ -104,10 +104,7 @@ class MigDevices:
         by_index = getattr(nv, "nvmlDeviceGetMigDeviceHandleByIndex", None)
         if count is None or by_index is None:
             return
-        parent_attrs = q(
-            self._off, "attributes", getattr(nv, "nvmlDeviceGetAttributes", None), parent
-        )
-        parent_sms = int(parent_attrs.multiprocessorCount) if parent_attrs is not None else 0
+        parent_sms = self._parent_sms(parent)
         known = {m.info.uuid: m for m in self._devices}
         found: list[_Mig] = []
         for i in range(int(count)):
@@ -129,6 +126,21 @@ class MigDevices:
             if m not in found and m.gpm is not None:
                 m.gpm.close(self._log)
         self._devices = found
+
+    def _parent_sms(self, parent: Any) -> int:
+        """The whole GPU's SMs, which a MIG device's share of the peaks is taken of (0: unknown,
+        no TFLOPS). NVML answers ``nvmlDeviceGetAttributes`` on MIG device handles only, so
+        this is the full (7-slice) GPU instance profile's count: the whole GPU on Hopper, 98 of
+        the A100's 108 SMs (an A100 has no GPM, hence no MIG TFLOPS, anyway)."""
+        nv = self._nv
+        info = self._static(
+            self._off,
+            "gpu_instance_profile",
+            getattr(nv, "nvmlDeviceGetGpuInstanceProfileInfo", None),
+            parent,
+            getattr(nv, "NVML_GPU_INSTANCE_PROFILE_7_SLICE", 4),
+        )
+        return int(info.multiprocessorCount) if info is not None else 0
 
     def _open(
         self, handle: Any, i: int, uuid: str, parent: Any, parent_uuid: str, parent_sms: int

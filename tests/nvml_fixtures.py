@@ -184,7 +184,7 @@ def scenario_mig_partitioned(
     1, compute instance 0 each), with no work yet."""
     g = cluster.gpus[index]
     g.mig_enabled = True
-    g.multiprocessor_count = 132
+    g.mig_profile_sms = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
     g.mig_devices = []
     for i, profile in enumerate(profiles):
         slices, sms, mib = H100_MIG_PROFILES[profile]

@@ -54,6 +54,7 @@ def test_fake_offers_the_functions_the_collector_calls(fake: FakeNvml) -> None:
         "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetComputeInstanceId",
         "nvmlDeviceGetAttributes",
+        "nvmlDeviceGetGpuInstanceProfileInfo",
         "nvmlGpmMigSampleGet",
         "nvmlGpmQueryDeviceSupport",
     }
@@ -143,6 +144,11 @@ def test_mig_answers_have_the_real_types_and_refuse_what_nvml_refuses() -> None:
     attrs = nv.nvmlDeviceGetAttributes(h)
     assert isinstance(attrs, pynvml.c_nvmlDeviceAttributes)
     assert attrs.multiprocessorCount == 16 and attrs.gpuInstanceSliceCount == 1
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetAttributes(parent)  # NVML answers it on MIG device handles only
+    full = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+    assert isinstance(full, pynvml.c_nvmlGpuInstanceProfileInfo_v2_t)
+    assert (full.sliceCount, full.multiprocessorCount) == (7, 132)
     assert isinstance(
         nv.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2), pynvml.c_nvmlMemory_v2_t
     )

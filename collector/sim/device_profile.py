@@ -24,6 +24,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpuwatt.collector.sim.mig_scenario import architecture_profile_sms
 from gpuwatt.collector.sim.state import SimGpuState, SimMigState
 from gpuwatt.gpu_specs import GpuSpec, lookup
 
@@ -414,6 +415,7 @@ def _add_mig_devices(g: SimGpuState, p: DeviceProfile) -> None:
     ``<GPU> MIG <slices>g.<GB>gb`` from the SM count (14 per slice on the A100, 16 on H100)
     and the memory, the uuid derived from the parent's and the instance ids."""
     per_slice = 16 if (p.architecture or "").startswith("Hopper") else 14
+    g.mig_profile_sms = architecture_profile_sms(p.architecture)
     devices: list[SimMigState | None] = [None] * max(
         (m.index + 1 for m in p.mig_devices), default=0
     )

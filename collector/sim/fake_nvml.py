@@ -56,6 +56,16 @@ _GPM_SAMPLE_T = _NV.c_nvmlGpmSample_t
 _EVENT_SET_T = _NV.c_nvmlEventSet_t
 _FRIENDLY = _NV.nvmlFriendlyObject
 _ATTRIBUTES = _NV.c_nvmlDeviceAttributes
+_PROFILE_INFO_V1 = _NV.c_nvmlGpuInstanceProfileInfo_t
+_PROFILE_INFO_V2 = _NV.c_nvmlGpuInstanceProfileInfo_v2_t
+#: GPU instance profile id -> its compute slices (the plain profiles)
+_PROFILE_SLICES: dict[int, int] = {
+    _NV.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1,
+    _NV.NVML_GPU_INSTANCE_PROFILE_2_SLICE: 2,
+    _NV.NVML_GPU_INSTANCE_PROFILE_3_SLICE: 3,
+    _NV.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4,
+    _NV.NVML_GPU_INSTANCE_PROFILE_7_SLICE: 7,
+}
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
 _XID = _NV.nvmlEventTypeXidCriticalError
 _MIB = 1024 * 1024
@@ -283,15 +293,33 @@ class FakeNvml:
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetAttributes(self, device: Any) -> Any:
-        d = _device(device, "nvmlDeviceGetAttributes")
+        # NVML answers it on MIG device handles only
+        d = _mig(device, "nvmlDeviceGetAttributes")
         attrs = _ATTRIBUTES()
-        if not d.multiprocessor_count:
-            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
         attrs.multiprocessorCount = d.multiprocessor_count
         attrs.memorySizeMB = d.memory_total_bytes // _MIB
-        if isinstance(d, SimMigState):
-            attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = d.slices
+        attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = d.slices
         return attrs
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: Any, profile: int, version: int = 2
+    ) -> Any:
+        g = _gpu(device, "nvmlDeviceGetGpuInstanceProfileInfo")
+        slices = _PROFILE_SLICES.get(profile, 0)
+        sms = g.mig_profile_sms.get(slices)
+        if not g.mig_max_devices or not slices or sms is None:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        if version not in (1, 2):
+            raise _error(_NV.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = _PROFILE_INFO_V2() if version == 2 else _PROFILE_INFO_V1()
+        if version == 2:
+            info.version = _NV.nvmlGpuInstanceProfileInfo_v2
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = 7 // slices
+        info.multiprocessorCount = sms
+        info.memorySizeMB = g.memory_total_bytes // _MIB * slices // 8
+        return info
 
     # --- MIG ------------------------------------------------------------------------------------
 

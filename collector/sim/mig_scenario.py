@@ -108,10 +108,17 @@ def sm_counts(model: str, profile: str) -> tuple[int, int]:
     return per_slices[MIG_PROFILES[profile][0]], whole
 
 
-def whole_gpu_sms(model: str) -> int:
-    """SMs of a whole GPU of ``model`` (0 where no MIG family is known)."""
+def profile_sms(model: str) -> dict[int, int]:
+    """SMs of a GPU instance of ``model`` by its compute slices (empty where MIG is not
+    simulated for it)."""
     family = MIG_MODELS.get(model)
-    return _FAMILY_SMS[family][1] if family is not None else 0
+    return dict(_FAMILY_SMS[family][0]) if family is not None else {}
+
+
+def architecture_profile_sms(architecture: str | None) -> dict[int, int]:
+    """As ``profile_sms``, by NVML's architecture name (``Ampere``: the A100's; ``Hopper``)."""
+    family = {"Ampere": "ampere", "Hopper": "hopper"}.get(architecture or "")
+    return dict(_FAMILY_SMS[family][0]) if family is not None else {}
 
 
 # --- parsing ------------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from gpuwatt.collector.sim.mig_scenario import (
     MigJobSpec,
     MigPlan,
     MigRef,
+    profile_sms,
     sm_counts,
-    whole_gpu_sms,
 )
 from gpuwatt.collector.sim.scenario import JobSpec
 from gpuwatt.collector.sim.state import SimGpuState, SimMigState
@@ -66,7 +66,7 @@ class MigSimulation:
             g = states[pos[spec.gpu]]
             model = model_of[spec.gpu]
             g.mig_enabled = True
-            g.multiprocessor_count = whole_gpu_sms(model)
+            g.mig_profile_sms = profile_sms(model)
             g.mig_devices = []
             for k, profile in enumerate(spec.profiles):
                 slices, mib = MIG_PROFILES[profile]

@@ -74,8 +74,9 @@ class SimGpuState:
     #: the MIG devices of a GPU in MIG mode, by MIG device index (None: a free slot)
     mig_devices: list[SimMigState | None] = field(default_factory=list)
     mig_max_devices: int = 7  # nvmlDeviceGetMaxMigDeviceCount
-    #: SMs of the whole GPU (nvmlDeviceGetAttributes; 0: the fake answers NotSupported)
-    multiprocessor_count: int = 0
+    #: SMs of a GPU instance by its slices (nvmlDeviceGetGpuInstanceProfileInfo; a MIG-capable
+    #: GPU's profiles: {1: 16, 2: 32, 3: 60, 4: 64, 7: 132} on an H100 SXM; empty: none)
+    mig_profile_sms: dict[int, int] = field(default_factory=dict)
     # --- how the fake misbehaves for this GPU (tests script these) ------------------------------
     #: NVML function names that raise NVMLError_NotSupported on this GPU
     unsupported: set[str] = field(default_factory=set)
