@@ -287,7 +287,9 @@ class MigDevices:
             if policy.failed(self._index, m.off, key, exc):
                 m.readers = tuple(r for r in m.readers if r[3] is not query)
             return
-        policy.log_once(self._index, key, query.via, "%s: falling back to %s", exc, fallback.via)
+        policy.log_once(
+            self._index, key, query.via, "%s: %s, falling back to %s", exc, fallback.via
+        )
         reader = bind(fallback, m.handle)
         m.readers = tuple(reader if r[3] is query else r for r in m.readers)
         self._read(m, values, (reader,))

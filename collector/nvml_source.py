@@ -447,8 +447,9 @@ class NvmlSampler:
         cause = type(exc).__name__
         for lacking in query.lacks:
             policy.refuse(g.index, lacking, f"{cause} ({query.via}; using {fallback.via})")
+        # log_once's format takes the cause (here the call) first
         policy.log_once(
-            g.index, query.key, query.via, "%s: falling back to %s", cause, fallback.via
+            g.index, query.key, query.via, "%s: %s, falling back to %s", cause, fallback.via
         )
         reader = bind(fallback, g.handle)
         g.readers[table] = tuple(reader if r[3] is query else r for r in g.readers[table])
@@ -467,7 +468,7 @@ class NvmlSampler:
         policy.refuse(
             g.index, "energy_counter", f"{type(exc).__name__} (integrating power instead)"
         )
-        policy.log_once(g.index, "energy_j", "counter", "%s: integrating power", exc)
+        policy.log_once(g.index, "energy_j", "counter", "%s: %s, integrating power", exc)
         self._integrate_energy(g, mono_s, values)
 
     def _integrate_energy(self, g: _Gpu, mono_s: float, values: dict[str, Any]) -> None:
