@@ -35,10 +35,11 @@ GPM_METRICS: tuple[tuple[str, str, float], ...] = (
     ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "pcie_rx_bytes_per_s", _MIB),
 )
 GPM_FIELDS: tuple[str, ...] = tuple(attr for _const, attr, _scale in GPM_METRICS)
-_N_GPM = len(GPM_METRICS)
-_SCALES: tuple[float, ...] = tuple(scale for _const, _attr, scale in GPM_METRICS)
-_SCALED: tuple[tuple[str, float], ...] = tuple(
-    (attr, scale) for _const, attr, scale in GPM_METRICS if scale != 1.0
+#: A MIG device's: NVML gives it no utilisation of its own, GPM's graphics-engine activity (the
+#: share of time any kernel ran on its SMs, what ``utilization.gpu`` is for a whole GPU) stands in.
+MIG_GPM_METRICS: tuple[tuple[str, str, float], ...] = (
+    ("NVML_GPM_METRIC_GRAPHICS_UTIL", "utilization_gpu_pct", 1.0),
+    *GPM_METRICS,
 )
 _GPM_GET_VERSION = 1  # NVML_GPM_METRICS_GET_VERSION; checked against the module in open_gpm()
 
@@ -60,6 +61,7 @@ class GpmReader:
         *,
         sample_get: Callable[[Any, Any], Any] | None = None,
         label: str = "gpm",
+        metrics: tuple[tuple[str, str, float], ...] = GPM_METRICS,
     ) -> None:
         self._nv = nv
         self._policy = policy
@@ -74,13 +76,17 @@ class GpmReader:
         first, second = buffers
         first_at = ctypes.cast(first, ctypes.c_void_p).value
         second_at = ctypes.cast(second, ctypes.c_void_p).value
-        header, ids, results, _fill, _base = gpm_codecs(nv, _N_GPM)
-        metric_ids = [getattr(nv, const) for const, _attr, _scale in GPM_METRICS]
+        count = len(metrics)
+        self._fields = tuple(attr for _const, attr, _scale in metrics)
+        self._scales = tuple(scale for _const, _attr, scale in metrics)
+        self._scaled = tuple((attr, scale) for _const, attr, scale in metrics if scale != 1.0)
+        header, ids, results, _fill, _base = gpm_codecs(nv, count)
+        metric_ids = [getattr(nv, const) for const, _attr, _scale in metrics]
 
         def request(older_at: int | None, newer_at: int | None) -> Any:
             get = nv.c_nvmlGpmMetricsGet_t()  # written raw, see nvml_structs
             ids.pack_into(get, 0, *metric_ids)  # zeroes what lies before them: header last
-            header.pack_into(get, 0, _GPM_GET_VERSION, _N_GPM, older_at, newer_at)
+            header.pack_into(get, 0, _GPM_GET_VERSION, count, older_at, newer_at)
             return get
 
         # The buffers take turns: each tick snapshots into one and asks for the metrics between
@@ -115,13 +121,13 @@ class GpmReader:
             return False
         raw = self._results.unpack_from(request)  # (nvmlReturn, value) per metric
         if any(raw[0::2]):  # some metric failed: it alone is left out
-            for i, (name, scale) in enumerate(zip(GPM_FIELDS, _SCALES, strict=True)):
+            for i, (name, scale) in enumerate(zip(self._fields, self._scales, strict=True)):
                 if not raw[2 * i]:
                     values[name] = raw[2 * i + 1] * scale
         else:
             # the lengths match by construction; strict=True would cost ~0.4 us per GPU-sample
-            values.update(zip(GPM_FIELDS, raw[1::2], strict=False))
-            for name, scale in _SCALED:
+            values.update(zip(self._fields, raw[1::2], strict=False))
+            for name, scale in self._scaled:
                 values[name] *= scale
         return True
 
@@ -143,6 +149,7 @@ def open_gpm(
     *,
     mig_gpu_instance_id: int | None = None,
     label: str = "gpm",
+    metrics: tuple[tuple[str, str, float], ...] = GPM_METRICS,
 ) -> GpmReader | None:
     """A ``GpmReader`` for the GPU if NVML offers GPM on it, else None (and why is recorded).
 
@@ -181,5 +188,12 @@ def open_gpm(
         policy.failed(index, off, label, exc)
         return None
     return GpmReader(
-        nv, policy, index, off, (buffers[0], buffers[1]), sample_get=sample_get, label=label
+        nv,
+        policy,
+        index,
+        off,
+        (buffers[0], buffers[1]),
+        sample_get=sample_get,
+        label=label,
+        metrics=metrics,
     )

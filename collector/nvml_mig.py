@@ -6,7 +6,8 @@ and name (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``). On that handle NVML answers me
 and attributes (SM count); power, clocks, temperature and utilisation are refused there: they
 are facts of the whole GPU, sampled on the parent. Activity comes from GPM through the parent's
 handle (``nvmlGpmMigSampleGet`` with the GPU instance id, Hopper and newer), in percent of the
-instance's own SMs, so its TFLOPS estimate is the parent's peaks x the instance's share of SMs.
+instance's own SMs, so its TFLOPS estimate is the parent's peaks x the instance's share of SMs;
+its ``utilization_gpu_pct`` is GPM's graphics-engine activity (``gpm.MIG_GPM_METRICS``).
 
 A MIG device's sample carries the parent's index (``gpu_index``) and uuid (``parent_uuid``) and
 its GPU and compute instance ids. The devices are found when the parent is opened and again on
@@ -21,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwatt.collector.gpm import GpmReader, open_gpm
+from gpuwatt.collector.gpm import MIG_GPM_METRICS, GpmReader, open_gpm
 from gpuwatt.collector.nvml_errors import ErrorPolicy
 from gpuwatt.collector.nvml_fields import FieldQuery, Reader, bind, bind_all, mig_queries
 from gpuwatt.model import GpuSample, TflopsMethod, gpu_sample_from_fields
@@ -171,6 +172,7 @@ class MigDevices:
                 parent,
                 mig_gpu_instance_id=int(gi),
                 label=f"{label}/gpm",
+                metrics=MIG_GPM_METRICS,
             )
         info = MigDeviceInfo(
             parent_index=self._index,

@@ -215,3 +215,4 @@ def run_mig_for(m: SimMigState, seconds: float, a: Activity = Activity()) -> Non
     m.fp32_active_s += a.fp32_pct / 100 * seconds
     m.fp16_active_s += a.fp16_pct / 100 * seconds
     m.dram_active_s += a.dram_pct / 100 * seconds
+    m.graphics_active_s += a.utilization_gpu_pct / 100 * seconds

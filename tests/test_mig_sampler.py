@@ -108,6 +108,7 @@ def test_mig_activity_comes_from_gpm_through_the_parent_and_tflops_scale_by_sms(
     whole = tflops_from_pipes(peaks, 1755.0, 50.0, 0.0, 0.0, 6.0, 0.0)
     assert whole is not None
     for s, m in zip(samples[1:], migs, strict=True):
+        assert s.utilization_gpu_pct == pytest.approx(100.0)  # GPM graphics-engine activity
         assert s.sm_active_pct == pytest.approx(80.0)
         assert s.tensor_hmma_active_pct == pytest.approx(50.0)
         assert s.tflops_method is TflopsMethod.GPM

@@ -95,6 +95,8 @@ def test_gpm_activity_and_tflops_follow_each_devices_job(
     assert len(idle) == 2 and all(s.tflops_estimate == 0.0 for s in idle)
     big = by_job["llm-finetune-small"][0]  # 3g.40gb, load 0.9, intensity 0.8
     small = by_job["chat-replicas"][0]  # 1g.10gb, load 0.7, intensity 0.6
+    assert big.utilization_gpu_pct == pytest.approx(90.0, abs=0.5)  # its job's load
+    assert all(s.utilization_gpu_pct == 0.0 for s in idle)
     assert big.tensor_hmma_active_pct == pytest.approx(72.0, abs=0.5)
     assert small.tensor_hmma_active_pct == pytest.approx(42.0, abs=0.5)
     assert big.tflops_estimate is not None and small.tflops_estimate is not None
@@ -144,6 +146,7 @@ def test_dashboard_data_and_reports_show_mig_devices_as_devices_with_parents(
     }
     jobs = build_report(window.summary, "job").set_index("job_id")
     assert jobs.loc["chat-replicas", "gpus"] == 6
+    assert jobs.loc["chat-replicas", "utilization_mean_pct"] == pytest.approx(70.0, abs=1.0)
     assert jobs.loc["llm-pretrain", "gpus"] == 5
 
 

@@ -101,9 +101,10 @@ _GPM_COUNTERS: tuple[str, ...] = (
     "nvlink_tx_bytes",
     "pcie_tx_kib_per_s",
     "pcie_rx_kib_per_s",
+    "graphics_active_s",  # None where not simulated: that metric is NotSupported
 )
 _READ_GPM_COUNTERS = operator.attrgetter("time_s", *_GPM_COUNTERS)
-_PCT, _BYTES_RATE, _KIB_RATE_MEAN = 0, 1, 2
+_PCT, _BYTES_RATE, _KIB_RATE_MEAN, _PCT_IF_SIMULATED = 0, 1, 2, 3
 #: metric id -> (position in the snapshot, how to turn two snapshots into the value)
 _GPM_METRICS: dict[int, tuple[int, int]] = {
     _NV.NVML_GPM_METRIC_SM_UTIL: (1, _PCT),
@@ -120,6 +121,7 @@ _GPM_METRICS: dict[int, tuple[int, int]] = {
     _NV.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: (12, _BYTES_RATE),
     _NV.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (13, _KIB_RATE_MEAN),
     _NV.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (14, _KIB_RATE_MEAN),
+    _NV.NVML_GPM_METRIC_GRAPHICS_UTIL: (15, _PCT_IF_SIMULATED),
 }
 
 
@@ -149,6 +151,11 @@ def _gpm_results(ids: tuple[int, ...], a: tuple[float, ...], b: tuple[float, ...
             out += (metric_id, _NV.NVML_ERROR_NO_DATA, 0.0)
         elif kind == _PCT:
             out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
+        elif kind == _PCT_IF_SIMULATED:
+            if a[pos] is None or b[pos] is None:
+                out += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
+            else:
+                out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
         elif kind == _BYTES_RATE:
             out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s / _MIB)
         else:  # NVML reports PCIe throughput as the mean of the two samples, in MiB/s

@@ -3,9 +3,10 @@
 Each MIG device gets a ``SimMigState`` on its parent GPU (``mig_devices``), with a seeded
 ``MIG-...`` uuid and NVML's name (``<GPU name> MIG <profile>``). A job on a MIG device is an
 independent replica: while it runs, the device is busy ``load`` of the time, and its GPM
-counters integrate the same activities as a whole GPU's inference work (SM 0.95, occupancy 0.45,
-HMMA ``intensity``, FP32 0.06, FP16 0.02, DRAM 0.55, per busy second). The counters are exact
-integrals of the job windows, so they depend only on the time, never on how it was stepped.
+counters integrate the same activities as a whole GPU's inference work (graphics engine 1, SM
+0.95, occupancy 0.45, HMMA ``intensity``, FP32 0.06, FP16 0.02, DRAM 0.55, per busy second).
+The counters are exact integrals of the job windows, so they depend only on the time, never on
+how it was stepped.
 
 The parent's own dynamics (power, clocks, temperature, energy) come from the simulator: for each
 interval between MIG job boundaries the parent runs a hidden inference job whose load is its MIG
@@ -36,6 +37,7 @@ GIB = 1024**3
 MIB = 1024**2
 #: GPM counters per busy second of a MIG device's job (as a whole GPU's inference work).
 _ACTIVITY: tuple[tuple[str, float | None], ...] = (
+    ("graphics_active_s", 1.0),  # a kernel runs whenever the job is busy
     ("sm_active_s", 0.95),
     ("sm_occupancy_s", 0.45),
     ("tensor_hmma_active_s", None),  # the job's intensity

@@ -60,6 +60,7 @@ class SimGpuState:
     fp32_active_s: float = 0.0
     fp16_active_s: float = 0.0
     dram_active_s: float = 0.0
+    graphics_active_s: float | None = None  # any kernel running; None: not simulated
     nvlink_tx_bytes: int = 0  # cumulative
     nvlink_rx_bytes: int = 0
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
@@ -156,6 +157,7 @@ class SimMigState:
     fp32_active_s: float = 0.0
     fp16_active_s: float = 0.0
     dram_active_s: float = 0.0
+    graphics_active_s: float = 0.0  # any kernel running (GPM graphics-engine activity)
     nvlink_rx_bytes: int = 0
     nvlink_tx_bytes: int = 0
     pcie_tx_kib_per_s: float = 0.0
