@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nvml_fixtures import (
@@ -20,6 +23,7 @@ from gpuwatt.collector.sim.state import SimCluster
 from gpuwatt.gpu_specs import SPECS
 from gpuwatt.model import GpuSample, TflopsMethod
 from gpuwatt.schema import LineEncoder, decode_line
+from gpuwatt.store.influx import InfluxStore
 from gpuwatt.tflops import PipePeaks, tflops_from_pipes
 
 HOST = "node-1"
@@ -206,3 +210,27 @@ def test_jobs_are_resolved_per_mig_device_and_never_for_the_gpu_in_mig_mode(
     assert parent.job_id is None  # its processes are its MIG devices'
     assert first.job_id is None  # a MIG device is named by its uuid only, never by the index
     assert second.job_id == "slurm-77"
+
+
+def test_mig_devices_keep_their_parent_through_a_real_influxdb(influx_db: Any) -> None:
+    server, db = influx_db
+    cluster = make_cluster(1)
+    migs = scenario_mig_partitioned(cluster, index=0, profiles=("3g.40gb", "1g.10gb"))
+    sampler, tick = _sampler(cluster)
+    with sampler:
+        written = tick()
+    now = time.time_ns()
+    written = [dataclasses.replace(s, time_ns=now) for s in written]
+    with InfluxStore(server.url, "", db, timeout_s=10) as store:
+        store.write_samples(written)
+        got = {s.uuid: s for s in store.latest()}
+    assert set(got) == {cluster.gpus[0].uuid, *(m.uuid for m in migs)}
+    for m in migs:
+        s = got[m.uuid]
+        assert (s.parent_uuid, s.gpu_instance_id, s.compute_instance_id) == (
+            cluster.gpus[0].uuid,
+            m.gpu_instance_id,
+            0,
+        )
+        assert s.gpu_index == 0 and s.memory_total_bytes == m.memory_total_bytes
+    assert got[cluster.gpus[0].uuid].parent_uuid is None
