@@ -209,10 +209,12 @@ class LiveSummary:
 
 
 def summary_line(samples: Sequence[GpuSample]) -> str:
+    migs = sum(1 for s in samples if is_mig_device(s))
+    tflops = [s.tflops_estimate for s in samples if not s.lost and s.tflops_estimate is not None]
+    samples = [s for s in samples if not is_mig_device(s)]  # GPUs; MIG devices counted apart
     live = [s for s in samples if not s.lost]
     util = [s.utilization_gpu_pct for s in live if s.utilization_gpu_pct is not None]
     power = [s.power_w for s in live if s.power_w is not None]
-    tflops = [s.tflops_estimate for s in live if s.tflops_estimate is not None]
     faults = [
         f"{s.host}/{s.gpu_index} {reasons_text(s.clock_event_reasons)} "
         f"{_fmt(s.temperature_gpu_c, '.0f')}°C"
@@ -222,7 +224,7 @@ def summary_line(samples: Sequence[GpuSample]) -> str:
     idle = sum(1 for u in util if u < 5)
     parts = [
         time.strftime("%H:%M:%S", time.localtime(samples[0].time_ns / 1e9)) if samples else "--",
-        f"{len(live)}/{len(samples)} GPUs up",
+        f"{len(live)}/{len(samples)} GPUs up" + (f" (+{migs} MIG)" if migs else ""),
         f"util {sum(util) / len(util):.0f}%" if util else "util -",
         f"power {sum(power) / 1000:.1f} kW" if power else "power -",
         f"{sum(tflops):.0f} TFLOPS" if tflops else "TFLOPS -",

@@ -25,7 +25,7 @@ from gpuwatt.dashboard.timerange import parse_range
 from gpuwatt.errors import ConfigError
 from gpuwatt.mig import is_mig_device, mig_profile, parents
 from gpuwatt.model import GpuSample
-from gpuwatt.status import render_status
+from gpuwatt.status import render_status, summary_line
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -120,6 +120,8 @@ def test_status_shows_each_mig_device_under_its_parent_with_its_job(
     assert all("MIG 1g.10gb" in line for line in node1[1:8])
     assert sum("chat-replica" in line for line in node1[1:8]) == 6
     assert "llm-pretrain" in node1[8]
+    line = summary_line(store.latest())  # the demo's live line
+    assert "8/8 GPUs up (+15 MIG)" in line
 
 
 def test_dashboard_data_and_reports_show_mig_devices_as_devices_with_parents(
