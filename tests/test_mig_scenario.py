@@ -241,3 +241,31 @@ def test_the_node_page_lists_each_process_once_under_its_mig_device(
     )
     assert text.count("GPU 0 MIG 1g.10gb") == 6  # the six chat replicas, not their parent too
     assert text.count("chat-replicas") >= 6
+
+
+def test_the_shipped_alert_rules_evaluate_cleanly_and_stay_quiet_on_the_mig_scenario(
+    tmp_path: Path,
+) -> None:
+    from test_alerts_helpers import drive
+
+    from gpuwatt.alerts.clock import ManualClock
+    from gpuwatt.alerts.db import open_db
+    from gpuwatt.alerts.rules import load_rules
+    from gpuwatt.alerts.service import Evaluator
+
+    t0 = END_NS - MINUTES * 60 * NS
+    source = SimulatedClusterSource(load_scenario("mig_partitioned"), start_ns=t0)
+    source.open()
+    clock = ManualClock(t0)
+    con = open_db(tmp_path / "alerts.db")
+    errors: dict[str, str] = {}
+    try:
+        with SqliteStore(tmp_path / "store.db") as store:
+            ev = Evaluator(load_rules(), store, con, channels={}, routes=[], clock=clock)
+            for _ in drive(ev, source, store, clock, from_s=0, until_s=300):
+                errors.update(ev.evaluate().errors)
+            alerts = ev.alerts.all()
+    finally:
+        con.close()
+        source.close()
+    assert errors == {} and not alerts
