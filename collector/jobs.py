@@ -30,6 +30,10 @@ from gpuwatt.model import GpuSample
 
 log = logging.getLogger(__name__)
 
+# gpuwatt.mig.MIG_UUID_PREFIX; not imported: this module runs with the model alone (see the
+# unprivileged-resolver test), and gpuwatt.mig needs pandas
+_MIG_UUID_PREFIX = "MIG-"
+
 _SLURM_JOB = re.compile(r"/job_(\d+)(?=/|$)")
 _K8S_POD = re.compile(
     r"(?:/pod([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(?=/|$))"
@@ -113,13 +117,15 @@ class KubernetesResolver(_CgroupResolver):
 
 
 class MappingDirResolver:
-    """``<directory>/<gpu index>`` or ``<directory>/<GPU uuid>`` holds the job id."""
+    """``<directory>/<gpu index>`` or ``<directory>/<GPU uuid>`` holds the job id (a MIG
+    device: ``<directory>/<MIG uuid>``)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
 
     def job_of(self, gpu_index: int, uuid: str, pids: Sequence[int]) -> str | None:
-        for name in (uuid, str(gpu_index)):
+        # a MIG device shares its parent's index: only its own uuid names it
+        for name in (uuid,) if uuid.startswith(_MIG_UUID_PREFIX) else (uuid, str(gpu_index)):
             try:
                 job = (self.directory / name).read_text(encoding="utf-8").strip()
             except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
@@ -158,7 +164,8 @@ def attach_jobs(samples: list[GpuSample], resolver: JobResolver) -> list[GpuSamp
     """The samples with ``job_id`` filled in where the resolver knows it."""
     out = []
     for s in samples:
-        if s.lost or s.job_id is not None:
+        # a GPU in MIG mode lists its MIG devices' processes: the jobs are theirs, not its own
+        if s.lost or s.job_id is not None or s.mig_enabled:
             out.append(s)
             continue
         pids = [p.pid for p in s.processes or ()]

@@ -84,6 +84,8 @@ class ErrorPolicy:
         self.unsupported[f"gpu{index}/{field}"] = cause
 
     def log_once(self, index: int, field: str, cause: str, fmt: str, *args: object) -> None:
+        """Log ``"GPU <index> <field> " + fmt % (cause, *args)`` once per (gpu, field, cause):
+        ``fmt``'s first placeholder is the cause."""
         key = (index, field, cause)
         if key in self._logged:
             return

@@ -134,6 +134,20 @@ def tick_queries(nv: Any) -> tuple[FieldQuery, ...]:
     )
 
 
+def mig_queries(nv: Any) -> tuple[FieldQuery, ...]:
+    """What a MIG device's own handle answers each tick: its memory and its processes (power,
+    clocks, temperature and utilisation are refused there: they are the parent GPU's)."""
+    return (
+        _memory_query(nv),
+        FieldQuery(
+            "processes",
+            "processes",
+            nv.nvmlDeviceGetComputeRunningProcesses,
+            convert=processes,
+        ),
+    )
+
+
 def pcie_queries(nv: Any) -> tuple[FieldQuery, ...]:
     """PCIe throughput on a GPU without GPM (GPM measures it over the tick where it can)."""
     f = nv.nvmlDeviceGetPcieThroughput

@@ -10,7 +10,7 @@ The NVML module is an argument (the real ``pynvml`` from ``collector.nvml``, or 
   the other GPUs keep being sampled; a lost GPU is probed again every tick;
 - versioned calls fall back (memory v2 -> v1, ``TemperatureV`` -> legacy, clocks-event reasons ->
   the older throttle-reasons name), and a GPU in MIG mode is sampled at the GPU level wherever NVML
-  allows it.
+  allows it, each of its MIG devices as a device of its own after it (``nvml_mig``).
 
 Energy is accumulated by ``energy.EnergyAccumulator`` and GPM read by ``gpm.GpmReader``. Handles
 and static facts are read once in ``open()``. Cost per GPU-sample: ``bench/collector_cost.py``.
@@ -39,6 +39,7 @@ from gpuwatt.collector.nvml_fields import (
     slow_queries,
     tick_queries,
 )
+from gpuwatt.collector.nvml_mig import MigDeviceInfo, MigDevices
 from gpuwatt.collector.xid_events import XidListener
 from gpuwatt.errors import NvmlUnavailable
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
@@ -86,6 +87,7 @@ class _Gpu:
         "index",
         "info",
         "lost",
+        "mig",
         "mig_enabled",
         "name",
         "off",
@@ -107,6 +109,7 @@ class _Gpu:
         self.tflops_peaks: PipePeaks | None = None  # at the configured tensor precision
         self.sm_clock_max_mhz: float | None = None
         self.mig_enabled: bool | None = None
+        self.mig: MigDevices | None = None  # its MIG devices while it is in MIG mode
         self.identity: dict[str, Any] = {}  # what every sample of the GPU starts from
         self.lost = False
         self.off: set[str] = set()  # fields NVML refused for good (NotSupported/NoPermission)
@@ -185,6 +188,9 @@ class NvmlSampler:
             if g.gpm is not None:
                 g.gpm.close(self._log)
                 g.gpm = None
+            if g.mig is not None:
+                g.mig.close()
+                g.mig = None
         try:
             self._nv.nvmlShutdown()
         except self._errors as exc:
@@ -206,6 +212,10 @@ class NvmlSampler:
     def devices(self) -> list[DeviceInfo]:
         """Static facts of the GPUs whose facts could be read (a lost GPU may have none yet)."""
         return [g.info for g in self._gpus if g.info is not None]
+
+    def mig_devices(self) -> list[MigDeviceInfo]:
+        """Static facts of the MIG devices found on GPUs in MIG mode."""
+        return [info for g in self._gpus if g.mig is not None for info in g.mig.infos()]
 
     def unsupported_fields(self) -> dict[str, str]:
         """``"gpu<index>/<field>"`` -> cause, for every field NVML refused for good."""
@@ -260,6 +270,13 @@ class NvmlSampler:
         shutdown = q(g, "shutdown_temp_c", thr, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
         mig = q(g, "mig_enabled", getattr(nv, "nvmlDeviceGetMigMode", None))
         g.mig_enabled = bool(mig[0]) if mig is not None else None
+        if g.mig_enabled:
+            if g.mig is None:
+                g.mig = MigDevices(nv, self._policy, g.index, self._host, self._log)
+            g.mig.scan(h, g.uuid)
+        elif g.mig is not None:
+            g.mig.close()
+            g.mig = None
         if g.gpm is None:
             g.gpm = open_gpm(nv, self._policy, g.index, g.off, h)
         g.identity = {
@@ -320,6 +337,11 @@ class NvmlSampler:
                 if g.handle is None or g.info is None:
                     self._reopen(g)
                 s = self._sample_gpu(g, t_ns, mono_s, include_slow)
+                mig = g.mig
+                if mig is not None:
+                    if include_slow:  # MIG may have been reconfigured
+                        mig.scan(g.handle, g.uuid)
+                    migs = mig.sample(g.handle, t_ns, s.sm_clock_mhz, g.tflops_peaks)
                 if g.lost:
                     g.lost = False
                     self._log.warning("GPU %d answers again", g.index)
@@ -334,7 +356,12 @@ class NvmlSampler:
                     lost=True,
                     xid_errors=_drain(g.xids),
                 )
+                mig = g.mig
+                if mig is not None:
+                    migs = mig.lost_samples(t_ns)
             out.append(s)
+            if mig is not None:
+                out.extend(migs)
         return out
 
     def _reopen(self, g: _Gpu) -> None:
@@ -420,8 +447,9 @@ class NvmlSampler:
         cause = type(exc).__name__
         for lacking in query.lacks:
             policy.refuse(g.index, lacking, f"{cause} ({query.via}; using {fallback.via})")
+        # log_once's format takes the cause (here the call) first
         policy.log_once(
-            g.index, query.key, query.via, "%s: falling back to %s", cause, fallback.via
+            g.index, query.key, query.via, "%s: %s, falling back to %s", cause, fallback.via
         )
         reader = bind(fallback, g.handle)
         g.readers[table] = tuple(reader if r[3] is query else r for r in g.readers[table])
@@ -440,7 +468,7 @@ class NvmlSampler:
         policy.refuse(
             g.index, "energy_counter", f"{type(exc).__name__} (integrating power instead)"
         )
-        policy.log_once(g.index, "energy_j", "counter", "%s: integrating power", exc)
+        policy.log_once(g.index, "energy_j", "counter", "%s: %s, integrating power", exc)
         self._integrate_energy(g, mono_s, values)
 
     def _integrate_energy(self, g: _Gpu, mono_s: float, values: dict[str, Any]) -> None:

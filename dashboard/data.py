@@ -37,6 +37,8 @@ from gpuwatt.analytics import (
 from gpuwatt.analytics.inputs import jobs_of
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
+from gpuwatt.mig import is_mig_device
+from gpuwatt.mig import parents as mig_parents
 from gpuwatt.model import GpuSample
 from gpuwatt.store.base import SeriesRead, Store, series_many
 
@@ -66,6 +68,7 @@ class GpuCounts:
     lost: int
     silent: int
     idle: int
+    mig_devices: int = 0  # MIG devices, apart from the GPUs counted above (their parents)
 
 
 @dataclass(frozen=True)
@@ -104,15 +107,21 @@ class WindowData:
             return self.recent.straggler_windows
         return self.summary.straggler_windows
 
+    @property
+    def mig_parents(self) -> dict[str, str]:
+        """MIG device uuid -> its parent GPU's uuid (a MIG device is a device of its own)."""
+        return mig_parents(self.latest)
+
     def counts(self, now_ns: int) -> GpuCounts:
-        lost = sum(1 for s in self.latest if s.lost)
+        gpus = [s for s in self.latest if not is_mig_device(s)]
+        lost = sum(1 for s in gpus if s.lost)
         silent = sum(
-            1
-            for s in self.latest
-            if not s.lost and (now_ns - s.time_ns) / NS_PER_S > SILENT_AFTER_S
+            1 for s in gpus if not s.lost and (now_ns - s.time_ns) / NS_PER_S > SILENT_AFTER_S
         )
-        total = len(self.latest)
-        return GpuCounts(total, total - lost - silent, lost, silent, len(self.summary.idle))
+        total = len(gpus)
+        idle = len(self.summary.idle)
+        migs = len(self.latest) - total
+        return GpuCounts(total, total - lost - silent, lost, silent, idle, migs)
 
 
 def _describe(exc: BaseException) -> str:

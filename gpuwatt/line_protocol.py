@@ -14,9 +14,12 @@ from typing import Any
 from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
 from gpuwatt.schema import (
     FIELD_BY_NAME,
+    FIELD_COMPUTE_INSTANCE_ID,
     FIELD_ENERGY_METHOD,
+    FIELD_GPU_INSTANCE_ID,
     FIELD_JOB_ID,
     FIELD_LOST,
+    FIELD_PARENT_UUID,
     FIELD_PROCESS_COUNT,
     FIELD_PROCESSES,
     FIELD_TFLOPS_METHOD,
@@ -192,6 +195,12 @@ class _FieldEncoder:
                 extra.append(f'{FIELD_PROCESSES}="{format_processes(s.processes)}"')
         if s.job_id is not None:
             extra.append(f'{FIELD_JOB_ID}="{_escape_str(s.job_id)}"')
+        if s.parent_uuid is not None:  # a MIG device
+            extra.append(f'{FIELD_PARENT_UUID}="{_escape_str(s.parent_uuid)}"')
+            if s.gpu_instance_id is not None:
+                extra.append(f"{FIELD_GPU_INSTANCE_ID}={s.gpu_instance_id}i")
+            if s.compute_instance_id is not None:
+                extra.append(f"{FIELD_COMPUTE_INSTANCE_ID}={s.compute_instance_id}i")
         if extra:
             return body + "," + ",".join(extra)
         return body
@@ -403,6 +412,11 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
         kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
     if (job := values.get(FIELD_JOB_ID)) is not None:
         kwargs["job_id"] = decode_name(str(job))
+    if (parent := values.get(FIELD_PARENT_UUID)) is not None:
+        kwargs["parent_uuid"] = decode_name(str(parent))
+    for name in (FIELD_GPU_INSTANCE_ID, FIELD_COMPUTE_INSTANCE_ID):
+        if (instance := values.get(name)) is not None:
+            kwargs[name] = int(instance)
     return GpuSample(
         time_ns=int(time_ns),
         host=decode_name(tags.get(TAG_HOST, "")),

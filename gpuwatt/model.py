@@ -97,6 +97,11 @@ class GpuSample:
     processes: tuple[ProcessSample, ...] | None = None
     # the job the GPU's processes belong to (a string field, not a tag: see schema.FIELD_JOB_ID)
     job_id: str | None = None
+    # a MIG device: its own uuid ("MIG-...") and name, the parent GPU's index, and these (None on
+    # a whole GPU); what is a fact of the whole GPU (power, clocks, temperature) is on the parent
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
     # free-form provenance, e.g. the job id once jobs are resolved (kept out of tags for now)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -114,7 +119,8 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     for f in fields(GpuSample)
     if f.name not in IDENTITY_FIELDS
     and f.name not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra"}
-    and f.name not in {"mig_enabled", "job_id"}
+    and f.name not in {"mig_enabled", "job_id", "parent_uuid"}
+    and f.name not in {"gpu_instance_id", "compute_instance_id"}
 )
 
 

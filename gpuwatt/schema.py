@@ -112,6 +112,11 @@ FIELD_PROCESSES = "processes"  # "pid:bytes;pid:bytes" (bytes empty when unknown
 # As a field it costs nothing in cardinality; InfluxQL can still filter on it (a scan, not an
 # index lookup). Sites with few long jobs may prefer a tag; see the README.
 FIELD_JOB_ID = "job_id"
+# A MIG device's point (tags: its own uuid and name, the parent GPU's index): its parent GPU's
+# uuid (string) and its GPU and compute instance ids (int). Absent on a whole GPU.
+FIELD_PARENT_UUID = "parent_uuid"
+FIELD_GPU_INSTANCE_ID = "gpu_instance_id"
+FIELD_COMPUTE_INSTANCE_ID = "compute_instance_id"
 
 FIELD_BY_ATTR: dict[str, FieldSpec] = {f.attr: f for f in FIELDS}
 FIELD_BY_NAME: dict[str, FieldSpec] = {f.field: f for f in FIELDS}

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from gpuwatt.mig import is_mig_device, mig_profile
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import (
     REASON_HW_POWER_BRAKE,
@@ -117,7 +118,7 @@ def render_status(
     )
     rows = [header]
     counts = dict.fromkeys(STATES, 0)
-    for s in sorted(samples, key=lambda s: (natural_key(s.host), s.gpu_index)):
+    for s in sorted(samples, key=_row_order):
         age_s = (now_ns - s.time_ns) / 1e9
         state = gpu_state(s, now_ns=now_ns, stale_after_s=stale_after_s, hot_c=hot_c)
         counts[state] += 1
@@ -128,17 +129,33 @@ def render_status(
         power = f"{_fmt(s.power_w, '.0f')}/{_fmt(s.power_limit_w, '.0f')}"
         job = (s.job_id or "-").replace("\n", " ")[:12]
         rows.append(
-            f"{s.host[:12]:<12} {s.gpu_index:>3} {s.name[:24]:<24} {state:<9} "
+            f"{s.host[:12]:<12} {s.gpu_index:>3} {_name(s)[:24]:<24} {state:<9} "
             f"{_fmt(s.utilization_gpu_pct, '.0f'):>5} {mem:>13} "
             f"{_fmt(s.temperature_gpu_c, '.0f'):>5} {power:>13} "
             f"{_fmt(s.sm_clock_mhz, '.0f'):>6} {_fmt(s.tflops_estimate, '.1f'):>7} "
             f"{reasons_text(s.clock_event_reasons):<18} {job:<12} {age_s:>4.0f}s"
         )
-    footer = f"{len(samples)} GPUs, " + ", ".join(f"{counts[k]} {k}" for k in STATES)
+    migs = sum(1 for s in samples if is_mig_device(s))
+    footer = f"{len(samples) - migs} GPUs" + (f" and {migs} MIG devices, " if migs else ", ")
+    footer += ", ".join(f"{counts[k]} {k}" for k in STATES)
     if total is not None and total != len(samples):
         footer += f" (showing {len(samples)} of {total})"
     rows.append(footer)
     return "\n".join(rows)
+
+
+def _row_order(s: GpuSample) -> tuple[object, ...]:
+    """Host (natural order), index, then a GPU's MIG devices right after it."""
+    mig = is_mig_device(s)
+    return (natural_key(s.host), s.gpu_index, mig, s.gpu_instance_id or 0, s.name, s.uuid)
+
+
+def _name(s: GpuSample) -> str:
+    """A whole GPU's name; a MIG device's profile under its parent (``  MIG 1g.10gb``)."""
+    if not is_mig_device(s):
+        return s.name
+    gi = f" gi{s.gpu_instance_id}" if s.gpu_instance_id is not None else ""
+    return f"  MIG {mig_profile(s.name) or s.uuid}{gi}"
 
 
 def watch(
@@ -192,10 +209,12 @@ class LiveSummary:
 
 
 def summary_line(samples: Sequence[GpuSample]) -> str:
+    migs = sum(1 for s in samples if is_mig_device(s))
+    tflops = [s.tflops_estimate for s in samples if not s.lost and s.tflops_estimate is not None]
+    samples = [s for s in samples if not is_mig_device(s)]  # GPUs; MIG devices counted apart
     live = [s for s in samples if not s.lost]
     util = [s.utilization_gpu_pct for s in live if s.utilization_gpu_pct is not None]
     power = [s.power_w for s in live if s.power_w is not None]
-    tflops = [s.tflops_estimate for s in live if s.tflops_estimate is not None]
     faults = [
         f"{s.host}/{s.gpu_index} {reasons_text(s.clock_event_reasons)} "
         f"{_fmt(s.temperature_gpu_c, '.0f')}°C"
@@ -205,7 +224,7 @@ def summary_line(samples: Sequence[GpuSample]) -> str:
     idle = sum(1 for u in util if u < 5)
     parts = [
         time.strftime("%H:%M:%S", time.localtime(samples[0].time_ns / 1e9)) if samples else "--",
-        f"{len(live)}/{len(samples)} GPUs up",
+        f"{len(live)}/{len(samples)} GPUs up" + (f" (+{migs} MIG)" if migs else ""),
         f"util {sum(util) / len(util):.0f}%" if util else "util -",
         f"power {sum(power) / 1000:.1f} kW" if power else "power -",
         f"{sum(tflops):.0f} TFLOPS" if tflops else "TFLOPS -",

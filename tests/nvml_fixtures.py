@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuwatt.collector.nvml import real_module
-from gpuwatt.collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.collector.sim.state import SimCluster, SimGpuState, SimMigState
 from gpuwatt.gpu_specs import SPECS
 
 NV = real_module()
@@ -167,3 +167,52 @@ _EVERY_PER_TICK_CALL: tuple[str, ...] = (
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlGpmSampleGet",
 )
+
+
+#: MIG profiles of an H100 80GB used by ``scenario_mig_partitioned``: (name, slices, SMs, MiB)
+H100_MIG_PROFILES: dict[str, tuple[int, int, int]] = {
+    "1g.10gb": (1, 16, 9984),
+    "2g.20gb": (2, 32, 20096),
+    "3g.40gb": (3, 60, 40320),
+}
+
+
+def scenario_mig_partitioned(
+    cluster: SimCluster, index: int = 0, profiles: Iterable[str] = ("3g.40gb", "2g.20gb", "1g.10gb")
+) -> list[SimMigState]:
+    """GPU ``index`` in MIG mode, split into MIG devices of ``profiles`` (GPU instance ids from
+    1, compute instance 0 each), with no work yet."""
+    g = cluster.gpus[index]
+    g.mig_enabled = True
+    g.mig_profile_sms = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
+    g.mig_devices = []
+    for i, profile in enumerate(profiles):
+        slices, sms, mib = H100_MIG_PROFILES[profile]
+        g.mig_devices.append(
+            SimMigState(
+                parent=g,
+                index=i,
+                uuid=f"MIG-{g.host}-{index:02d}-{i:02d}-0000-000000000000",
+                name=f"{g.name} MIG {profile}",
+                profile=profile,
+                gpu_instance_id=i + 1,
+                compute_instance_id=0,
+                slices=slices,
+                multiprocessor_count=sms,
+                memory_total_bytes=mib * 1024 * 1024,
+            )
+        )
+    return [m for m in g.mig_devices if m is not None]
+
+
+def run_mig_for(m: SimMigState, seconds: float, a: Activity = Activity()) -> None:
+    """Advance one MIG device's GPM counters by ``seconds`` of activity ``a``."""
+    m.time_s += seconds
+    m.sm_active_s += a.sm_active_pct / 100 * seconds
+    m.sm_occupancy_s += a.sm_occupancy_pct / 100 * seconds
+    m.tensor_any_active_s += a.tensor_any_pct / 100 * seconds
+    m.tensor_hmma_active_s += a.tensor_hmma_pct / 100 * seconds
+    m.fp32_active_s += a.fp32_pct / 100 * seconds
+    m.fp16_active_s += a.fp16_pct / 100 * seconds
+    m.dram_active_s += a.dram_pct / 100 * seconds
+    m.graphics_active_s += a.utilization_gpu_pct / 100 * seconds

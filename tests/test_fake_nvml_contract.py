@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 
 import pynvml
 import pytest
-from nvml_fixtures import make_cluster
+from nvml_fixtures import make_cluster, scenario_mig_partitioned
 
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 
@@ -44,6 +45,18 @@ def test_fake_offers_the_functions_the_collector_calls(fake: FakeNvml) -> None:
         "nvmlEventSetWait",
         "nvmlEventSetFree",
         "nvmlDeviceGetRemappedRows",
+        # MIG (collector.nvml_mig)
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetAttributes",
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "nvmlGpmMigSampleGet",
+        "nvmlGpmQueryDeviceSupport",
     }
     assert needed <= offered
 
@@ -104,3 +117,51 @@ def test_answers_have_the_real_types() -> None:
     assert isinstance(nv.nvmlDeviceGetUtilizationRates(h), pynvml.c_nvmlUtilization_t)
     assert isinstance(nv.nvmlGpmSampleAlloc(), pynvml.c_nvmlGpmSample_t)
     assert isinstance(nv.nvmlDeviceGetUUID(h), str)
+
+
+def test_mig_answers_have_the_real_types_and_refuse_what_nvml_refuses() -> None:
+    cluster = make_cluster(1)
+    (mig,) = scenario_mig_partitioned(cluster, index=0, profiles=("1g.10gb",))
+    nv = FakeNvml(cluster, "node-1")
+    nv.nvmlInit()
+    parent = nv.nvmlDeviceGetHandleByIndex(0)
+    assert nv.nvmlDeviceGetMigMode(parent) == [1, 1]
+    assert isinstance(nv.nvmlDeviceGetMaxMigDeviceCount(parent), int)
+    h = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    assert isinstance(h, pynvml.c_nvmlDevice_t)
+    assert nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0) is h  # one handle per device
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, 1)
+    # pynvml returns the c_uint itself from nvmlDeviceIsMigDeviceHandle
+    is_mig = nv.nvmlDeviceIsMigDeviceHandle(h)
+    assert isinstance(is_mig, ctypes.c_uint) and is_mig.value == 1
+    assert nv.nvmlDeviceIsMigDeviceHandle(parent).value == 0
+    assert nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h) is parent
+    assert nv.nvmlDeviceGetGpuInstanceId(h) == mig.gpu_instance_id
+    assert nv.nvmlDeviceGetComputeInstanceId(h) == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetGpuInstanceId(parent)
+    attrs = nv.nvmlDeviceGetAttributes(h)
+    assert isinstance(attrs, pynvml.c_nvmlDeviceAttributes)
+    assert attrs.multiprocessorCount == 16 and attrs.gpuInstanceSliceCount == 1
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetAttributes(parent)  # NVML answers it on MIG device handles only
+    full = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+    assert isinstance(full, pynvml.c_nvmlGpuInstanceProfileInfo_v2_t)
+    assert (full.sliceCount, full.multiprocessorCount) == (7, 132)
+    assert isinstance(
+        nv.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2), pynvml.c_nvmlMemory_v2_t
+    )
+    assert isinstance(nv.nvmlDeviceGetUUID(h), str) and nv.nvmlDeviceGetUUID(h).startswith("MIG-")
+    for refused in (nv.nvmlDeviceGetPowerUsage, nv.nvmlDeviceGetUtilizationRates):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            refused(h)
+    sample = nv.nvmlGpmSampleAlloc()
+    assert nv.nvmlGpmMigSampleGet(parent, mig.gpu_instance_id, sample) is sample
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nv.nvmlGpmMigSampleGet(parent, 99, sample)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlGpmSampleGet(parent, sample)  # a GPU in MIG mode: GPM per instance only
+    cluster.gpus[0].lost = True
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nv.nvmlDeviceGetMemoryInfo(h)

@@ -249,6 +249,23 @@ def test_memory_v2_and_temperature_v_fall_back(
     assert "gpu0/memory_reserved_bytes" in sampler.unsupported_fields()
 
 
+def test_fallbacks_and_integrated_energy_are_logged_once_in_words(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwatt.collector")
+    scenario_old_driver(cluster, index=0)
+    scenario_no_energy_counter(cluster, index=1)
+    for _ in range(3):
+        tick(cluster, clock, sampler)
+    lines = [r.getMessage() for r in caplog.records]  # a bad format would raise here
+    falling = [m for m in lines if "falling back to nvmlDeviceGetTemperature" in m]
+    assert falling == [
+        "GPU 0 temperature_gpu_c nvmlDeviceGetTemperatureV: NVMLError_NotSupported, "
+        "falling back to nvmlDeviceGetTemperature"
+    ]
+    assert sum("integrating power" in m for m in lines) == 1
+
+
 # --- GPM and the TFLOPS estimate ------------------------------------------------------------------
 
 

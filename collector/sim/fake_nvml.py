@@ -13,8 +13,13 @@ How a simulated GPU misbehaves (tests script these on ``SimGpuState``):
   C name of the variant: ``"nvmlDeviceGetMemoryInfo_v2"`` refuses only ``version=nvmlMemory_v2``
   calls, ``"nvmlDeviceGetMemoryInfo"`` refuses both.
 - ``failing``: function name -> ``NVML_ERROR_*`` code raised on every call.
+- a static fact (limit, threshold, max clock) that is NaN: ``NotSupported`` for that argument
+  (a real device's ``N/A``: ``collector.sim.device_profile``).
 - ``mig_enabled``: utilisation and device-level GPM answer ``NotSupported``, as NVML does in MIG
-  mode; everything else answers at the GPU level.
+  mode; everything else answers at the GPU level. Its ``mig_devices`` (``SimMigState``) have
+  handles of their own (``nvmlDeviceGetMigDeviceHandleByIndex``) that answer identity, memory,
+  processes and attributes and refuse the rest (``state.MIG_REFUSED``); their GPM is read
+  through the parent's handle (``nvmlGpmMigSampleGet``).
 
 GPM is computed as real NVML computes it: each ``nvmlGpmSampleGet`` snapshots the cumulative
 activity counters, and ``nvmlGpmMetricsGet`` turns the difference of two snapshots into percent of
@@ -33,7 +38,7 @@ from typing import Any
 
 from gpuwatt.collector.nvml import real_module
 from gpuwatt.collector.nvml_structs import gpm_codecs, struct_codec
-from gpuwatt.collector.sim.state import SimCluster, SimGpuState
+from gpuwatt.collector.sim.state import SimCluster, SimGpuState, SimMigState
 
 _NV = real_module()
 
@@ -50,6 +55,18 @@ _DEVICE_T = _NV.c_nvmlDevice_t
 _GPM_SAMPLE_T = _NV.c_nvmlGpmSample_t
 _EVENT_SET_T = _NV.c_nvmlEventSet_t
 _FRIENDLY = _NV.nvmlFriendlyObject
+_ATTRIBUTES = _NV.c_nvmlDeviceAttributes
+_PROFILE_INFO_V1 = _NV.c_nvmlGpuInstanceProfileInfo_t
+_PROFILE_INFO_V2 = _NV.c_nvmlGpuInstanceProfileInfo_v2_t
+#: GPU instance profile id -> its compute slices (the plain profiles)
+_PROFILE_SLICES: dict[int, int] = {
+    _NV.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1,
+    _NV.NVML_GPU_INSTANCE_PROFILE_2_SLICE: 2,
+    _NV.NVML_GPU_INSTANCE_PROFILE_3_SLICE: 3,
+    _NV.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4,
+    _NV.NVML_GPU_INSTANCE_PROFILE_7_SLICE: 7,
+}
+_NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
 _XID = _NV.nvmlEventTypeXidCriticalError
 _MIB = 1024 * 1024
 
@@ -84,9 +101,10 @@ _GPM_COUNTERS: tuple[str, ...] = (
     "nvlink_tx_bytes",
     "pcie_tx_kib_per_s",
     "pcie_rx_kib_per_s",
+    "graphics_active_s",  # None where not simulated: that metric is NotSupported
 )
 _READ_GPM_COUNTERS = operator.attrgetter("time_s", *_GPM_COUNTERS)
-_PCT, _BYTES_RATE, _KIB_RATE_MEAN = 0, 1, 2
+_PCT, _BYTES_RATE, _KIB_RATE_MEAN, _PCT_IF_SIMULATED = 0, 1, 2, 3
 #: metric id -> (position in the snapshot, how to turn two snapshots into the value)
 _GPM_METRICS: dict[int, tuple[int, int]] = {
     _NV.NVML_GPM_METRIC_SM_UTIL: (1, _PCT),
@@ -103,6 +121,7 @@ _GPM_METRICS: dict[int, tuple[int, int]] = {
     _NV.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: (12, _BYTES_RATE),
     _NV.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (13, _KIB_RATE_MEAN),
     _NV.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (14, _KIB_RATE_MEAN),
+    _NV.NVML_GPM_METRIC_GRAPHICS_UTIL: (15, _PCT_IF_SIMULATED),
 }
 
 
@@ -132,11 +151,23 @@ def _gpm_results(ids: tuple[int, ...], a: tuple[float, ...], b: tuple[float, ...
             out += (metric_id, _NV.NVML_ERROR_NO_DATA, 0.0)
         elif kind == _PCT:
             out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
+        elif kind == _PCT_IF_SIMULATED:
+            if a[pos] is None or b[pos] is None:
+                out += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
+            else:
+                out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
         elif kind == _BYTES_RATE:
             out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s / _MIB)
         else:  # NVML reports PCIe throughput as the mean of the two samples, in MiB/s
             out += (metric_id, _NV.NVML_SUCCESS, (b[pos] + a[pos]) / 2.0 / 1024.0)
     return out
+
+
+def _known(value: float) -> int:
+    """A static fact as NVML's integer; NaN (a device profile's N/A) is NotSupported."""
+    if value != value:
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+    return round(value)
 
 
 def _fake_pointer(ptr_type: Any) -> Any:
@@ -154,7 +185,8 @@ def _misbehave(g: SimGpuState, fn: str) -> None:
 
 
 def _gpu(handle: Any, fn: str) -> SimGpuState:
-    """The simulated GPU behind ``handle``, or the error NVML would raise for ``fn`` on it."""
+    """The simulated GPU behind ``handle``, or the error NVML would raise for ``fn`` on it (a
+    MIG device's handle refuses every GPU-level call through its ``unsupported`` set)."""
     try:
         g: SimGpuState = handle._sim
     except AttributeError:
@@ -162,6 +194,19 @@ def _gpu(handle: Any, fn: str) -> SimGpuState:
     if g.lost or (g.unsupported and fn in g.unsupported) or (g.failing and fn in g.failing):
         _misbehave(g, fn)
     return g
+
+
+def _device(handle: Any, fn: str) -> SimGpuState | SimMigState:
+    """The GPU or MIG device behind ``handle`` (for calls that answer on both)."""
+    return _gpu(handle, fn)
+
+
+def _mig(handle: Any, fn: str) -> SimMigState:
+    """The MIG device behind ``handle``; a whole GPU's handle is refused as NVML refuses it."""
+    d = _device(handle, fn)
+    if not isinstance(d, SimMigState):
+        raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+    return d
 
 
 class FakeNvml:
@@ -173,6 +218,8 @@ class FakeNvml:
         self._host = host
         self._init_count = 0
         self._handles: list[Any] = []
+        self._parents: dict[int, Any] = {}  # id(SimGpuState) -> its handle
+        self._mig_handles: dict[int, Any] = {}  # id(SimMigState) -> its handle
         self._gpm_snapshots: dict[int, tuple[float, ...] | None] = {}
         self._event_sets: dict[int, list[Any]] = {}
 
@@ -189,6 +236,7 @@ class FakeNvml:
             handle = _fake_pointer(_DEVICE_T)
             handle._sim = state  # the state rides on the handle: no lookup on the hot path
             self._handles.append(handle)
+            self._parents[id(state)] = handle
 
     # --- init, system, enumeration -------------------------------------------------------------
 
@@ -228,14 +276,14 @@ class FakeNvml:
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetMaxClockInfo")
         if type == _NV.NVML_CLOCK_MEM:
-            return round(g.memory_clock_max_mhz)
+            return _known(g.memory_clock_max_mhz)
         if type in (_NV.NVML_CLOCK_SM, _NV.NVML_CLOCK_GRAPHICS):
-            return round(g.sm_clock_max_mhz)
+            return _known(g.sm_clock_max_mhz)
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
         g = _gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
-        return round(g.spec.tdp_w * 1000)
+        return _known(g.spec.tdp_w * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         return round(_gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_w * 1000)
@@ -246,14 +294,84 @@ class FakeNvml:
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetTemperatureThreshold")
         if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
-            return round(g.slowdown_temp_c)
+            return _known(g.slowdown_temp_c)
         if threshold == _NV.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
-            return round(g.shutdown_temp_c)
+            return _known(g.shutdown_temp_c)
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
 
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        # NVML answers it on MIG device handles only
+        d = _mig(device, "nvmlDeviceGetAttributes")
+        attrs = _ATTRIBUTES()
+        attrs.multiprocessorCount = d.multiprocessor_count
+        attrs.memorySizeMB = d.memory_total_bytes // _MIB
+        attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = d.slices
+        return attrs
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: Any, profile: int, version: int = 2
+    ) -> Any:
+        g = _gpu(device, "nvmlDeviceGetGpuInstanceProfileInfo")
+        slices = _PROFILE_SLICES.get(profile, 0)
+        sms = g.mig_profile_sms.get(slices)
+        if not g.mig_max_devices or not slices or sms is None:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        if version not in (1, 2):
+            raise _error(_NV.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = _PROFILE_INFO_V2() if version == 2 else _PROFILE_INFO_V1()
+        if version == 2:
+            info.version = _NV.nvmlGpuInstanceProfileInfo_v2
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = 7 // slices
+        info.multiprocessorCount = sms
+        info.memorySizeMB = g.memory_total_bytes // _MIB * slices // 8
+        return info
+
+    # --- MIG ------------------------------------------------------------------------------------
+
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
-        mode = int(_gpu(device, "nvmlDeviceGetMigMode").mig_enabled)
+        g = _gpu(device, "nvmlDeviceGetMigMode")
+        if not g.mig_max_devices:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(g.mig_enabled)
         return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        g = _gpu(device, "nvmlDeviceGetMaxMigDeviceCount")
+        if not g.mig_max_devices:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        return g.mig_max_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        g = _gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not 0 <= index < g.mig_max_devices:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        mig = g.mig_devices[index] if g.mig_enabled and index < len(g.mig_devices) else None
+        if mig is None:
+            raise _error(_NV.NVML_ERROR_NOT_FOUND)
+        handle = self._mig_handles.get(id(mig))
+        if handle is None:
+            handle = self._mig_handles[id(mig)] = _fake_pointer(_DEVICE_T)
+            handle._sim = mig
+            handle._parent = device
+        return handle
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: Any) -> Any:
+        # pynvml returns the c_uint itself here, not its value
+        return ctypes.c_uint(
+            int(isinstance(_device(device, "nvmlDeviceIsMigDeviceHandle"), SimMigState))
+        )
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> Any:
+        _mig(migDevice, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+        return migDevice._parent
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return _mig(device, "nvmlDeviceGetGpuInstanceId").gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        return _mig(device, "nvmlDeviceGetComputeInstanceId").compute_instance_id
 
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
         g = _gpu(device, "nvmlGpmQueryDeviceSupport")
@@ -343,23 +461,33 @@ class FakeNvml:
             return round(g.pcie_rx_kib_per_s)
         raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
 
-    def _processes(self, g: SimGpuState) -> list[Any]:
+    def _processes(self, d: SimGpuState | SimMigState) -> list[Any]:
         """What pynvml returns: friendly objects of c_nvmlProcessInfo_v3_t's fields, with
-        usedGpuMemory None where NVML says NVML_VALUE_NOT_AVAILABLE."""
+        usedGpuMemory None where NVML says NVML_VALUE_NOT_AVAILABLE. A GPU in MIG mode lists
+        the processes of all its MIG devices, each with its instance ids."""
+        procs: list[tuple[int, int, SimMigState | None]]
+        if isinstance(d, SimMigState):
+            procs = [(pid, used, d) for pid, used in d.processes]
+        elif d.mig_enabled:
+            procs = [
+                (pid, used, m) for m in d.mig_devices if m is not None for pid, used in m.processes
+            ]
+        else:
+            procs = [(pid, used, None) for pid, used in d.processes]
         return [
             _FRIENDLY(
                 {
                     "pid": pid,
                     "usedGpuMemory": None if used is None or used < 0 else used,
-                    "gpuInstanceId": 0xFFFFFFFF,
-                    "computeInstanceId": 0xFFFFFFFF,
+                    "gpuInstanceId": _NO_INSTANCE if m is None else m.gpu_instance_id,
+                    "computeInstanceId": _NO_INSTANCE if m is None else m.compute_instance_id,
                 }
             )
-            for pid, used in g.processes
+            for pid, used, m in procs
         ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        return self._processes(_gpu(handle, "nvmlDeviceGetComputeRunningProcesses"))
+        return self._processes(_device(handle, "nvmlDeviceGetComputeRunningProcesses"))
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
         _gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
@@ -403,6 +531,19 @@ class FakeNvml:
         if key not in self._gpm_snapshots:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         self._gpm_snapshots[key] = _READ_GPM_COUNTERS(g)
+        return gpmSample
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        g = _gpu(device, "nvmlGpmMigSampleGet")
+        if not g.gpm_supported:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        if not g.mig_enabled:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        mig = next((m for m in g.mig_devices if m and m.gpu_instance_id == gpuInstanceId), None)
+        key = _address(gpmSample)
+        if mig is None or key not in self._gpm_snapshots:
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpm_snapshots[key] = _READ_GPM_COUNTERS(mig)
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:

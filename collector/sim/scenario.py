@@ -44,6 +44,8 @@ Schema (times are durations from the start of the scenario: a number of seconds 
         period: 3m                  # optional (dynamic faults): on for duty x period, then off
         duty: 0.66                  # optional, default 1 (always on while active)
         ramp: 2m                    # optional: severity grows linearly from 0 over this long
+    mig: [...]                      # optional: GPUs in MIG mode, see mig_scenario.py
+    mig_jobs: [...]                 # optional: jobs on their MIG devices, see mig_scenario.py
 
 GPU selectors are ``HOST:INDICES``. ``HOST`` is a host name, ``*`` (every host) or a Slurm-style
 range ``node-[0-2]``; ``INDICES`` is ``*``, ``5``, ``0-6`` or a comma list ``0,2,4-5``. A GPU may
@@ -61,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwatt.collector.sim.mig_scenario import MigPlan, parse_mig
 from gpuwatt.errors import ConfigError
 from gpuwatt.gpu_specs import SPECS, GpuSpec
 from gpuwatt.yamlfile import Located, load_file, load_text
@@ -319,6 +322,7 @@ class Scenario:
     description: str = ""
     duration_s: float | None = None
     path: str = "<scenario>"
+    mig: MigPlan = field(default_factory=MigPlan)  # GPUs in MIG mode, jobs on their devices
 
     def job(self, job_id: str) -> JobSpec:
         for j in self.jobs:
@@ -391,7 +395,9 @@ def load_scenario_text(text: str, path: str = "<scenario>") -> Scenario:
     return parse_scenario(load_text(text, path))
 
 
-_TOP_KEYS = frozenset({"name", "description", "seed", "duration", "cluster", "jobs", "faults"})
+_TOP_KEYS = frozenset(
+    {"name", "description", "seed", "duration", "cluster", "jobs", "faults", "mig", "mig_jobs"}
+)
 _CLUSTER_KEYS = frozenset(
     {
         "nodes",
@@ -441,6 +447,14 @@ def parse_scenario(root: Located) -> Scenario:
     jobs = tuple(_parse_job(n, cluster) for n in _opt_list(root, "jobs"))
     _check_jobs(root, jobs)
     faults = tuple(_parse_fault(n, cluster) for n in _opt_list(root, "faults"))
+    mig = parse_mig(
+        root.get("mig"),
+        root.get("mig_jobs"),
+        select=lambda n: parse_selector(n, cluster),
+        model_of=cluster.model_of,
+        window=_window,
+        whole_gpu_jobs={ref: j.id for j in jobs for ref in j.gpus},
+    )
     return Scenario(
         name=_req(root, "name").string(),
         cluster=cluster,
@@ -450,6 +464,7 @@ def parse_scenario(root: Located) -> Scenario:
         description=_opt(root, "description", lambda n: n.string(), ""),
         duration_s=_opt(root, "duration", lambda n: n.duration_s(minimum=1.0), None),
         path=root.path,
+        mig=mig,
     )
 
 

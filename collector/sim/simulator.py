@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuwatt.collector.sim.mig_sim import MigSimulation
 from gpuwatt.collector.sim.scenario import (
     FaultSpec,
     JobSpec,
@@ -222,12 +223,22 @@ class Simulator:
         self._rng = np.random.default_rng([scenario.seed, 1])
         self.cluster = SimCluster(self._build_states(static_rng))
         self._init_arrays(static_rng, n)
-        self._jobs = [self._compile_job(j, static_rng) for j in scenario.jobs]
+        self._mig: MigSimulation | None = None
+        hidden: list[JobSpec] = []
+        if scenario.mig.gpus:  # GPUs in MIG mode: their devices, and their parents' hidden jobs
+            models = {ref: cluster.model_of(ref[0]) for ref in self._refs}
+            self._mig = MigSimulation(
+                scenario.mig, self.cluster.gpus, self._pos, models, scenario.seed
+            )
+            hidden = self._mig.parent_jobs()
+        self._jobs = [self._compile_job(j, static_rng) for j in (*scenario.jobs, *hidden)]
         self._orphan_pids = {id(f): int(static_rng.integers(2000, 400000)) for f in scenario.faults}
         self._leak_rates = {id(f): self._leak_rate_bytes_per_s(f) for f in scenario.faults}
         self._energy_reset_j: dict[int, float] = {}
         self._xids_fired: set[int] = set()
         self._boundaries = _boundaries(scenario)
+        if self._mig is not None:
+            self._boundaries = sorted({*self._boundaries, *self._mig.boundaries()})
         self._regimes: dict[int, _Regime] = {}
         self._resets = [f for f in scenario.faults if f.kind == "energy_counter_reset"]
         zeros = np.zeros(n)
@@ -272,6 +283,10 @@ class Simulator:
         """The id of the job running on ``host:index`` now, or None."""
         job = self.scenario.job_at(host, index, self._t_s)
         return job.id if job is not None else None
+
+    def mig_job_of(self, uuid: str) -> str | None:
+        """The id of the job running on the MIG device ``uuid`` now, or None."""
+        return self._mig.job_of(uuid) if self._mig is not None else None
 
     def pids_of(self, job_id: str) -> dict[tuple[str, int], int]:
         """The stable fake pid of each of a job's processes, by GPU."""
@@ -593,6 +608,8 @@ class Simulator:
             g.nvlink_rx_bytes = int(cum[_C_NVL][k])
         self._publish_processes(t_s)
         self._publish_faults(t_s, cum[_C_ENERGY_J])
+        if self._mig is not None:
+            self._mig.publish(t_s)
 
     def _publish_processes(self, t_s: float) -> None:
         procs: dict[int, list[tuple[int, int]]] = {}

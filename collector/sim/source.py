@@ -73,10 +73,15 @@ class SimulatedClusterSource:
         self._now_ns = max(time_ns, self._now_ns)
         self.simulator.advance_to(self._sim_time_s())
         out: list[GpuSample] = []
-        job_of = self.simulator.job_of
+        job_of, mig_job_of = self.simulator.job_of, self.simulator.mig_job_of
         for sampler in self.samplers:
             for s in sampler.sample(include_slow=include_slow):
-                job_id = None if s.lost else job_of(s.host, s.gpu_index)
+                if s.lost:
+                    job_id = None
+                elif s.parent_uuid is not None:  # a MIG device
+                    job_id = mig_job_of(s.uuid)
+                else:
+                    job_id = job_of(s.host, s.gpu_index)
                 out.append(s if job_id is None else replace(s, job_id=job_id))
         if self.after_sample is not None:
             self.after_sample()

@@ -60,6 +60,7 @@ class SimGpuState:
     fp32_active_s: float = 0.0
     fp16_active_s: float = 0.0
     dram_active_s: float = 0.0
+    graphics_active_s: float | None = None  # any kernel running; None: not simulated
     nvlink_tx_bytes: int = 0  # cumulative
     nvlink_rx_bytes: int = 0
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
@@ -71,6 +72,12 @@ class SimGpuState:
     remapped_rows_failure: bool = False
     lost: bool = False  # every NVML call on it raises NVMLError_GpuIsLost
     mig_enabled: bool = False
+    #: the MIG devices of a GPU in MIG mode, by MIG device index (None: a free slot)
+    mig_devices: list[SimMigState | None] = field(default_factory=list)
+    mig_max_devices: int = 7  # nvmlDeviceGetMaxMigDeviceCount
+    #: SMs of a GPU instance by its slices (nvmlDeviceGetGpuInstanceProfileInfo; a MIG-capable
+    #: GPU's profiles: {1: 16, 2: 32, 3: 60, 4: 64, 7: 132} on an H100 SXM; empty: none)
+    mig_profile_sms: dict[int, int] = field(default_factory=dict)
     # --- how the fake misbehaves for this GPU (tests script these) ------------------------------
     #: NVML function names that raise NVMLError_NotSupported on this GPU
     unsupported: set[str] = field(default_factory=set)
@@ -82,6 +89,85 @@ class SimGpuState:
     @property
     def gpm_supported(self) -> bool:
         return self.spec.has_gpm
+
+
+#: NVML functions that real NVML refuses (NotSupported) on a MIG device handle: they are facts of
+#: the whole GPU, asked on its parent handle.
+MIG_REFUSED: frozenset[str] = frozenset(
+    {
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleGet",
+        "nvmlDeviceRegisterEvents",
+        "nvmlDeviceGetIndex",
+    }
+)
+
+
+@dataclass
+class SimMigState:
+    """One MIG device (a GPU instance with one compute instance) of a simulated GPU.
+
+    What NVML answers on its handle: identity, memory, processes and attributes; GPM comes through
+    the parent's handle (``nvmlGpmMigSampleGet`` with the GPU instance id). Everything else is
+    refused (``MIG_REFUSED``), as real NVML does. It is lost when its parent is.
+    """
+
+    parent: SimGpuState
+    index: int  # MIG device index on the parent (nvmlDeviceGetMigDeviceHandleByIndex)
+    uuid: str  # "MIG-..."
+    name: str  # e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    profile: str  # e.g. "1g.10gb"
+    gpu_instance_id: int
+    compute_instance_id: int
+    slices: int  # GPU instance slices (of 7 on A100/H100)
+    multiprocessor_count: int
+    memory_total_bytes: int
+    time_s: float = 0.0
+    memory_used_bytes: int = 0
+    memory_reserved_bytes: int = 0
+    processes: list[tuple[int, int]] = field(default_factory=list)
+    # GPM-style cumulative activity, seconds (as on SimGpuState): percent of the instance's SMs
+    sm_active_s: float = 0.0
+    sm_occupancy_s: float = 0.0
+    tensor_any_active_s: float = 0.0
+    tensor_hmma_active_s: float = 0.0
+    tensor_imma_active_s: float = 0.0
+    tensor_dfma_active_s: float = 0.0
+    fp64_active_s: float = 0.0
+    fp32_active_s: float = 0.0
+    fp16_active_s: float = 0.0
+    dram_active_s: float = 0.0
+    graphics_active_s: float = 0.0  # any kernel running (GPM graphics-engine activity)
+    nvlink_rx_bytes: int = 0
+    nvlink_tx_bytes: int = 0
+    pcie_tx_kib_per_s: float = 0.0
+    pcie_rx_kib_per_s: float = 0.0
+    unsupported: set[str] = field(default_factory=lambda: set(MIG_REFUSED))
+    failing: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> bool:
+        return self.parent.lost
 
 
 @dataclass

@@ -16,6 +16,7 @@ from gpuwatt.dashboard.components import data_table, graph, page_frame, section
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.figures import band_rows, natural_sorted, node_lines
 from gpuwatt.dashboard.timerange import fmt_ns
+from gpuwatt.mig import is_mig_device, mig_profile
 from gpuwatt.model import GpuSample
 
 PAGE = "node"
@@ -114,12 +115,13 @@ def processes_table(samples: list[GpuSample], gpu: int | None) -> Any:
     """The compute processes of the node's GPUs in their newest sample (pid, GPU memory)."""
     rows = []
     for s in samples:
-        if gpu is not None and s.gpu_index != gpu:
-            continue
+        if (gpu is not None and s.gpu_index != gpu) or s.mig_enabled:
+            continue  # a GPU in MIG mode: its processes are listed under its MIG devices
         for proc in s.processes or ():
             rows.append(
                 (
-                    f"GPU {s.gpu_index}",
+                    f"GPU {s.gpu_index}"
+                    + (f" MIG {mig_profile(s.name)}" if is_mig_device(s) else ""),
                     str(proc.pid),
                     fmt.byte_size(proc.used_memory_bytes),
                     s.job_id or "",

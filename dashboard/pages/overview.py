@@ -100,8 +100,10 @@ def render(ctx: PageContext) -> list[Any]:
         [
             kpi(
                 "GPUs up",
-                f"{counts.up} / {counts.total}",
-                "GPUs whose newest sample is recent and not marked lost by NVML.",
+                f"{counts.up} / {counts.total}"
+                + (f" (+{counts.mig_devices} MIG)" if counts.mig_devices else ""),
+                "GPUs whose newest sample is recent and not marked lost by NVML (MIG devices "
+                "apart: they are counted with their GPU).",
                 id_="kpi-gpus-up",
             ),
             kpi(
