@@ -17,6 +17,7 @@ from gpuwatt.schema import (
     FIELD_ENERGY_METHOD,
     FIELD_JOB_ID,
     FIELD_LOST,
+    FIELD_PCI_DEVICE_ID,
     FIELD_PROCESS_COUNT,
     FIELD_PROCESSES,
     FIELD_TFLOPS_METHOD,
@@ -31,6 +32,7 @@ from gpuwatt.schema import (
     FieldSpec,
     Kind,
 )
+from gpuwatt.telegraf import telegraf_attrs, yes_no
 
 _TAG_ESCAPES = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
 STR_ESCAPES = str.maketrans({'"': r"\"", "\\": "\\\\"})
@@ -192,6 +194,8 @@ class _FieldEncoder:
                 extra.append(f'{FIELD_PROCESSES}="{format_processes(s.processes)}"')
         if s.job_id is not None:
             extra.append(f'{FIELD_JOB_ID}="{_escape_str(s.job_id)}"')
+        if s.pci_device_id is not None:
+            extra.append(f"{FIELD_PCI_DEVICE_ID}={s.pci_device_id}i")
         if extra:
             return body + "," + ",".join(extra)
         return body
@@ -391,8 +395,10 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
                 kwargs[spec.attr] = round(v * spec.scale)
             elif spec.kind is Kind.FLOAT:
                 kwargs[spec.attr] = float(v) * spec.scale
-            else:
-                kwargs[spec.attr] = bool(v)
+            elif (b := yes_no(v)) is not None:
+                kwargs[spec.attr] = b
+    for attr, v in telegraf_attrs(values).items():  # Telegraf's own names for a few metrics
+        kwargs.setdefault(attr, v)
     if (m := values.get(FIELD_ENERGY_METHOD)) is not None:
         kwargs["energy_method"] = EnergyMethod(m)
     if (m := values.get(FIELD_TFLOPS_METHOD)) is not None:
@@ -403,6 +409,8 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
         kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
     if (job := values.get(FIELD_JOB_ID)) is not None:
         kwargs["job_id"] = decode_name(str(job))
+    if (pci := values.get(FIELD_PCI_DEVICE_ID)) is not None:
+        kwargs["pci_device_id"] = int(pci)
     return GpuSample(
         time_ns=int(time_ns),
         host=decode_name(tags.get(TAG_HOST, "")),

@@ -97,6 +97,8 @@ class GpuSample:
     processes: tuple[ProcessSample, ...] | None = None
     # the job the GPU's processes belong to (a string field, not a tag: see schema.FIELD_JOB_ID)
     job_id: str | None = None
+    # NVML's pciDeviceId (a static fact): resolves the GPU's model where its name is unknown
+    pci_device_id: int | None = None
     # free-form provenance, e.g. the job id once jobs are resolved (kept out of tags for now)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -114,7 +116,7 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     for f in fields(GpuSample)
     if f.name not in IDENTITY_FIELDS
     and f.name not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra"}
-    and f.name not in {"mig_enabled", "job_id"}
+    and f.name not in {"mig_enabled", "job_id", "pci_device_id"}
 )
 
 

@@ -19,6 +19,7 @@ in an ``Authorization: Token`` header, never in a URL, a log line, a repr or an 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -39,6 +40,14 @@ from gpuwatt.schema import (
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
 from gpuwatt.store.base import KEY_COLUMNS
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
+from gpuwatt.telegraf import (
+    extra_columns,
+    fill_from_telegraf,
+    is_gpuwatt_point,
+    merge_writers,
+    report_shared,
+    yes_no,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -104,6 +113,8 @@ class InfluxStore:
         self._token = _Secret(token) if token else None
         self._token_file = token_file
         self._encoder = LineEncoder()
+        #: per GPU uuid that more than one collector writes, the writers (``latest()`` sets it)
+        self.shared_writers: dict[str, tuple[str, ...]] = {}
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
         self._http = urllib3.PoolManager(
@@ -318,12 +329,7 @@ class InfluxStore:
         series = self.query(
             f'SELECT * FROM "{MEASUREMENT}"{where} GROUP BY * ORDER BY time DESC LIMIT 1'
         )
-        out = []
-        for s in series:
-            columns = s["columns"]
-            tags = s.get("tags", {})
-            for row in s.get("values", []):
-                out.append(sample_from_fields(row[0], tags, dict(zip(columns, row, strict=True))))
+        out, self.shared_writers = _one_per_gpu(series)
         out.sort(key=lambda x: (x.host, x.gpu_index, x.uuid))
         return out
 
@@ -343,6 +349,7 @@ class InfluxStore:
             # fields are all null), as SqliteStore returns them.
             selects = [_ident(FIELD_LOST)]
             selects += [f"{_ident(FIELD_BY_ATTR[a].field)} AS {_ident(a)}" for a in attrs]
+            selects += [f"{_ident(f)} AS {_ident(c)}" for f, c, _ in extra_columns(attrs)]
             group = _GROUP_TAGS
         else:
             if int(step_s) <= 0:
@@ -351,11 +358,13 @@ class InfluxStore:
             for a in attrs:
                 fn = "last" if a in LAST_VALUE_ATTRS else "mean"
                 selects.append(f"{fn}({_ident(FIELD_BY_ATTR[a].field)}) AS {_ident(a)}")
+            for f, c, last in extra_columns(attrs):  # Telegraf's names for some of ``attrs``
+                selects.append(f"{'last' if last else 'mean'}({_ident(f)}) AS {_ident(c)}")
             group = f"time({int(step_s)}s), {_GROUP_TAGS} fill(none)"
         series = self.query(
             f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
         )
-        frame = _frame(series, attrs)
+        frame = fill_from_telegraf(_frame(series, attrs, [c for _, c, _ in extra_columns(attrs)]))
         if step_s is not None and len(frame):
             # a bucket cut by the range's start is keyed at the start (``Store.series``)
             frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
@@ -371,7 +380,35 @@ def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(fields)
 
 
-def _frame(series: list[dict[str, Any]], attrs: Sequence[str]) -> pd.DataFrame:
+def _one_per_gpu(
+    series: list[dict[str, Any]],
+) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
+    """``latest()``'s rows, one sample per GPU uuid: Telegraf's extra tags (``pstate``...) make
+    one GPU several series, and a GPU two collectors write is written twice (``telegraf``)."""
+    candidates = []
+    for s in series:
+        columns = s["columns"]
+        tags = s.get("tags", {})
+        for row in s.get("values", []):
+            values = dict(zip(columns, row, strict=True))
+            writer = "gpuwatt" if is_gpuwatt_point(values) else "telegraf"
+            candidates.append((sample_from_fields(row[0], tags, values), writer))
+    out, shared = merge_writers(candidates)
+    report_shared(shared)
+    return out, shared
+
+
+def _as_float(v: Any) -> float:
+    """A stored value as a float: Telegraf's "Yes"/"No" flags are 1.0/0.0."""
+    if isinstance(v, str):
+        b = yes_no(v)
+        return math.nan if b is None else float(b)
+    return float(v)
+
+
+def _frame(
+    series: list[dict[str, Any]], attrs: Sequence[str], extra: Sequence[str] = ()
+) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
@@ -385,21 +422,27 @@ def _frame(series: list[dict[str, Any]], attrs: Sequence[str]) -> pd.DataFrame:
             decode_name(tags.get(TAG_UUID, "")),
             decode_name(tags.get(TAG_NAME, "")),
         )
-        pos = [s["columns"].index(a) for a in attrs]
+        pos = [s["columns"].index(a) for a in (*attrs, *extra)]
         for row in s.get("values", []):
             keys.append((row[0], *ident))
             values.append([row[i] for i in pos])
-    columns = [*KEY_COLUMNS, *attrs]
+    columns = [*KEY_COLUMNS, *attrs, *extra]
     if not keys:
-        dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
+        dtypes = {
+            "time_ns": "int64",
+            "gpu_index": "int64",
+            **dict.fromkeys((*attrs, *extra), "float64"),
+        }
         return pd.DataFrame(columns=columns).astype(dtypes)
     df = pd.DataFrame.from_records(keys, columns=list(KEY_COLUMNS))
     data = np.array(
-        [[np.nan if v is None else float(v) for v in row] for row in values], dtype="float64"
-    ).reshape(len(values), len(attrs))
+        [[np.nan if v is None else _as_float(v) for v in row] for row in values], dtype="float64"
+    ).reshape(len(values), len(attrs) + len(extra))
     for i, a in enumerate(attrs):
         scale = FIELD_BY_ATTR[a].scale
         df[a] = data[:, i] * scale if scale != 1.0 else data[:, i]
+    for i, c in enumerate(extra, start=len(attrs)):
+        df[c] = data[:, i]
     df = df.astype({"time_ns": "int64", "gpu_index": "int64"})
     return df.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
         drop=True
