@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -85,7 +86,7 @@ def test_every_model_has_a_tdp_a_source_and_dense_peaks(model: str) -> None:
     assert any(v for v in tensor) or spec.fp32_tflops
     # a dense peak is at most ~2x the next lower precision's (datasheets round: B200 2250/1100)
     ordered = [v for v in tensor if v]
-    assert all(b <= 2.1 * a for a, b in zip(ordered, ordered[1:], strict=False))
+    assert all(b <= 2.1 * a for a, b in itertools.pairwise(ordered))
     # the simulator's device name for the model resolves to it
     assert lookup(gpu_profile(model).nvml_name) is spec
 
