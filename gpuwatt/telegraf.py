@@ -328,3 +328,35 @@ def fill_from_telegraf(frame: pd.DataFrame) -> pd.DataFrame:
         mine = frame[alias.attr].to_numpy(dtype=float)
         frame[alias.attr] = np.where(np.isnan(mine) & seen, total, mine)
     return frame.drop(columns=tg)
+
+
+def one_identity_per_uuid(frame: pd.DataFrame, preferred: Any = None) -> pd.DataFrame:
+    """Rows of one GPU uuid under several (host, index, name) identities, e.g. Telegraf tagging
+    the host by its FQDN and gpuwatt by its short name, under one identity: that of a row marked
+    ``preferred`` (a boolean per row: gpuwatt's, as ``merge_writers`` prefers it), else the first
+    seen. Rows then sharing a time are one row (each column's mean of what was measured, never a
+    sum)."""
+    if frame.empty or "uuid" not in frame.columns:
+        return frame
+    keys = ["host", "gpu_index", "uuid", "name"]
+    ids = frame[keys].drop_duplicates()
+    ids = ids.loc[ids["uuid"] != ""]
+    if not ids["uuid"].duplicated().any():
+        return frame
+    if preferred is not None:
+        ranked = frame[keys].assign(_pref=preferred).groupby(keys, sort=False)["_pref"].any()
+        ids = ranked.reset_index().sort_values("_pref", ascending=False, kind="stable")[keys]
+        ids = ids.loc[ids["uuid"] != ""]
+    first = ids.drop_duplicates("uuid").set_index("uuid")
+    shared = frame["uuid"].isin(ids.loc[ids["uuid"].duplicated(), "uuid"])
+    frame = frame.copy()
+    for col in ("host", "gpu_index", "name"):
+        frame.loc[shared, col] = frame.loc[shared, "uuid"].map(first[col]).to_numpy()
+    group = ["time_ns", *keys]
+    if not frame.duplicated(group).any():
+        return frame
+    values = [c for c in frame.columns if c not in group]
+    merged = frame.groupby(group, sort=False, as_index=False)[values].mean()
+    return merged.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
+        drop=True
+    )

@@ -40,8 +40,9 @@ def _host(case: dict) -> str:
     return "ws-" + re.sub(r"[^a-z0-9]+", "-", gpu_metric(case)["tags"]["uuid"].lower())[4:12]
 
 
-def _telegraf_lines() -> list[str]:
-    """Telegraf's points for the whole timeline (its process and MIG points included)."""
+def _telegraf_lines(domain: str = "") -> list[str]:
+    """Telegraf's points for the whole timeline (its process and MIG points included); its
+    ``host`` tag ends in ``domain`` (an agent configured with the FQDN)."""
     lines = []
     for case in CASES:
         lo, hi = SWAP.get(case["name"], (0, MINUTES * 60))
@@ -58,7 +59,7 @@ def _telegraf_lines() -> list[str]:
                 lines.append(
                     telegraf_line(
                         m,
-                        _host(case),
+                        _host(case) + domain,
                         t_ns,
                         tags=pstate if is_gpu else None,
                         fields=extra if is_gpu else None,
@@ -67,7 +68,7 @@ def _telegraf_lines() -> list[str]:
     return lines
 
 
-def _gpuwatt_samples(telegraf: list[str]) -> list[GpuSample]:
+def _gpuwatt_samples(telegraf: list[str], domain: str = "") -> list[GpuSample]:
     """gpuwatt's own samples of the same GPUs at the same moments + 5 s (as its collector would
     sample them: the same readings, its own extra fields)."""
     out = []
@@ -78,7 +79,7 @@ def _gpuwatt_samples(telegraf: list[str]) -> list[GpuSample]:
         out.append(
             GpuSample(
                 time_ns=s.time_ns + 5 * NS,
-                host=s.host,
+                host=s.host.removesuffix(domain),
                 gpu_index=s.gpu_index,
                 uuid=s.uuid,
                 name=s.name,
@@ -159,14 +160,15 @@ def test_telegraf_alone(influx_db, alerts_con) -> None:
         _check_rules(*_evaluate(store, alerts_con))
 
 
-def test_telegraf_and_gpuwatt_on_the_same_gpus(influx_db, alerts_con) -> None:
+@pytest.mark.parametrize("domain", ["", ".example.org"], ids=["same-host", "telegraf-fqdn"])
+def test_telegraf_and_gpuwatt_on_the_same_gpus(influx_db, alerts_con, domain: str) -> None:
     server, db = influx_db
-    telegraf = _telegraf_lines()
+    telegraf = _telegraf_lines(domain)
     half = len(telegraf) // 2
     with InfluxStore(server.url, "", db) as store:
         # interleaved: Telegraf first into a fresh shard, then gpuwatt, then Telegraf again
         server.write_lines(db, telegraf[:half])
-        store.write_samples(_gpuwatt_samples(telegraf))  # raises StoreRejected on a conflict
+        store.write_samples(_gpuwatt_samples(telegraf, domain))  # raises StoreRejected on a conflict
         server.write_lines(db, telegraf[half:])
         _check_reads(store)
         assert store.shared_writers == dict.fromkeys(_uuids(), ("gpuwatt", "telegraf"))

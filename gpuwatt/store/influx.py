@@ -45,6 +45,7 @@ from gpuwatt.telegraf import (
     fill_from_telegraf,
     is_gpuwatt_point,
     merge_writers,
+    one_identity_per_uuid,
     report_shared,
     yes_no,
 )
@@ -364,7 +365,13 @@ class InfluxStore:
         series = self.query(
             f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
         )
-        frame = fill_from_telegraf(_frame(series, attrs, [c for _, c, _ in extra_columns(attrs)]))
+        # gpuwatt's rows carry gpu_lost (Telegraf's do not): its identity wins for a shared GPU
+        marker = FIELD_LOST if step_s is None else _COUNT_ALIAS
+        frame = _frame(series, attrs, [*(c for _, c, _ in extra_columns(attrs)), marker])
+        ours = frame.pop(marker).to_numpy()
+        ours = (ours == ours) if step_s is None else (ours > 0)  # not NaN; a count above zero
+        # one GPU, whatever host/name tags or other tags its writers add (gpuwatt.telegraf)
+        frame = one_identity_per_uuid(fill_from_telegraf(frame), ours)
         if step_s is not None and len(frame):
             # a bucket cut by the range's start is keyed at the start (``Store.series``)
             frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
