@@ -168,7 +168,8 @@ def test_telegraf_and_gpuwatt_on_the_same_gpus(influx_db, alerts_con, domain: st
     with InfluxStore(server.url, "", db) as store:
         # interleaved: Telegraf first into a fresh shard, then gpuwatt, then Telegraf again
         server.write_lines(db, telegraf[:half])
-        store.write_samples(_gpuwatt_samples(telegraf, domain))  # raises StoreRejected on a conflict
+        # gpuwatt's own write path: raises StoreRejected on a field type conflict
+        store.write_samples(_gpuwatt_samples(telegraf, domain))
         server.write_lines(db, telegraf[half:])
         _check_reads(store)
         assert store.shared_writers == dict.fromkeys(_uuids(), ("gpuwatt", "telegraf"))
