@@ -360,3 +360,81 @@ def one_identity_per_uuid(frame: pd.DataFrame, preferred: Any = None) -> pd.Data
     return merged.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
         drop=True
     )
+
+
+# --- nvidia_smi_process and nvidia_smi_mig --------------------------------------------------------
+
+MIB_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TelegrafProcess:
+    """One ``nvidia_smi_process`` point. Telegraf tags it with the process name and context type
+    only (no GPU uuid or index): on a host with several GPUs it cannot be tied to one of them."""
+
+    time_ns: int
+    host: str
+    pid: int | None
+    used_memory_bytes: int | None
+    process_name: str
+    context_type: str  # "C" compute, "G" graphics, "C+G"
+
+
+@dataclass(frozen=True, slots=True)
+class TelegrafMigDevice:
+    """One ``nvidia_smi_mig`` point: a MIG device of the GPU ``gpu_uuid`` (the parent's tags)."""
+
+    time_ns: int
+    host: str
+    gpu_uuid: str
+    mig_index: int | None  # tag ``index``: the MIG device's index on its GPU
+    gpu_instance_id: int | None  # tag ``gpu_index`` (Telegraf's name for the GPU instance id)
+    compute_instance_id: int | None  # tag ``compute_index``
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    memory_free_bytes: int | None
+    memory_reserved_bytes: int | None
+    sram_uncorrectable: int | None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return None if v is None or v == "" else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _mib(v: Any) -> int | None:
+    n = _int(v)
+    return None if n is None else n * MIB_BYTES
+
+
+def process_from_point(
+    time_ns: int, tags: Mapping[str, str], values: Mapping[str, Any]
+) -> TelegrafProcess:
+    return TelegrafProcess(
+        int(time_ns),
+        tags.get("host", ""),
+        _int(values.get("pid")),
+        _mib(values.get("used_memory")),
+        tags.get("name", ""),
+        tags.get("type", ""),
+    )
+
+
+def mig_from_point(
+    time_ns: int, tags: Mapping[str, str], values: Mapping[str, Any]
+) -> TelegrafMigDevice:
+    return TelegrafMigDevice(
+        int(time_ns),
+        tags.get("host", ""),
+        tags.get("uuid", ""),
+        _int(tags.get("index")),
+        _int(tags.get("gpu_index")),
+        _int(tags.get("compute_index")),
+        _mib(values.get("memory_fb_used")),
+        _mib(values.get("memory_fb_total")),
+        _mib(values.get("memory_fb_free")),
+        _mib(values.get("memory_fb_reserved")),
+        _int(values.get("sram_uncorrectable")),
+    )

@@ -19,6 +19,8 @@ from gpuwatt.telegraf import (
     REASON_FIELDS,
     TELEGRAF_FIELD_TYPES,
     merge_writers,
+    mig_from_point,
+    process_from_point,
     reasons_from_fields,
 )
 
@@ -165,3 +167,38 @@ def test_a_stale_gpuwatt_point_gives_way_to_a_fresh_telegraf_one() -> None:
 
 def test_memory_scale_is_mib() -> None:
     assert FIELD_BY_NAME["memory_used"].scale == MIB
+
+
+def _points(measurement: str) -> list[tuple[dict, tuple]]:
+    out = []
+    for case in CASES:
+        for m in case["metrics"]:
+            if m["measurement"] == measurement:
+                _, tags, values, t_ns = parse_line(telegraf_line(m, "ws-1", 10**18))
+                out.append((m, (t_ns, tags, values)))
+    return out
+
+
+def test_telegraf_process_points_read_as_processes() -> None:
+    points = _points("nvidia_smi_process")
+    assert len(points) == 9  # RTX 3080 (v12) and RTX 4000 SFF Ada
+    for m, args in points:
+        p = process_from_point(*args)
+        assert p.pid == m["fields"]["pid"][1]
+        assert p.used_memory_bytes == m["fields"]["used_memory"][1] * MIB
+        assert (p.process_name, p.context_type) == (m["tags"]["name"], m["tags"]["type"])
+
+
+def test_telegraf_mig_points_read_as_mig_devices_of_their_gpu() -> None:
+    points = _points("nvidia_smi_mig")
+    assert len(points) == 4  # the A100 in MIG mode
+    for m, args in points:
+        d = mig_from_point(*args)
+        assert d.gpu_uuid == m["tags"]["uuid"]
+        assert (d.mig_index, d.gpu_instance_id, d.compute_instance_id) == (
+            int(m["tags"]["index"]),
+            int(m["tags"]["gpu_index"]),
+            int(m["tags"]["compute_index"]),
+        )
+        assert d.memory_total_bytes == m["fields"]["memory_fb_total"][1] * MIB
+        assert d.memory_used_bytes == m["fields"]["memory_fb_used"][1] * MIB

@@ -24,7 +24,7 @@ from gpuwatt.alerts.rules import load_rules
 from gpuwatt.alerts.service import Evaluator
 from gpuwatt.line_protocol import decode_line
 from gpuwatt.model import GpuSample
-from gpuwatt.store.influx import InfluxStore
+from gpuwatt.store.influx import InfluxStore, telegraf_mig_devices, telegraf_processes
 
 pytestmark = pytest.mark.servers
 
@@ -124,6 +124,11 @@ def _evaluate(store: InfluxStore, con: sqlite3.Connection) -> tuple[dict[str, se
     return fired, errors
 
 
+def _host_of(name: str) -> str:
+    (case,) = [c for c in CASES if c["name"] == name]
+    return _host(case)
+
+
 def _uuid_of(name: str) -> str:
     (case,) = [c for c in CASES if c["name"] == name]
     return gpu_metric(case)["tags"]["uuid"]
@@ -158,6 +163,15 @@ def test_telegraf_alone(influx_db, alerts_con) -> None:
         _check_reads(store)
         assert store.shared_writers == {}
         _check_rules(*_evaluate(store, alerts_con))
+        # Telegraf's process and MIG measurements beside its GPUs
+        since = T0_NS + (MINUTES - 1) * 60 * NS
+        mig = telegraf_mig_devices(store, since)
+        assert [(d.gpu_uuid, d.mig_index) for d in mig] == [(_uuid_of(SLOW), i) for i in range(4)]
+        procs = telegraf_processes(store, since)
+        by_host = {p.host: sorted(x.pid for x in procs if x.host == p.host) for p in procs}
+        (case,) = [c for c in CASES if c["name"] == REMAP]  # the RTX 3080 v12 stopped at 3 min
+        pids = sorted(m["fields"]["pid"][1] for m in case["metrics"] if "pid" in m["fields"])
+        assert by_host == {_host_of(REMAP): pids}
 
 
 @pytest.mark.parametrize("domain", ["", ".example.org"], ids=["same-host", "telegraf-fqdn"])

@@ -41,11 +41,17 @@ from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
 from gpuwatt.store.base import KEY_COLUMNS
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 from gpuwatt.telegraf import (
+    MEASUREMENT_MIG,
+    MEASUREMENT_PROCESS,
+    TelegrafMigDevice,
+    TelegrafProcess,
     extra_columns,
     fill_from_telegraf,
     is_gpuwatt_point,
     merge_writers,
+    mig_from_point,
     one_identity_per_uuid,
+    process_from_point,
     report_shared,
     yes_no,
 )
@@ -376,6 +382,41 @@ class InfluxStore:
             # a bucket cut by the range's start is keyed at the start (``Store.series``)
             frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
         return frame
+
+
+def telegraf_processes(store: InfluxStore, since_ns: int) -> list[TelegrafProcess]:
+    """The processes of each host's newest ``nvidia_smi_process`` points since ``since_ns``
+    (Telegraf tags them by process name and type only: see ``telegraf.TelegrafProcess``)."""
+    series = store.query(
+        f'SELECT * FROM "{MEASUREMENT_PROCESS}" WHERE time >= {int(since_ns)} GROUP BY *'
+    )
+    points = [
+        process_from_point(row[0], s.get("tags", {}), dict(zip(s["columns"], row, strict=True)))
+        for s in series
+        for row in s.get("values", [])
+    ]
+    newest: dict[str, int] = {}
+    for p in points:
+        newest[p.host] = max(newest.get(p.host, p.time_ns), p.time_ns)
+    out = [p for p in points if p.time_ns == newest[p.host]]
+    return sorted(out, key=lambda p: (p.host, p.pid or 0))
+
+
+def telegraf_mig_devices(store: InfluxStore, since_ns: int) -> list[TelegrafMigDevice]:
+    """The newest point of each MIG device in Telegraf's ``nvidia_smi_mig`` since ``since_ns``,
+    one per (GPU uuid, MIG index) whatever its P-state tag."""
+    series = store.query(
+        f'SELECT * FROM "{MEASUREMENT_MIG}" WHERE time >= {int(since_ns)} '
+        "GROUP BY * ORDER BY time DESC LIMIT 1"
+    )
+    newest: dict[tuple[str, int | None], TelegrafMigDevice] = {}
+    for s in series:
+        for row in s.get("values", []):
+            d = mig_from_point(row[0], s.get("tags", {}), dict(zip(s["columns"], row, strict=True)))
+            key = (d.gpu_uuid, d.mig_index)
+            if key not in newest or newest[key].time_ns < d.time_ns:
+                newest[key] = d
+    return sorted(newest.values(), key=lambda d: (d.host, d.gpu_uuid, d.mig_index or 0))
 
 
 def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
