@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from telegraf_data import CASES, gpu_metric, telegraf_line
+from test_cli import gpuwatt
 
 from gpuwatt.alerts.clock import ManualClock
 from gpuwatt.alerts.db import open_db
@@ -175,7 +176,9 @@ def test_telegraf_alone(influx_db, alerts_con) -> None:
 
 
 @pytest.mark.parametrize("domain", ["", ".example.org"], ids=["same-host", "telegraf-fqdn"])
-def test_telegraf_and_gpuwatt_on_the_same_gpus(influx_db, alerts_con, domain: str) -> None:
+def test_telegraf_and_gpuwatt_on_the_same_gpus(
+    influx_db, alerts_con, domain: str, tmp_path: Path
+) -> None:
     server, db = influx_db
     telegraf = _telegraf_lines(domain)
     half = len(telegraf) // 2
@@ -195,6 +198,12 @@ def test_telegraf_and_gpuwatt_on_the_same_gpus(influx_db, alerts_con, domain: st
             if p is not None:
                 assert power.loc[power["uuid"] == uuid, "power_w"].max() == pytest.approx(p)
         _check_rules(*_evaluate(store, alerts_con))
+    # ``gpuwatt status`` counts each GPU once and says who writes them
+    url = server.url.replace("http://", "influxdb://") + f"/{db}"
+    result = gpuwatt("status", "--store", url, home=tmp_path)
+    footer = result.stdout.strip().splitlines()[-2:]
+    assert footer[0].startswith(f"{len(_uuids())} GPUs, "), result.stdout + result.stderr
+    assert footer[1] == f"{len(_uuids())} GPUs written by gpuwatt and telegraf: each counted once"
 
 
 def test_the_conflict_is_real(influx_db) -> None:
