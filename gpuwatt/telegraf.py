@@ -161,6 +161,9 @@ ALIASES: tuple[Alias, ...] = (
 )
 ALIAS_BY_ATTR: dict[str, Alias] = {a.attr: a for a in ALIASES}
 
+#: Every field ``telegraf_attrs`` reads.
+_TELEGRAF_ONLY: frozenset[str] = frozenset(REASON_FIELDS).union(*(a.fields for a in ALIASES))
+
 _YES_NO = {"yes": True, "no": False, "true": True, "false": False}
 
 
@@ -190,6 +193,8 @@ def reasons_from_fields(values: Mapping[str, Any]) -> int | None:
 
 def telegraf_attrs(values: Mapping[str, Any]) -> dict[str, Any]:
     """Model attributes derivable from Telegraf-only fields of one point (reasons, aliases)."""
+    if _TELEGRAF_ONLY.isdisjoint(values):  # a gpuwatt point: the common case, kept cheap
+        return {}
     out: dict[str, Any] = {}
     reasons = reasons_from_fields(values)
     if reasons is not None:
