@@ -157,3 +157,19 @@ def test_gpuwatt_report_by_model(cluster, tmp_path: Path) -> None:
     assert all(float(r["reported_tflop_per_j"]) > 0 for r in rows)  # the job steps were read
     assert rows[0]["work_per_w_rank"] == "1.0"
     assert all(r["model"] in SPECS for r in rows)
+
+
+def test_the_dashboard_serves_the_per_model_report(cluster) -> None:
+    from gpuwatt.dashboard.app import create_app
+
+    path, _, _ = cluster
+    store = SqliteStore(path)
+    try:
+        app = create_app(store, now_ns=START_NS + SECONDS * NS)
+        resp = app.server.test_client().get("/download/report.csv?range=10m&by=model")
+        assert resp.status_code == 200
+        rows = list(csv.DictReader(resp.get_data(as_text=True).splitlines()))
+    finally:
+        store.close()
+    assert {r["model"] for r in rows} == MODELS
+    assert all(float(r["energy_kwh"]) > 0 for r in rows)
