@@ -173,3 +173,16 @@ def test_the_dashboard_serves_the_per_model_report(cluster) -> None:
         store.close()
     assert {r["model"] for r in rows} == MODELS
     assert all(float(r["energy_kwh"]) > 0 for r in rows)
+
+
+def test_the_dashboard_data_layer_has_the_per_model_table(cluster) -> None:
+    from gpuwatt.dashboard.data import DashboardData
+    from gpuwatt.dashboard.timerange import parse_range
+
+    path, _, _ = cluster
+    now_ns = START_NS + SECONDS * NS
+    tr, problem = parse_range({"range": "10m"}, now_ns)
+    assert not problem
+    with SqliteStore(path) as store:
+        table = DashboardData(store, clock_ns=lambda: now_ns).window(tr).by_model
+    assert set(table["model"]) == MODELS and (table["gpus"] == 4).all()

@@ -119,3 +119,18 @@ def test_an_unknown_model_says_so_once(caplog: pytest.LogCaptureFixture) -> None
     said = [r.getMessage() for r in caplog.records if "Mystery" in r.getMessage()]
     assert len(said) == 1
     assert "0x9fff10de" in said[0] and "every other figure is kept" in said[0]
+
+
+def test_the_data_centre_and_workstation_gpus_of_telegrafs_testdata_are_known() -> None:
+    from telegraf_data import CASES, gpu_metric
+
+    names = {gpu_metric(c)["tags"]["name"] for c in CASES}
+    known = {n: s.model for n in names if (s := by_name(n)) is not None}
+    assert known == {
+        "Tesla T4": "T4",
+        "NVIDIA A10G": "A10G",
+        "NVIDIA A100-SXM4-80GB": "A100 SXM",
+        "NVIDIA GeForce RTX 3080": "GeForce RTX 3080",
+        "NVIDIA GeForce RTX 3090": "GeForce RTX 3090",
+        "NVIDIA RTX 4000 SFF Ada Generation": "RTX 4000 SFF Ada",
+    }  # the others are desktop cards the table does not list (GTX 1070 Ti, Quadro P400...)
