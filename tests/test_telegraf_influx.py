@@ -23,6 +23,8 @@ from gpuwatt.alerts.clock import ManualClock
 from gpuwatt.alerts.db import open_db
 from gpuwatt.alerts.rules import load_rules
 from gpuwatt.alerts.service import Evaluator
+from gpuwatt.analytics import analyze
+from gpuwatt.analytics.inputs import read_analysis_input
 from gpuwatt.line_protocol import decode_line
 from gpuwatt.model import GpuSample
 from gpuwatt.store.influx import InfluxStore, telegraf_mig_devices, telegraf_processes
@@ -164,6 +166,15 @@ def test_telegraf_alone(influx_db, alerts_con) -> None:
         _check_reads(store)
         assert store.shared_writers == {}
         _check_rules(*_evaluate(store, alerts_con))
+        # the analytics (dashboard, reports) decode Telegraf's reasons, and count 11 GPUs
+        end_ns = T0_NS + MINUTES * 60 * NS
+        data = read_analysis_input(store, T0_NS, end_ns)
+        summary = analyze(data.frame, now_ns=end_ns, start_ns=T0_NS, jobs=data.jobs)
+        assert summary.gpus == len(_uuids())
+        gw = summary.gpu_windows
+        late = gw.loc[gw["window_start_ns"] >= T0_NS + 180 * NS]
+        slowed = late.groupby("uuid")["frac_hw_slowdown"].max()
+        assert set(slowed[slowed > 0.5].index) == {_uuid_of(SLOW)}
         # Telegraf's process and MIG measurements beside its GPUs
         since = T0_NS + (MINUTES - 1) * 60 * NS
         mig = telegraf_mig_devices(store, since)
