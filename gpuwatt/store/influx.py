@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -122,6 +123,7 @@ class InfluxStore:
         self._encoder = LineEncoder()
         #: per GPU uuid that more than one collector writes, the writers (``latest()`` sets it)
         self.shared_writers: dict[str, tuple[str, ...]] = {}
+        self._telegraf_fields: tuple[float, frozenset[str] | None] | None = None
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
         self._http = urllib3.PoolManager(
@@ -324,6 +326,23 @@ class InfluxStore:
             where += f" AND ({ors})"
         return where
 
+    def _has_telegraf_field(self, name: str) -> bool:
+        """Whether the measurement has Telegraf's field ``name`` (``SHOW FIELD KEYS``, asked at
+        most every 5 minutes): a database Telegraf does not write is read without its columns,
+        which would only add nulls to every row. True when the server cannot say."""
+        now = time.monotonic()
+        if self._telegraf_fields is None or now - self._telegraf_fields[0] > 300:
+            try:
+                series = self.query(f'SHOW FIELD KEYS FROM "{MEASUREMENT}"')
+                keys: frozenset[str] | None = frozenset(
+                    str(row[0]) for s in series for row in s.get("values", [])
+                )
+            except StoreRejected:  # an engine without SHOW FIELD KEYS: select them anyway
+                keys = None
+            self._telegraf_fields = (now, keys)
+        keys = self._telegraf_fields[1]
+        return keys is None or name in keys
+
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         series = self.query(
             f'SELECT count("{FIELD_LOST}") FROM "{MEASUREMENT}" WHERE '
@@ -351,12 +370,13 @@ class InfluxStore:
     ) -> pd.DataFrame:
         attrs = _check_fields(fields)
         where = self._where(start_ns, end_ns, hosts)
+        tg = [c for c in extra_columns(attrs) if self._has_telegraf_field(c[0])]
         if step_s is None:
             # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
             # fields are all null), as SqliteStore returns them.
             selects = [_ident(FIELD_LOST)]
             selects += [f"{_ident(FIELD_BY_ATTR[a].field)} AS {_ident(a)}" for a in attrs]
-            selects += [f"{_ident(f)} AS {_ident(c)}" for f, c, _ in extra_columns(attrs)]
+            selects += [f"{_ident(f)} AS {_ident(c)}" for f, c, _ in tg]
             group = _GROUP_TAGS
         else:
             if int(step_s) <= 0:
@@ -365,7 +385,7 @@ class InfluxStore:
             for a in attrs:
                 fn = "last" if a in LAST_VALUE_ATTRS else "mean"
                 selects.append(f"{fn}({_ident(FIELD_BY_ATTR[a].field)}) AS {_ident(a)}")
-            for f, c, last in extra_columns(attrs):  # Telegraf's names for some of ``attrs``
+            for f, c, last in tg:  # Telegraf's names for some of ``attrs``
                 selects.append(f"{'last' if last else 'mean'}({_ident(f)}) AS {_ident(c)}")
             group = f"time({int(step_s)}s), {_GROUP_TAGS} fill(none)"
         series = self.query(
@@ -373,7 +393,7 @@ class InfluxStore:
         )
         # gpuwatt's rows carry gpu_lost (Telegraf's do not): its identity wins for a shared GPU
         marker = FIELD_LOST if step_s is None else _COUNT_ALIAS
-        frame = _frame(series, attrs, [*(c for _, c, _ in extra_columns(attrs)), marker])
+        frame = _frame(series, attrs, [*(c for _, c, _ in tg), marker])
         ours = frame.pop(marker).to_numpy()
         ours = (ours == ours) if step_s is None else (ours > 0)  # not NaN; a count above zero
         # one GPU, whatever host/name tags or other tags its writers add (gpuwatt.telegraf)
@@ -483,9 +503,11 @@ def _frame(
         }
         return pd.DataFrame(columns=columns).astype(dtypes)
     df = pd.DataFrame.from_records(keys, columns=list(KEY_COLUMNS))
-    data = np.array(
-        [[np.nan if v is None else _as_float(v) for v in row] for row in values], dtype="float64"
-    ).reshape(len(values), len(attrs) + len(extra))
+    try:
+        cells = [[np.nan if v is None else float(v) for v in row] for row in values]
+    except ValueError:  # a string: Telegraf's "Yes"/"No" flags (the rare case, so not first)
+        cells = [[np.nan if v is None else _as_float(v) for v in row] for row in values]
+    data = np.array(cells, dtype="float64").reshape(len(values), len(attrs) + len(extra))
     for i, a in enumerate(attrs):
         scale = FIELD_BY_ATTR[a].scale
         df[a] = data[:, i] * scale if scale != 1.0 else data[:, i]
