@@ -230,8 +230,8 @@ def merge_writers(
     Several candidates of one uuid are one GPU under several tag sets (Telegraf's P-state tag)
     or writers. gpuwatt's newest point is taken if it is within a minute of the newest of all
     (it carries energy, GPM and jobs), else the newest; its absent metrics are filled from the
-    others, never summed. Returns the samples and, per uuid written by more than one writer,
-    the writers (for a report). A sample without a uuid keeps its own identity.
+    others of the same minute, never summed. Returns the samples and, per uuid written by more
+    than one writer, the writers (for a report). A sample without a uuid keeps its own identity.
     """
     by_uuid: dict[Any, list[tuple[GpuSample, str]]] = {}
     for sample, writer in candidates:
@@ -252,6 +252,8 @@ def merge_writers(
         for other, _ in group:
             if other is base or other.lost or base.lost:
                 continue
+            if abs(other.time_ns - base.time_ns) > PREFER_GPUWATT_WITHIN_NS:
+                continue  # too old to stand for the GPU now
             for f in fields(other):
                 if f.name in _IDENTITY or getattr(base, f.name) is not None:
                     continue

@@ -6,8 +6,6 @@ dumps of twelve GPUs and XML schemas v11, v12 and v13.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from telegraf_data import CASES, EXPECTED, gpu_metric, telegraf_line
 
@@ -161,8 +159,9 @@ def test_one_gpu_under_two_pstates_is_one_gpu() -> None:
 
 
 def test_a_stale_gpuwatt_point_gives_way_to_a_fresh_telegraf_one() -> None:
-    out, _ = merge_writers([(_s(0), "gpuwatt"), (dataclasses.replace(_s(600)), "telegraf")])
+    out, _ = merge_writers([(_s(0, energy_j=5.0), "gpuwatt"), (_s(600), "telegraf")])
     assert out[0].time_ns == 600 * 10**9
+    assert out[0].energy_j is None  # not filled from a point ten minutes old
 
 
 def test_memory_scale_is_mib() -> None:
