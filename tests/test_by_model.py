@@ -86,6 +86,7 @@ def _summary(frame: pd.DataFrame, steps: pd.DataFrame) -> AnalysisSummary:
 def test_the_per_model_comparison(cluster) -> None:
     _, frame, steps = cluster
     s = _summary(frame, steps)
+    assert s.stragglers == [] and s.idle_allocated == []  # three models, no fault: no alarm
     table = by_model(s)
     assert list(table.columns) == list(COLUMNS)
     assert set(table["model"]) == MODELS
