@@ -91,6 +91,7 @@ class _Gpu:
         "mig_enabled",
         "name",
         "off",
+        "pci_device_id",
         "readers",
         "sm_clock_max_mhz",
         "spec",
@@ -110,6 +111,7 @@ class _Gpu:
         self.sm_clock_max_mhz: float | None = None
         self.mig_enabled: bool | None = None
         self.mig: MigDevices | None = None  # its MIG devices while it is in MIG mode
+        self.pci_device_id: int | None = None
         self.identity: dict[str, Any] = {}  # what every sample of the GPU starts from
         self.lost = False
         self.off: set[str] = set()  # fields NVML refused for good (NotSupported/NoPermission)
@@ -258,7 +260,10 @@ class NvmlSampler:
         name = q(g, "name", nv.nvmlDeviceGetName)
         g.uuid = _text(uuid) if uuid is not None else ""
         g.name = _text(name) if name is not None else ""
-        g.spec = spec = lookup(g.name) if g.name else None
+        pci = q(g, "pci_device_id", getattr(nv, "nvmlDeviceGetPciInfo", None))
+        g.pci_device_id = int(pci.pciDeviceId) if pci is not None else None
+        # by name, else by PCI device id; an unknown model is logged once by lookup
+        g.spec = spec = lookup(g.name, g.pci_device_id)
         g.tflops_peaks = PipePeaks.of(spec, self._precision) if spec is not None else None
         mem = q(g, "memory_total_bytes", nv.nvmlDeviceGetMemoryInfo)
         sm_max = q(g, "sm_clock_max_mhz", nv.nvmlDeviceGetMaxClockInfo, nv.NVML_CLOCK_SM)
@@ -286,6 +291,7 @@ class NvmlSampler:
             "name": g.name,
             "sm_clock_max_mhz": g.sm_clock_max_mhz,
             "mig_enabled": g.mig_enabled,
+            "pci_device_id": g.pci_device_id,
         }
         g.info = DeviceInfo(
             index=g.index,

@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics import AnalysisSummary
+from gpuwatt.analytics.by_model import by_model
 from gpuwatt.dashboard.data import DashboardData, DataError
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
 from gpuwatt.schema import FIELD_BY_ATTR
 
-GROUPINGS: tuple[str, ...] = ("gpu", "node", "job")
+GROUPINGS: tuple[str, ...] = ("gpu", "node", "job", "model")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 SERIES_CHUNK_S = 3600
 #: Fields of the series export (model attribute names: the unit is in the name).
@@ -84,6 +85,7 @@ def build_report(
     by: str,
     *,
     alert_counts: Callable[[str, str], int | None] | None = None,
+    job_work_windows: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per GPU, node or job over the summary's range. Units are in the column names.
 
@@ -94,6 +96,8 @@ def build_report(
     """
     if by not in GROUPINGS:
         raise ValueError(f"by must be one of {', '.join(GROUPINGS)}")
+    if by == "model":  # heterogeneous clusters: gpuwatt.analytics.by_model
+        return by_model(summary, job_work_windows=job_work_windows)
     cur = summary.tariff.currency or "currency"
     cost_col = f"cost_{cur}"
     per_gpu = summary.energy_by_gpu

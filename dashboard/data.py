@@ -34,6 +34,7 @@ from gpuwatt.analytics import (
     analyze,
     find_stragglers_in,
 )
+from gpuwatt.analytics.by_model import by_model
 from gpuwatt.analytics.inputs import jobs_of
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
@@ -96,6 +97,11 @@ class WindowData:
             extra = [s for s in self.recent.stragglers if s.uuid not in seen]
             out = [s for s in out if s.active] + extra + [s for s in out if not s.active]
         return out
+
+    @property
+    def by_model(self) -> pd.DataFrame:
+        """One row per GPU model, best work per watt first (``analytics.by_model``)."""
+        return by_model(self.summary)
 
     @property
     def active_stragglers(self) -> list[Straggler]:

@@ -20,6 +20,7 @@ from gpuwatt.schema import (
     FIELD_JOB_ID,
     FIELD_LOST,
     FIELD_PARENT_UUID,
+    FIELD_PCI_DEVICE_ID,
     FIELD_PROCESS_COUNT,
     FIELD_PROCESSES,
     FIELD_TFLOPS_METHOD,
@@ -34,6 +35,7 @@ from gpuwatt.schema import (
     FieldSpec,
     Kind,
 )
+from gpuwatt.telegraf import telegraf_attrs, yes_no
 
 _TAG_ESCAPES = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
 STR_ESCAPES = str.maketrans({'"': r"\"", "\\": "\\\\"})
@@ -201,6 +203,8 @@ class _FieldEncoder:
                 extra.append(f"{FIELD_GPU_INSTANCE_ID}={s.gpu_instance_id}i")
             if s.compute_instance_id is not None:
                 extra.append(f"{FIELD_COMPUTE_INSTANCE_ID}={s.compute_instance_id}i")
+        if s.pci_device_id is not None:
+            extra.append(f"{FIELD_PCI_DEVICE_ID}={s.pci_device_id}i")
         if extra:
             return body + "," + ",".join(extra)
         return body
@@ -400,8 +404,10 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
                 kwargs[spec.attr] = round(v * spec.scale)
             elif spec.kind is Kind.FLOAT:
                 kwargs[spec.attr] = float(v) * spec.scale
-            else:
-                kwargs[spec.attr] = bool(v)
+            elif (b := yes_no(v)) is not None:
+                kwargs[spec.attr] = b
+    for attr, v in telegraf_attrs(values).items():  # Telegraf's own names for a few metrics
+        kwargs.setdefault(attr, v)
     if (m := values.get(FIELD_ENERGY_METHOD)) is not None:
         kwargs["energy_method"] = EnergyMethod(m)
     if (m := values.get(FIELD_TFLOPS_METHOD)) is not None:
@@ -417,6 +423,8 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
     for name in (FIELD_GPU_INSTANCE_ID, FIELD_COMPUTE_INSTANCE_ID):
         if (instance := values.get(name)) is not None:
             kwargs[name] = int(instance)
+    if (pci := values.get(FIELD_PCI_DEVICE_ID)) is not None:
+        kwargs["pci_device_id"] = int(pci)
     return GpuSample(
         time_ns=int(time_ns),
         host=decode_name(tags.get(TAG_HOST, "")),

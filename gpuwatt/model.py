@@ -102,6 +102,8 @@ class GpuSample:
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # NVML's pciDeviceId (a static fact): resolves the GPU's model where its name is unknown
+    pci_device_id: int | None = None
     # free-form provenance, e.g. the job id once jobs are resolved (kept out of tags for now)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -120,7 +122,7 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     if f.name not in IDENTITY_FIELDS
     and f.name not in {"energy_method", "tflops_method", "xid_errors", "processes", "extra"}
     and f.name not in {"mig_enabled", "job_id", "parent_uuid"}
-    and f.name not in {"gpu_instance_id", "compute_instance_id"}
+    and f.name not in {"gpu_instance_id", "compute_instance_id", "pci_device_id"}
 )
 
 

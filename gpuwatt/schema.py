@@ -73,7 +73,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     _t("sm_clock_mhz", "clocks_current_sm", Kind.INT, doc="MHz"),
     _t("memory_clock_mhz", "clocks_current_memory", Kind.INT, doc="MHz"),
     _t("graphics_clock_mhz", "clocks_current_graphics", Kind.INT, doc="MHz"),
-    _t("sm_clock_max_mhz", "clocks_max_sm", Kind.INT, doc="MHz"),
+    # gpuwatt's own field (Telegraf has no max clocks): its name predates the unit-in-name rule
+    FieldSpec("sm_clock_max_mhz", "clocks_max_sm", Kind.INT, doc="MHz"),
     _x("clock_event_reasons", Kind.INT, "NVML clocks-event reason bitmask"),
     _x("pcie_tx_bytes_per_s", Kind.FLOAT),
     _x("pcie_rx_bytes_per_s", Kind.FLOAT),
@@ -92,10 +93,13 @@ FIELDS: tuple[FieldSpec, ...] = (
     _x("tflops_estimate", Kind.FLOAT, "achieved TFLOPS estimate (see tflops_method)"),
     _x("ecc_sbe_volatile_count", Kind.INT),
     _x("ecc_dbe_volatile_count", Kind.INT),
-    _x("remapped_rows_correctable", Kind.INT),
-    _x("remapped_rows_uncorrectable", Kind.INT),
-    _x("remapped_rows_pending", Kind.BOOL),
-    _x("remapped_rows_failure", Kind.BOOL),
+    _t("remapped_rows_correctable", "remapped_rows_correctable", Kind.INT),
+    _t("remapped_rows_uncorrectable", "remapped_rows_uncorrectable", Kind.INT),
+    # Telegraf writes remapped_rows_pending/_failure as the strings "Yes"/"No", which an engine
+    # such as VictoriaMetrics does not keep: gpuwatt's flags are booleans under names of their
+    # own (a shared InfluxDB then holds one type per field name), and Telegraf's are read too.
+    FieldSpec("remapped_rows_pending", "row_remap_pending", Kind.BOOL),
+    FieldSpec("remapped_rows_failure", "row_remap_failure", Kind.BOOL),
     _x("mig_enabled", Kind.BOOL),
 )
 
@@ -117,6 +121,9 @@ FIELD_JOB_ID = "job_id"
 FIELD_PARENT_UUID = "parent_uuid"
 FIELD_GPU_INSTANCE_ID = "gpu_instance_id"
 FIELD_COMPUTE_INSTANCE_ID = "compute_instance_id"
+# NVML's pciDeviceId (device id << 16 | vendor 0x10DE, e.g. 0x233010DE for an H100 SXM5): an
+# integer field; the GPU table resolves a model by it where its name is unknown.
+FIELD_PCI_DEVICE_ID = "pci_device_id"
 
 FIELD_BY_ATTR: dict[str, FieldSpec] = {f.attr: f for f in FIELDS}
 FIELD_BY_NAME: dict[str, FieldSpec] = {f.field: f for f in FIELDS}

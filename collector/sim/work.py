@@ -54,9 +54,13 @@ class SimulatedWorkReporter:
 
     def model_flops_per_step(self, job: JobSpec) -> float:
         """The job's total model FLOPs per step (all ranks), from its simulated tensor work."""
-        peak = self.simulator.scenario.cluster.spec.tensor_peak_tflops(self.precision) or 0.0
-        per_rank = job.intensity * peak * 1e12 * job.step_time_s * (1.0 - job.comm_fraction)
-        return per_rank * len(job.gpus) * self.model_flops_fraction
+        # each rank at its own GPU's peak: a cluster may mix models (``cluster.models``)
+        peaks = sum(
+            self.simulator.gpu(host, index).spec.tensor_peak_tflops(self.precision) or 0.0
+            for host, index in job.gpus
+        )
+        per_peak = job.intensity * 1e12 * job.step_time_s * (1.0 - job.comm_fraction)
+        return per_peak * peaks * self.model_flops_fraction
 
     def poll(self) -> list[JobStep]:
         """The steps that ended since the previous poll, oldest first."""

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuwatt.config import load_config
 from gpuwatt.errors import GpuwattError
@@ -39,7 +40,7 @@ def add_dashboard_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("report", help="write a CSV report per GPU, node or job")
+    p = subparsers.add_parser("report", help="write a CSV report per GPU, node, job or model")
     _common(p)
     p.add_argument(
         "--from",
@@ -50,7 +51,7 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "before --to such as 24h or 7d (default 24h)",
     )
     p.add_argument("--to", dest="end", default="", metavar="TIME", help="default: now")
-    p.add_argument("--by", choices=("gpu", "node", "job"), default="gpu")
+    p.add_argument("--by", choices=("gpu", "node", "job", "model"), default="gpu")
     p.add_argument("--out", required=True, metavar="FILE.csv", help="output file, - for stdout")
     p.set_defaults(func=cmd_report)
     return p
@@ -90,6 +91,33 @@ def report_query(start: str, end: str) -> dict[str, str]:
     return {"from": start, **({"to": end} if end else {})}
 
 
+def _reported_windows(args: argparse.Namespace, config: Any, summary: Any) -> Any:
+    """The jobs' reported work per window for ``--by model`` (work per joule by model); None
+    when the job-step store cannot be read (the report is then made without it)."""
+    from gpuwatt.analytics.reported import reported_work
+    from gpuwatt.store import default_store_url
+    from gpuwatt.store.job_steps import open_job_step_store
+
+    try:
+        steps_store = open_job_step_store(args.store or config.store_url or default_store_url())
+        try:
+            steps = steps_store.job_steps(summary.start_ns, summary.now_ns)
+        finally:
+            steps_store.close()
+    except GpuwattError as exc:
+        print(f"report: job steps not read ({exc}); no reported work per joule", file=sys.stderr)
+        return None
+    windows, _ = reported_work(
+        steps,
+        summary.gpu_windows,
+        window_s=summary.window_s,
+        tensor_precision=config.collector.tensor_precision,
+        start_ns=summary.start_ns,
+        now_ns=summary.now_ns,
+    )
+    return windows
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from gpuwatt.dashboard.app import tariff_from
     from gpuwatt.dashboard.csv_export import build_report, report_csv
@@ -104,7 +132,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         data = DashboardData(store, clock_ns=lambda: now, tariff=tariff_from(config))
         try:
-            table = build_report(data.window(tr).summary, args.by)
+            summary = data.window(tr).summary
+            jw = _reported_windows(args, config, summary) if args.by == "model" else None
+            table = build_report(summary, args.by, job_work_windows=jw)
         except DataError as exc:
             raise GpuwattError(f"report: {exc.message}") from None
     finally:

@@ -286,7 +286,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         chosen = select_samples(
             samples, now_ns=now_ns, host=args.host, job=args.job, problems=args.problems
         )
-        return render_status(chosen, now_ns=now_ns, total=len(samples))
+        text = render_status(chosen, now_ns=now_ns, total=len(samples))
+        shared = getattr(store, "shared_writers", None)  # InfluxDB: GPUs Telegraf also writes
+        if shared:
+            writers = " and ".join(sorted({w for ws in shared.values() for w in ws}))
+            text += f"\n{len(shared)} GPUs written by {writers}: each counted once"
+        return text
 
     try:
         if args.watch is not None:
