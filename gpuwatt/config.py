@@ -14,6 +14,7 @@ Example::
       hostname: gpu-node-17   # default: this machine's host name
       tensor_precision: bf16  # which tensor peak the TFLOPS estimate uses: tf32|bf16|fp16|fp8
       job_mapping_dir: /run/gpuwatt/jobs   # optional: files <gpu index|uuid> -> job id
+      proc_root: /proc        # where the host's /proc is (a container: its read-only mount)
     store:
       url: influxdb://influx.example.org:8086/gpuwatt?org=hpc
     energy:
@@ -54,6 +55,7 @@ class CollectorConfig:
     hostname: str = field(default_factory=socket.gethostname)
     tensor_precision: str = "bf16"
     job_mapping_dir: Path | None = None  # a scheduler prolog's GPU -> job files
+    proc_root: Path = Path("/proc")  # the host's /proc: GPU processes' cgroups name their jobs
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ _COLLECTOR = {
     "hostname",
     "tensor_precision",
     "job_mapping_dir",
+    "proc_root",
 }
 _STORE = {"url"}
 _ENERGY = {"price_per_kwh", "currency", "carbon_g_per_kwh"}
@@ -107,6 +110,8 @@ def parse_config(doc: Located) -> Config:
             kw["tensor_precision"] = v.choice(TENSOR_PRECISIONS)
         if (v := c.get("job_mapping_dir")) is not None:
             kw["job_mapping_dir"] = Path(v.string())
+        if (v := c.get("proc_root")) is not None:
+            kw["proc_root"] = Path(v.string())
         collector = CollectorConfig(**kw)  # type: ignore[arg-type]
         if collector.slow_interval_s < collector.interval_s:
             raise (c.get("slow_interval") or c).error(

@@ -20,7 +20,7 @@ def test_full_config_is_read(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
         "collector:\n  interval: 500ms\n  slow_interval: 2m\n  spool_max_mib: 64\n"
-        "  hostname: n1\n  tensor_precision: fp8\n"
+        "  hostname: n1\n  tensor_precision: fp8\n  proc_root: /host/proc\n"
         "store:\n  url: sqlite:///tmp/x.db\n"
         "energy:\n  price_per_kwh: 0.3\n  carbon_g_per_kwh: 120\n",
     )
@@ -30,6 +30,7 @@ def test_full_config_is_read(tmp_path: Path) -> None:
     assert config.collector.spool_max_bytes == 64 * 1024 * 1024
     assert config.collector.hostname == "n1"
     assert config.collector.tensor_precision == "fp8"
+    assert config.collector.proc_root == Path("/host/proc")
     assert config.store_url == "sqlite:///tmp/x.db"
     assert config.energy.price_per_kwh == 0.3
 

@@ -106,8 +106,19 @@ def test_pods_are_locked_down_and_limited(kind: str, name: str) -> None:
         for m in c["volumeMounts"]:
             if m["mountPath"] not in ("/var/lib/gpuwatt", "/tmp"):
                 assert m["readOnly"] is True, (c["name"], m)
-    # no host path at all: host processes are seen through hostPID, as an unprivileged user
-    assert not any("hostPath" in v for v in spec["volumes"])
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    if kind != "DaemonSet":
+        assert host_paths == {}
+        return
+    # the collector's one host path is the node's /proc, read-only, where its config looks
+    assert host_paths == {"host-proc": "/proc"}
+    (proc_mount,) = [
+        m for c in spec["containers"] for m in c["volumeMounts"] if m["name"] == "host-proc"
+    ]
+    assert proc_mount["readOnly"] is True
+    text = find("ConfigMap", "gpuwatt-collector")["data"]["gpuwatt.yaml"]
+    config = parse_config(load_text(text, "gpuwatt.yaml"))
+    assert str(config.collector.proc_root) == proc_mount["mountPath"]
 
 
 def test_the_image_user_is_the_one_the_pods_run_as() -> None:

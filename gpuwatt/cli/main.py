@@ -109,7 +109,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         sampler = NvmlSampler(
             nvml, config.collector.hostname, tensor_precision=config.collector.tensor_precision
         )
-        resolver = default_resolver(mapping_dir=config.collector.job_mapping_dir)
+        resolver = default_resolver(
+            proc_root=config.collector.proc_root, mapping_dir=config.collector.job_mapping_dir
+        )
         sources = [JobAttributingSource(sampler, resolver)]
     store = open_store(store_url)
     if getattr(store, "read_only", False):
