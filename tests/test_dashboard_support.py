@@ -27,20 +27,22 @@ def build_demo_store(
 ) -> Any:
     """The shipped demo scenario backfilled into SQLite: 32 GPUs, node-2 GPU 5 straggling
     (thermal slowdown from minute 4). Deterministic: seeded scenario, injected times.
-    ``job_steps``: the training job also reports its steps (``demo_job_steps(path)`` reads them),
-    as ``gpuwatt demo`` does."""
+    ``job_steps``: the training job also reports its steps and the inference job its requests
+    (``demo_job_steps(path)`` reads them), as ``gpuwatt demo`` does."""
     end = DEMO_END_NS
     source = SimulatedClusterSource(
         load_scenario("demo"), start_ns=end - minutes * 60 * NS, clock_ns=lambda: end
     )
     source.open()
     if job_steps:
+        from gpuwatt.collector.sim.serving import SimulatedServingReporter
         from gpuwatt.collector.sim.work import SimulatedWorkReporter
         from gpuwatt.store.job_steps import SqliteJobStepStore
 
         steps_store = SqliteJobStepStore(path)
         work = SimulatedWorkReporter(source.simulator, start_ns=source.start_ns)
-        source.after_sample = lambda: steps_store.write_job_steps(work.poll())
+        serving = SimulatedServingReporter(source.simulator, start_ns=source.start_ns)
+        source.after_sample = lambda: steps_store.write_job_steps(work.poll() + serving.poll())
     store = SqliteStore(path)
     for batch in source.backfill(end, interval_s=interval_s, slow_interval_s=60.0):
         store.write_samples(batch)

@@ -247,7 +247,9 @@ class _DemoServices:
 
 
 def _report_simulated_work(source: object, store_url: str, config: Config) -> None:
-    """The demo's training jobs report their steps, as a real job does with gpuwatt.work."""
+    """The demo's training jobs report their steps and its inference jobs their requests, as
+    real ones do with gpuwatt.work."""
+    from gpuwatt.collector.sim.serving import SimulatedServingReporter
     from gpuwatt.collector.sim.work import SimulatedWorkReporter
     from gpuwatt.store.job_steps import open_job_step_store
 
@@ -257,12 +259,16 @@ def _report_simulated_work(source: object, store_url: str, config: Config) -> No
         start_ns=source.start_ns,  # type: ignore[attr-defined]
         precision=config.collector.tensor_precision,
     )
+    serving = SimulatedServingReporter(
+        source.simulator,  # type: ignore[attr-defined]
+        start_ns=source.start_ns,  # type: ignore[attr-defined]
+    )
     failed = False
 
     def report() -> None:
         nonlocal failed
         try:
-            steps_store.write_job_steps(work.poll())
+            steps_store.write_job_steps(work.poll() + serving.poll())
         except GpuwattError as exc:  # the samples matter more than the job steps
             if not failed:
                 log.warning("simulated job steps not written: %s", exc)
