@@ -93,7 +93,6 @@ def alert_row(ctx: PageContext, a: AlertView, *, can_act: bool) -> Any:
                 size="compact-xs",
                 variant="light",
                 color="gray",
-                title=f"silence {key}",
             )
         )
     return dmc.Group(bits, gap="xs", wrap="wrap", className=f"gw-alert gw-alert-{a.severity}")

@@ -276,9 +276,13 @@ def gpu_table(ctx: PageContext, part: pd.DataFrame, row: JobRow) -> Any:
         tflops=("tflops", "mean"), energy_j=("energy_delta_j", "sum"),
     )  # fmt: skip
     per = per.iloc[
-        sorted(
+        sorted(  # stragglers first: at 1,000 GPUs they would sit on a page of their own
             range(len(per)),
-            key=lambda i: (natural_key(str(per["host"].iloc[i])), int(per["index"].iloc[i])),
+            key=lambda i: (
+                per["uuid"].iloc[i] not in strag,
+                natural_key(str(per["host"].iloc[i])),
+                int(per["index"].iloc[i]),
+            ),
         )
     ]
     data = []
