@@ -611,11 +611,12 @@ def _parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_analyze)
 
     from gpuwatt.cli.alerts import add_alerts_parser
-    from gpuwatt.cli.dashboard import add_dashboard_parser, add_report_parser
+    from gpuwatt.cli.dashboard import add_dashboard_parser, add_job_parser, add_report_parser
 
     add_alerts_parser(sub)
     add_dashboard_parser(sub)
     add_report_parser(sub)
+    add_job_parser(sub)
 
     sp = sub.add_parser("spool", help="the collector's spool: what waits, what was set aside")
     common(sp)
