@@ -185,10 +185,15 @@ def click_link(browser: Any, text: str) -> None:
 
 def test_jobs_page_and_drill_down(browser: Any, site: Site) -> None:
     host, idx = site.straggler
-    text = open_page(browser, site.url("/jobs?range=15m"), "jobs")
+    open_page(browser, site.url("/jobs?range=15m"), "jobs")
+    jobs = ("llm-pretrain", "chat-serving", "notebook-17")
+
+    def listed(d: Any) -> str:
+        text = content(d, "jobs")
+        return text if all(j in text for j in jobs) else ""
+
+    text = wait(browser, listed)
     assert "3 jobs in this range" in text
-    for job in ("llm-pretrain", "chat-serving", "notebook-17"):
-        assert job in text
     assert console_errors(browser) == []
     click_link(browser, "llm-pretrain")
     wait(browser, lambda d: "job=llm-pretrain" in d.current_url)
