@@ -47,11 +47,14 @@ README_SHOTS = (
     "overview-1600-light.png",
     "jobs-1600-dark.png",
     "job-inference-1600-light.png",
-    "node-800-dark.png",
+    "overview-800-dark.png",
 )
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 90
+#: The dashboard runs with authentication, so the alerts page shows its silence and expire
+#: actions; the browser sends these credentials (throwaway: the server binds 127.0.0.1 only).
+CREDENTIALS = {"GPUWATT_DASHBOARD_USER": "ops", "GPUWATT_DASHBOARD_PASSWORD": "screenshots"}
 
 
 def build_store(path: Path) -> Any:
@@ -124,6 +127,15 @@ def browser() -> Any:
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(WAIT_S)
+    user, password = (
+        CREDENTIALS["GPUWATT_DASHBOARD_USER"],
+        CREDENTIALS["GPUWATT_DASHBOARD_PASSWORD"],
+    )
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+    )
     return driver
 
 
@@ -184,6 +196,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from gpuwatt.cli.compose import AlertsDbView
+    from gpuwatt.config import Config
     from gpuwatt.dashboard.server import start
     from gpuwatt.store.job_steps import SqliteJobStepStore
 
@@ -196,8 +209,10 @@ def main() -> int:
         alerts = AlertsDbView(build_alerts(Path(tmp) / "alerts.db"), clock_ns=lambda: END_NS)
         steps = SqliteJobStepStore(db)
         running = start(
-            store, "127.0.0.1", 0, environ={}, now_ns=END_NS, alerts=alerts, job_steps=steps
-        )
+            store, "127.0.0.1", 0, environ=CREDENTIALS, now_ns=END_NS, alerts=alerts,
+            job_steps=steps,
+            config=Config(),  # the default price and carbon intensity, as `gpuwatt demo` has
+        )  # fmt: skip
         driver = browser()
         try:
             for theme in THEMES:

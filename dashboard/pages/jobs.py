@@ -50,6 +50,7 @@ def job_table(ctx: PageContext, rows: list[JobRow], served: dict[str, Served]) -
     cur = ctx.win.summary.tariff.currency or ""
     columns = [
         link_column("job", "job"),
+        text_column("verdict", "verdict"),  # first: what to do, before the figures behind it
         number_column("gpus", "GPUs", "d"),
         number_column("gpu_hours", "GPU-hours"),
         si_column("energy_wh", "energy", "Wh"),
@@ -64,7 +65,6 @@ def job_table(ctx: PageContext, rows: list[JobRow], served: dict[str, Served]) -
         number_column("idle_gpu_hours", "idle GPU-h"),
         si_column("wh_per_k_requests", "energy / 1k req.", "Wh"),
         si_column("wh_per_m_tokens", "energy / M tokens", "Wh"),
-        text_column("verdict", "verdict"),
     ]
     data = [
         {
