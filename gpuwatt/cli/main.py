@@ -180,7 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not args.no_alerts:
             services.start_alerts(args, store_url)
         if not args.no_dashboard:
-            services.start_dashboard(store, args, config)
+            services.start_dashboard(store, args, config, store_url)
         print("sampling live; run `gpuwatt status` in another terminal. Ctrl-C stops.")
         spool_dir = _spool_dir(args, config, "demo-spool")
         return _run_collector(
@@ -211,13 +211,16 @@ class _DemoServices:
         self.alerts = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         print("alert evaluator: running (alerts are recorded; add channels in the config)")
 
-    def start_dashboard(self, store: object, args: argparse.Namespace, config: Config) -> None:
+    def start_dashboard(
+        self, store: object, args: argparse.Namespace, config: Config, store_url: str
+    ) -> None:
         try:
             from gpuwatt.dashboard.server import start
         except ImportError:
             print("dashboard: not installed (pip install 'gpuwatt[dashboard]'); skipping it")
             return
         from gpuwatt.cli.compose import AlertsDbView, alerts_db_path
+        from gpuwatt.store.job_steps import open_job_step_store
 
         try:
             self.dashboard = start(
@@ -226,6 +229,8 @@ class _DemoServices:
                 args.port,
                 config=config,
                 alerts=AlertsDbView(alerts_db_path(args.config)),
+                # the simulated jobs' reports: MFU of the training job, requests of the inference
+                job_steps=open_job_step_store(store_url),
             )
         except OSError as exc:
             raise GpuwattError(
