@@ -9,7 +9,8 @@
    ``--interval-s 1`` that is 88.5 M samples (~25 min here); ``--db`` keeps the database for
    later runs (a larger interval only thins the raw table: the rollups every page reads are the
    same size).
-2. For each page, the server time of the page's content callback (a real POST to
+2. For each page (the node page on the straggler's GPU; the jobs page also with the straggler's
+   job drilled down, "job detail"), the server time of the page's content callback (a real POST to
    ``/_dash-update-component``; median and p95 over ``--repeat`` runs) and its response size:
    - the default range (1 h) and 24 h, preset ranges the server keeps computed in the background
      (``dashboard.server.start``): served from its cache, which is what a visitor waits for; the
