@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the test suite starts as real servers on 127.0.0.1.
 TEST_APT_PACKAGES := influxdb victoria-metrics prometheus chromium chromium-driver systemd prometheus-alertmanager
 
-.PHONY: demo test install test-deps lint typecheck format bench clean
+.PHONY: demo test install test-deps lint typecheck format bench clean screenshots
 
 # `make demo` installs what the product needs (the dashboard extra); `make test` adds the test tools.
 $(VENV)/bin/python:
@@ -44,6 +44,11 @@ typecheck: install
 
 test: install test-deps lint typecheck
 	$(VENV)/bin/pytest
+
+# Every page at 1,600 and 800 px, light and dark (build/screenshots); the README's pictures are copied
+# to docs/screenshots.
+screenshots: install test-deps
+	$(VENV)/bin/python tools/screenshots.py --out build/screenshots --readme docs/screenshots
 
 format: install
 	$(VENV)/bin/ruff format .

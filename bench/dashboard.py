@@ -9,7 +9,8 @@
    ``--interval-s 1`` that is 88.5 M samples (~25 min here); ``--db`` keeps the database for
    later runs (a larger interval only thins the raw table: the rollups every page reads are the
    same size).
-2. For each page, the server time of the page's content callback (a real POST to
+2. For each page (the node page on the straggler's GPU; the jobs page also with the straggler's
+   job drilled down, "job detail"), the server time of the page's content callback (a real POST to
    ``/_dash-update-component``; median and p95 over ``--repeat`` runs) and its response size:
    - the default range (1 h) and 24 h, preset ranges the server keeps computed in the background
      (``dashboard.server.start``): served from its cache, which is what a visitor waits for; the
@@ -43,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backfill import Cluster, backfill
+from backfill import STRAGGLER, Cluster, backfill
 
 from gpuwatt.dashboard.app import PAGES, create_app
 from gpuwatt.dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S
@@ -52,6 +53,7 @@ from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
 END_NS = 1_767_225_600 * NS  # 2026-01-01 00:00 UTC
+STRAGGLER_JOB = f"train-{STRAGGLER[0] * 8 // 64:02d}"  # backfill: 8 jobs of 64 GPUs
 
 
 def callback_body(page: Any, query: dict[str, str]) -> dict[str, Any]:
@@ -77,6 +79,17 @@ class CallbackTimes:
     size_bytes: int
 
 
+def bench_pages() -> list[tuple[str, Any, dict[str, str]]]:
+    """Every page, with the node page on the straggler's node and GPU, and the jobs page's
+    drill-down of the straggler's job beside the job list."""
+    out: list[tuple[str, Any, dict[str, str]]] = []
+    for page in PAGES:
+        out.append((page.PAGE, page, {"host": "node-057", "gpu": "3"}))
+        if page.PAGE == "jobs":
+            out.append(("job detail", page, {"job": STRAGGLER_JOB}))
+    return out
+
+
 def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, CallbackTimes]:
     """Per page: the content callback cold (cache emptied before each request) and served
     from the cache (what a visitor of the kept-warm default view, or of a range viewed in the
@@ -85,8 +98,8 @@ def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, Ca
     client = app.server.test_client()
     data = app.server.config["GPUWATT_DATA"]
     out = {}
-    for page in PAGES:
-        body = callback_body(page, {**query, "host": "node-057", "gpu": "3"})
+    for label, page, extra in bench_pages():
+        body = callback_body(page, {**query, **extra})
         cold, cold_cpu, served, size = [], [], [], 0
         for _ in range(repeat):
             data.clear_cache()
@@ -104,7 +117,7 @@ def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, Ca
         data.ttl_s = ttl
         while data._refreshing:  # let the background refresh finish before the next page
             time.sleep(0.05)
-        out[page.PAGE] = CallbackTimes(
+        out[label] = CallbackTimes(
             statistics.median(cold),
             float(np.percentile(cold, 95)),
             statistics.median(cold_cpu),

@@ -1,14 +1,21 @@
 """The seam where the alert evaluator plugs in (the dashboard never imports ``alerts``).
 
 The command line passes an object with ``active()`` (and optionally ``history(start_ns,
-end_ns)``, ``silences()`` and ``deliveries()``) to ``create_app(..., alerts=...)``; until then
-the overview and the alerts page say that no evaluator is connected rather than "0 alerts".
+end_ns)``, ``silences()``, ``deliveries()``, and the actions ``silence(...)`` and
+``expire(silence_id, ...)``) to ``create_app(..., alerts=...)``; until then the overview and the
+alerts page say that no evaluator is connected rather than "0 alerts". A source whose evaluator
+or database cannot be reached raises ``AlertsUnavailable`` (any exception is taken as such): the
+page then says "not connected" and why, never "none".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+
+class AlertsUnavailable(Exception):
+    """The evaluator's state cannot be read (no database yet, unreadable, locked too long)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,7 @@ class SilenceView:
     starts_ns: int
     ends_ns: int
     kind: str = "silence"  # "silence" | "maintenance"
+    id: int | None = None  # what ``expire`` takes; None: the source cannot expire it
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,4 +73,19 @@ class AlertsSource(Protocol):
 
     def history(self, start_ns: int, end_ns: int) -> list[AlertView]:
         """Alerts that fired or resolved in the range, newest first."""
+        ...
+
+
+@runtime_checkable
+class AlertActions(Protocol):
+    """The writes the alerts page offers (only to an authenticated user, see ``create_app``)."""
+
+    def silence(
+        self, matchers: dict[str, str], *, duration_s: float, author: str, comment: str
+    ) -> int:
+        """Silence alerts matching every label of ``matchers`` from now on; the silence's id."""
+        ...
+
+    def expire(self, silence_id: int) -> None:
+        """End a silence now (a planned maintenance window is ended before it starts)."""
         ...

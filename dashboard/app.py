@@ -23,8 +23,8 @@ from dash.exceptions import PreventUpdate
 
 from gpuwatt.analytics import Tariff
 from gpuwatt.config import Config
-from gpuwatt.dashboard import csv_export
-from gpuwatt.dashboard.alerts_hook import AlertsSource, firing_count
+from gpuwatt.dashboard import alert_actions, csv_export
+from gpuwatt.dashboard.alerts_hook import AlertActions, AlertsSource, firing_count
 from gpuwatt.dashboard.auth import Credentials, install_basic_auth
 from gpuwatt.dashboard.components import (
     DEFAULT_REFRESH,
@@ -100,6 +100,8 @@ def render_page(
     data: DashboardData,
     alerts_source: AlertsSource | None = None,
     work: JobWorkSource | None = None,
+    *,
+    can_act: bool = False,
 ) -> list[Any]:
     """The content of one page for the query in ``args``; never raises.
 
@@ -117,7 +119,7 @@ def render_page(
                 return [*head, empty_state()]
         else:
             win = None
-        ctx = PageContext(data, win, tr, query, now, alerts_source, work)  # type: ignore[arg-type]
+        ctx = PageContext(data, win, tr, query, now, alerts_source, work, can_act)  # type: ignore[arg-type]
         if win is not None and getattr(page, "STRAGGLER_BANNER", True):
             banner = straggler_banner(win.active_stragglers, ctx.link)
             head += [banner] if banner is not None else []
@@ -240,6 +242,7 @@ def _register_callbacks(
     data: DashboardData,
     alerts_source: AlertsSource | None,
     work: JobWorkSource | None = None,
+    can_act: bool = False,
 ) -> None:
     for page in PAGES:
 
@@ -250,9 +253,16 @@ def _register_callbacks(
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
             )
             def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
-                return render_page(page, args, data, alerts_source, work)
+                return render_page(page, args, data, alerts_source, work, can_act=can_act)
 
         make()
+
+    if can_act:
+        alert_actions.register(
+            app,
+            alerts_source,  # type: ignore[arg-type]  # can_act: it is AlertActions
+            lambda args: render_page(alerts, args, data, alerts_source, work, can_act=True),
+        )
 
     _url_param(app, "range-picker", "range", DEFAULT_RANGE)
     _url_param(app, "refresh-picker", "refresh", DEFAULT_REFRESH)
@@ -374,6 +384,8 @@ def create_app(
     With ``credentials`` every request (pages, callbacks, assets, CSV routes) needs HTTP Basic
     authentication. ``alerts`` connects the alert evaluator (see ``gpuwatt.dashboard.alerts_hook``);
     ``job_steps`` the store of application-reported job steps (reported TFLOPS and MFU per job).
+    The alerts page offers silence and expire only with ``credentials`` and an ``alerts`` source
+    that implements ``AlertActions``; otherwise it is read-only.
     """
     data = DashboardData(
         store, clock_ns=_clock(now_ns), tariff=tariff_from(config), ttl_s=cache_ttl_s
@@ -394,7 +406,9 @@ def create_app(
     if job_steps is not None:
         precision = config.collector.tensor_precision if config is not None else "bf16"
         work = JobWorkSource(job_steps, tensor_precision=precision, ttl_s=cache_ttl_s)
-    _register_callbacks(app, data, alerts, work)
+    # Writes (silence, expire) only behind authentication: see gpuwatt.dashboard.alert_actions.
+    can_act = credentials is not None and isinstance(alerts, AlertActions)
+    _register_callbacks(app, data, alerts, work, can_act)
     csv_export.register_routes(app.server, data)
     if credentials is not None:
         install_basic_auth(app.server, credentials)

@@ -19,6 +19,7 @@ class PageContext:
     now_ns: int
     alerts: AlertsSource | None = None
     work: JobWorkSource | None = None  # application-reported job steps, when connected
+    can_act: bool = False  # the user is authenticated and the alerts source takes actions
 
     def link(self, path: str, **params: str) -> str:
         """A link to another page that keeps this view's time range."""

@@ -103,12 +103,15 @@ def job_rows(
         else pd.DataFrame(columns=["job_id", "gpu", "window_start_ns"])
     )
     by_work = {w.job_id: w for w in work}
+    job_key = gw["job_id"].astype(str)
+    # one aggregation for every (job, GPU): a loop of them costs ~10 ms per job at 1,000 GPUs
+    per_job_gpu = gw.groupby([job_key, gw["gpu"]], sort=False).agg(
+        tflops=("tflops", "mean"), power=("power_w", "mean"), host=("host", "first"),
+        index=("gpu_index", "first"),
+    )  # fmt: skip
     rows: list[JobRow] = []
-    for job, part in gw.groupby(gw["job_id"].astype(str), sort=True):
-        per_gpu = part.groupby("gpu").agg(
-            tflops=("tflops", "mean"), power=("power_w", "mean"), host=("host", "first"),
-            index=("gpu_index", "first"),
-        )  # fmt: skip
+    for job, part in gw.groupby(job_key, sort=True):
+        per_gpu = per_job_gpu.xs(job, level=0)
         has_tf = per_gpu["tflops"].notna()
         tf_power = float(per_gpu.loc[has_tf, "power"].sum())
         tfw = float(per_gpu.loc[has_tf, "tflops"].sum()) / tf_power if tf_power > 0 else math.nan

@@ -15,6 +15,19 @@ estimate. Stdlib and the gpuwatt core only (no pandas, no numpy on this path)::
 ``model_flops_per_step`` is the job's *total* model FLOPs per optimizer step, over all ranks (see
 ``gpuwatt.schema``'s notes on ``gpuwatt_job_step``); one rank reporting is enough.
 
+An inference server reports the requests it served, each with its latency and the tokens it
+produced; the dashboard then shows energy and cost per 1,000 requests and per million tokens, and
+latency percentiles (the "cost per inference" hardware is compared by)::
+
+    reporter = WorkReporter("chat-serving", rank=replica)
+    t0 = time.perf_counter()
+    reply = generate(prompt)
+    reporter.request(time.perf_counter() - t0, tokens=len(reply.tokens))
+
+A request is kept as one step (``step_time_s`` its latency, ``tokens_per_step`` its tokens, no
+model FLOPs), so report every request of the replica: a sample of them undercounts the
+requests the energy is divided by. Each replica reports under its own ``rank``.
+
 The training loop is never slowed down nor broken by reporting: ``step()`` appends to a bounded
 in-memory buffer and returns; a daemon thread writes the buffer to the store every
 ``flush_interval_s``. While the store is unreachable the buffer keeps the newest ``max_buffer``
@@ -163,6 +176,15 @@ class WorkReporter:
         except Exception as exc:  # reporting must never break training
             self._note_failure(f"step() failed: {exc!r}", outage=False)
 
+    def request(self, latency_s: float, *, tokens: float | None = None) -> None:
+        """Record one served request that ended now: its latency and the tokens it produced
+        (an inference server's unit of work; see the module's notes). Never raises."""
+        try:
+            self._last_mark_s = self._monotonic_s()
+            self._record(latency_s, None, math.nan, tokens)
+        except Exception as exc:  # reporting must never break serving
+            self._note_failure(f"request() failed: {exc!r}", outage=False)
+
     @contextlib.contextmanager
     def timed_step(self, *, step: int | None = None) -> Iterator[None]:
         """Time the block as one step. An exception in the block is not recorded as a step."""
@@ -193,7 +215,10 @@ class WorkReporter:
             rank=self.rank,
             step=n,
             step_time_s=st,
-            model_flops_per_step=self.model_flops_per_step if flops is None else flops,
+            # NaN: a served request, which has no model FLOPs (left out of the record)
+            model_flops_per_step=(
+                self.model_flops_per_step if flops is None else None if math.isnan(flops) else flops
+            ),
             tokens_per_step=self.tokens_per_step if tokens is None else tokens,
             gpu_uuids=self.gpus,
             precision=self.precision,

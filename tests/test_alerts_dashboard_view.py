@@ -13,6 +13,7 @@ from gpuwatt.alerts.db import open_db, transaction
 from gpuwatt.alerts.silences import SilenceTable
 from gpuwatt.alerts.state import Alert, AlertTable
 from gpuwatt.cli.compose import AlertsDbView
+from gpuwatt.dashboard.alerts_hook import AlertsUnavailable
 from gpuwatt.dashboard.app import render_page
 from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.pages import alerts as alerts_page
@@ -62,10 +63,30 @@ def test_adapter_reads_active_history_and_silences(alerts_db: Path) -> None:
     assert silence.matchers == {"host": "node-3"} and silence.comment == "fan swap"
 
 
-def test_no_database_yet_means_nothing_to_show(tmp_path: Path) -> None:
+def test_no_database_yet_is_not_connected_never_none(tmp_path: Path) -> None:
     view = AlertsDbView(tmp_path / "missing.db")
-    assert view.active() == [] and view.silences() == []
-    assert view.history(0, 1) == []
+    for read in (view.active, view.silences, lambda: view.history(0, 1)):
+        with pytest.raises(AlertsUnavailable, match="no alert database"):
+            read()
+    with pytest.raises(AlertsUnavailable):
+        view.silence({"host": "node-1"}, duration_s=60, author="a", comment="c")
+    assert not (tmp_path / "missing.db").exists()  # the evaluator's database is never created
+
+
+def test_silence_and_expire_through_the_adapter(alerts_db: Path) -> None:
+    view = AlertsDbView(alerts_db, clock_ns=lambda: DEMO_END_NS)
+    sid = view.silence(
+        {"alertname": "GpuStraggler", "host": "node-2", "gpu": "5"},
+        duration_s=3600,
+        author="ops",
+        comment="known",
+    )
+    mine = [s for s in view.silences() if s.id == sid]
+    assert mine and mine[0].ends_ns == DEMO_END_NS + 3600 * NS and mine[0].author == "ops"
+    view.expire(sid)
+    assert all(s.id != sid for s in view.silences())
+    with pytest.raises(ValueError, match="matcher"):
+        view.silence({}, duration_s=60, author="ops", comment="none")
 
 
 def test_every_page_counts_firing_alerts_and_the_alerts_page_lists_them(

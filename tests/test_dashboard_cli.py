@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 from test_dashboard_support import build_demo_store
 
-from gpuwatt.cli.dashboard import add_dashboard_parser, add_report_parser, report_query
+from gpuwatt.cli.dashboard import (
+    add_dashboard_parser,
+    add_job_parser,
+    add_report_parser,
+    report_query,
+)
 from gpuwatt.errors import ConfigError, GpuwattError
 
 
@@ -18,6 +23,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     add_dashboard_parser(sub)
     add_report_parser(sub)
+    add_job_parser(sub)
     return p
 
 
@@ -66,4 +72,61 @@ def test_dashboard_refuses_public_bind_without_credentials(
     monkeypatch.delenv("GPUWATT_DASHBOARD_PASSWORD_FILE", raising=False)
     args = parser().parse_args(["dashboard", "--store", store_url, "--host", "0.0.0.0"])
     with pytest.raises(ConfigError, match=r"refusing to serve the dashboard on 0\.0\.0\.0"):
+        args.func(args)
+
+
+RANGE = ["--from", "2026-01-01T00:10:00Z", "--to", "2026-01-01T00:20:00Z"]
+
+
+@pytest.fixture(scope="module")
+def steps_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo with its training job's steps and its inference job's requests reported."""
+    path = tmp_path_factory.mktemp("cli-steps") / "demo.db"
+    build_demo_store(path, minutes=10, job_steps=True).close()
+    return f"sqlite://{path}"
+
+
+def _report_by_job(url: str, tmp_path: Path) -> dict[str, dict[str, str]]:
+    out = tmp_path / "jobs.csv"
+    args = parser().parse_args(["report", "--store", url, *RANGE, "--by", "job", "--out", str(out)])
+    assert args.func(args) == 0
+    return {r["job_id"]: r for r in csv.DictReader(out.read_text().splitlines())}
+
+
+def test_report_by_job_has_the_jobs_page_columns(steps_url: str, tmp_path: Path) -> None:
+    from gpuwatt.dashboard.job_report import EXTRA_COLUMNS
+
+    jobs = _report_by_job(steps_url, tmp_path)
+    assert set(jobs) == {"llm-pretrain", "chat-serving", "notebook-17"}
+    assert all(c in jobs["llm-pretrain"] for c in EXTRA_COLUMNS)
+    train, serve = jobs["llm-pretrain"], jobs["chat-serving"]
+    assert int(train["stragglers"]) == 1 and float(train["mfu_pct"]) > 0
+    assert "straggler" in train["verdict"].lower()
+    assert serve["requests"] and not train["requests"]
+    per_k = float(serve["energy_kwh"]) * 1e6 / float(serve["requests"])
+    assert float(serve["energy_per_1k_requests_wh"]) == pytest.approx(per_k, rel=1e-6)
+    assert float(serve["latency_p50_s"]) <= float(serve["latency_p99_s"])
+
+
+def test_job_summary_for_a_ticket(
+    steps_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwatt.dashboard import format as fmt
+
+    jobs = _report_by_job(steps_url, tmp_path)
+    args = parser().parse_args(["job", "llm-pretrain", "--store", steps_url, *RANGE])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("gpuwatt job llm-pretrain (")
+    assert jobs["llm-pretrain"]["verdict"] in text
+    assert fmt.energy_kwh(float(jobs["llm-pretrain"]["energy_kwh"])) in text
+    assert "GPU 5 on node-2 runs at" in text  # the straggler, explained
+    args = parser().parse_args(["job", "chat-serving", "--store", steps_url, *RANGE])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    per_k = float(jobs["chat-serving"]["energy_per_1k_requests_wh"])
+    assert f"per 1k req.    {fmt.si(per_k, 'Wh')}" in text
+    assert "latency        p50 " in text and "stragglers     none" in text
+    args = parser().parse_args(["job", "nope", "--store", steps_url, *RANGE])
+    with pytest.raises(GpuwattError, match=r"no job 'nope'.*llm-pretrain"):
         args.func(args)

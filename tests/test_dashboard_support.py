@@ -23,24 +23,34 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 def build_demo_store(
-    path: Path, *, minutes: int = DEMO_MINUTES, interval_s: float = 5.0, job_steps: bool = False
+    path: Path,
+    *,
+    minutes: int = DEMO_MINUTES,
+    interval_s: float = 5.0,
+    job_steps: bool = False,
+    scenario: Any = None,
 ) -> Any:
     """The shipped demo scenario backfilled into SQLite: 32 GPUs, node-2 GPU 5 straggling
     (thermal slowdown from minute 4). Deterministic: seeded scenario, injected times.
-    ``job_steps``: the training job also reports its steps (``demo_job_steps(path)`` reads them),
-    as ``gpuwatt demo`` does."""
+    ``job_steps``: the training job also reports its steps and the inference job its requests
+    (``demo_job_steps(path)`` reads them), as ``gpuwatt demo`` does. ``scenario``: another
+    (parsed) scenario than the demo."""
     end = DEMO_END_NS
     source = SimulatedClusterSource(
-        load_scenario("demo"), start_ns=end - minutes * 60 * NS, clock_ns=lambda: end
+        scenario if scenario is not None else load_scenario("demo"),
+        start_ns=end - minutes * 60 * NS,
+        clock_ns=lambda: end,
     )
     source.open()
     if job_steps:
+        from gpuwatt.collector.sim.serving import SimulatedServingReporter
         from gpuwatt.collector.sim.work import SimulatedWorkReporter
         from gpuwatt.store.job_steps import SqliteJobStepStore
 
         steps_store = SqliteJobStepStore(path)
         work = SimulatedWorkReporter(source.simulator, start_ns=source.start_ns)
-        source.after_sample = lambda: steps_store.write_job_steps(work.poll())
+        serving = SimulatedServingReporter(source.simulator, start_ns=source.start_ns)
+        source.after_sample = lambda: steps_store.write_job_steps(work.poll() + serving.poll())
     store = SqliteStore(path)
     for batch in source.backfill(end, interval_s=interval_s, slow_interval_s=60.0):
         store.write_samples(batch)
@@ -49,6 +59,40 @@ def build_demo_store(
         steps_store.close()
     store.flush_rollups()
     return store
+
+
+#: Faults added to the daily-use scenarios (health panels): an XID, ECC errors, a power brake.
+HEALTH_FAULTS = """
+  - kind: xid
+    gpu: node-1:2
+    start: 2m
+    code: 79
+  - kind: ecc_errors
+    gpu: node-1:4
+    start: 1m
+    sbe_per_h: 600
+    dbe_count: 1
+"""
+
+
+def daily_scenario(nodes: int) -> Any:
+    """The demo's jobs and straggler on ``nodes`` 8-GPU nodes (4: the demo itself), with the
+    health faults above: what the operators' daily pages are tested on at 32 and 1,024 GPUs.
+    At scale the training job spans every node but the last eight (which serve and idle), and
+    the straggler starts after 1 minute (the data is kept short)."""
+    from gpuwatt.collector.sim.scenario import load_scenario_text, scenario_path
+
+    text = scenario_path("demo").read_text(encoding="utf-8")
+    if nodes != 4:
+        last = nodes - 1
+        text = (
+            text.replace("nodes: 4", f"nodes: {nodes}")
+            .replace('"node-[0-2]:*"', f'"node-[0-{last - 1}]:*"')
+            .replace('"node-3:0-6"', f'"node-{last}:0-6"')
+            .replace('"node-3:7"', f'"node-{last}:7"')
+            .replace("gpu: node-2:5\n    start: 4m", "gpu: node-57:3\n    start: 1m")
+        )
+    return load_scenario_text(text + HEALTH_FAULTS)
 
 
 def demo_job_steps(path: Path) -> Any:

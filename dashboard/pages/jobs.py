@@ -8,7 +8,7 @@ from typing import Any
 
 import dash_mantine_components as dmc
 import pandas as pd
-from dash import dcc
+from dash import dcc, html
 
 from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import graph, kpi, page_frame, section
@@ -28,6 +28,7 @@ from gpuwatt.dashboard.grid import (
     text_column,
 )
 from gpuwatt.dashboard.jobs import JobRow, job_rows
+from gpuwatt.dashboard.serving import Served
 from gpuwatt.status import natural_key
 
 PAGE = "jobs"
@@ -45,10 +46,11 @@ def _num(value: float, digits: int = 3) -> float | None:
     return None if value is None or not math.isfinite(value) else round(float(value), digits)
 
 
-def job_table(ctx: PageContext, rows: list[JobRow]) -> Any:
+def job_table(ctx: PageContext, rows: list[JobRow], served: dict[str, Served]) -> Any:
     cur = ctx.win.summary.tariff.currency or ""
     columns = [
         link_column("job", "job"),
+        text_column("verdict", "verdict"),  # first: what to do, before the figures behind it
         number_column("gpus", "GPUs", "d"),
         number_column("gpu_hours", "GPU-hours"),
         si_column("energy_wh", "energy", "Wh"),
@@ -61,7 +63,8 @@ def job_table(ctx: PageContext, rows: list[JobRow]) -> Any:
         number_column("stragglers", "stragglers", "d"),
         number_column("straggler_min", "straggler min", ".0f"),
         number_column("idle_gpu_hours", "idle GPU-h"),
-        text_column("verdict", "verdict"),
+        si_column("wh_per_k_requests", "energy / 1k req.", "Wh"),
+        si_column("wh_per_m_tokens", "energy / M tokens", "Wh"),
     ]
     data = [
         {
@@ -78,6 +81,7 @@ def job_table(ctx: PageContext, rows: list[JobRow]) -> Any:
             "stragglers": len(r.stragglers),
             "straggler_min": _num(r.straggler_minutes_min, 1),
             "idle_gpu_hours": _num(r.idle_gpu_hours_h),
+            **_served_cells(served.get(r.job_id), r),
             "verdict": r.verdict,
         }
         for r in rows
@@ -85,8 +89,64 @@ def job_table(ctx: PageContext, rows: list[JobRow]) -> Any:
     return sortable_table(columns, data, "jobs-table")
 
 
+def _served_cells(s: Served | None, r: JobRow) -> dict[str, float | None]:
+    if s is None:
+        return {"wh_per_k_requests": None, "wh_per_m_tokens": None}
+    wh = r.energy_kwh * 1000.0
+    return {
+        "wh_per_k_requests": _num(s.per_thousand_requests(wh), 2),
+        "wh_per_m_tokens": _num(s.per_million_tokens(wh), 1),
+    }
+
+
+def served_section(ctx: PageContext, row: JobRow, s: Served) -> Any:
+    """An inference job's cost per inference: energy and cost per 1,000 requests and per million
+    tokens over the range, and the latency percentiles it reported."""
+    cur = ctx.win.summary.tariff.currency or ""
+    wh = row.energy_kwh * 1000.0
+    kpis = [
+        kpi("Requests", fmt.si(s.requests), "Requests the job reported serving in the range."),
+        kpi("Tokens", fmt.si(s.tokens), "Tokens its requests produced."),
+        kpi(
+            "Energy / 1k requests",
+            fmt.si(s.per_thousand_requests(wh), "Wh"),
+            "The job's GPU energy over the range per 1,000 requests served.",
+        ),
+        kpi(
+            "Cost / 1k requests",
+            fmt.money(s.per_thousand_requests(row.cost), cur),
+            "Energy cost per 1,000 requests (the configured price).",
+        ),
+        kpi(
+            "Energy / M tokens",
+            fmt.si(s.per_million_tokens(wh), "Wh"),
+            "The job's GPU energy per million tokens produced.",
+        ),
+        kpi(
+            "Cost / M tokens",
+            fmt.money(s.per_million_tokens(row.cost), cur),
+            "Energy cost per million tokens.",
+        ),
+        kpi(
+            "Latency p50 / p95 / p99",
+            " / ".join(fmt.si(v, "s") for v in (s.latency_p50_s, s.latency_p95_s, s.latency_p99_s)),
+            "Request latencies the job reported.",
+        ),
+    ]
+    return section(
+        "Served (reported by the job)",
+        html.Div(
+            dmc.SimpleGrid(kpis, cols={"base": 2, "sm": 4, "lg": 7}, spacing="sm"),
+            id="job-served",
+        ),
+        help_text="From the requests the job reports (gpuwatt.work.WorkReporter.request); "
+        "energy is the GPU counters' over the same range.",
+    )
+
+
 def render(ctx: PageContext) -> list[Any]:
     work = ctx.work.work(ctx.win) if ctx.work is not None else []
+    served = ctx.work.served(ctx.win) if ctx.work is not None else {}
     rows = job_rows(ctx.win.summary, ctx.win.stragglers, work)
     job = ctx.query.get("job")
     if job:
@@ -101,12 +161,15 @@ def render(ctx: PageContext) -> list[Any]:
                     mt="sm",
                 ),
             ]
-        return job_detail(ctx, row, reported=any(w.job_id == job for w in work))
+        return job_detail(
+            ctx, row, reported=any(w.job_id == job for w in work), served=served.get(job)
+        )
     if not rows:
         return [dmc.Alert("No GPU was attributed to a job in this range.", color="gray")]
     note = (
         "Click a column to sort. Reported TFLOPS and MFU come from the job's own step reports "
-        "(gpuwatt.work); TFLOPS/W is the GPU-counter estimate."
+        "(gpuwatt.work); TFLOPS/W is the GPU-counter estimate; energy per 1k requests and per "
+        "million tokens for inference jobs that report their requests."
     )
     if ctx.work is None:
         note += " No job-step store is connected: reported TFLOPS and MFU are not shown."
@@ -114,12 +177,14 @@ def render(ctx: PageContext) -> list[Any]:
         section(
             f"{len(rows)} jobs in this range",
             dmc.Text(note, size="xs", c="dimmed", mb="xs"),
-            job_table(ctx, rows),
+            job_table(ctx, rows, served),
         )
     ]
 
 
-def job_detail(ctx: PageContext, row: JobRow, *, reported: bool) -> list[Any]:
+def job_detail(
+    ctx: PageContext, row: JobRow, *, reported: bool, served: Served | None = None
+) -> list[Any]:
     cur = ctx.win.summary.tariff.currency or ""
     mfu_help = (
         "Model FLOPs utilisation: the job's reported model FLOPs per second over its GPUs' "
@@ -184,6 +249,7 @@ def job_detail(ctx: PageContext, row: JobRow, *, reported: bool) -> list[Any]:
         ),
         dmc.Alert(row.verdict, color=color, title="verdict", id="job-verdict", mb="sm"),
         dmc.SimpleGrid(kpis, cols={"base": 2, "sm": 4, "lg": 6}, spacing="sm", mb="md"),
+        *([served_section(ctx, row, served)] if served is not None else []),
         section("Utilisation over time", graph(heat, "job-heatmap", zoom=True)),
         section(
             "Imbalance within the job",
@@ -210,9 +276,13 @@ def gpu_table(ctx: PageContext, part: pd.DataFrame, row: JobRow) -> Any:
         tflops=("tflops", "mean"), energy_j=("energy_delta_j", "sum"),
     )  # fmt: skip
     per = per.iloc[
-        sorted(
+        sorted(  # stragglers first: at 1,000 GPUs they would sit on a page of their own
             range(len(per)),
-            key=lambda i: (natural_key(str(per["host"].iloc[i])), int(per["index"].iloc[i])),
+            key=lambda i: (
+                per["uuid"].iloc[i] not in strag,
+                natural_key(str(per["host"].iloc[i])),
+                int(per["index"].iloc[i]),
+            ),
         )
     ]
     data = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpuwatt.alerts.silences import SilenceTable
 from gpuwatt.alerts.state import Alert, AlertTable
-from gpuwatt.dashboard.alerts_hook import AlertView, DeliveryView, SilenceView
+from gpuwatt.dashboard.alerts_hook import AlertsUnavailable, AlertView, DeliveryView, SilenceView
 
 
 class AlertsDbView:
@@ -25,35 +25,77 @@ class AlertsDbView:
         self._clock_ns = clock_ns
 
     def _connect(self) -> sqlite3.Connection:
-        # read-only; the evaluator owns the schema
-        return sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+        """A read-only connection (the evaluator owns the schema); ``AlertsUnavailable`` when
+        there is no database yet (no evaluator ever ran with this config) or it cannot be read."""
+        if not self.db_path.exists():
+            raise AlertsUnavailable(
+                f"no alert database at {self.db_path}: is `gpuwatt alerts` running with this "
+                "configuration?"
+            )
+        try:
+            con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5.0)
+            con.execute("SELECT 1 FROM alerts LIMIT 1")
+        except sqlite3.Error as exc:
+            raise AlertsUnavailable(f"cannot read {self.db_path}: {exc}") from None
+        return con
 
     def active(self) -> list[AlertView]:
-        if not self.db_path.exists():
-            return []
         con = self._connect()
         try:
             return [_view(a) for a in AlertTable(con).active()]
+        except sqlite3.Error as exc:
+            raise AlertsUnavailable(f"cannot read {self.db_path}: {exc}") from None
         finally:
             con.close()
 
     def silences(self) -> list[SilenceView]:
-        if not self.db_path.exists():
-            return []
         con = self._connect()
         try:
             current = SilenceTable(con).current_and_future(self._clock_ns())
+        except sqlite3.Error as exc:
+            raise AlertsUnavailable(f"cannot read {self.db_path}: {exc}") from None
         finally:
             con.close()
         return [
-            SilenceView(dict(s.matchers), s.author, s.comment, s.starts_ns, s.ends_ns, s.kind)
+            SilenceView(dict(s.matchers), s.author, s.comment, s.starts_ns, s.ends_ns, s.kind, s.id)
             for s in current
         ]
 
+    def silence(
+        self, matchers: dict[str, str], *, duration_s: float, author: str, comment: str
+    ) -> int:
+        """Add a silence from now for ``duration_s`` (the dashboard's action; as
+        ``gpuwatt alerts silence`` does it). ValueError for bad matchers or an empty comment."""
+        from gpuwatt.alerts.db import open_db, transaction
+
+        if not self.db_path.exists():
+            self._connect()  # raises AlertsUnavailable: never create the evaluator's database
+        now = self._clock_ns()
+        con = open_db(self.db_path)
+        try:
+            with transaction(con):
+                s = SilenceTable(con).add(
+                    matchers, author=author, comment=comment, starts_ns=now,
+                    ends_ns=now + round(duration_s * 1e9), now_ns=now,
+                )  # fmt: skip
+        finally:
+            con.close()
+        return s.id
+
+    def expire(self, silence_id: int) -> None:
+        from gpuwatt.alerts.db import open_db, transaction
+
+        if not self.db_path.exists():
+            self._connect()
+        con = open_db(self.db_path)
+        try:
+            with transaction(con):
+                SilenceTable(con).expire(int(silence_id), self._clock_ns())
+        finally:
+            con.close()
+
     def deliveries(self) -> list[DeliveryView]:
         """Notifications being retried (with an error) or given up, newest first (at most 50)."""
-        if not self.db_path.exists():
-            return []
         from gpuwatt.alerts.outbox import FAILED, PENDING, Outbox
 
         con = self._connect()
@@ -70,8 +112,6 @@ class AlertsDbView:
         ]
 
     def history(self, start_ns: int, end_ns: int) -> list[AlertView]:
-        if not self.db_path.exists():
-            return []
         con = self._connect()
         try:
             rows = AlertTable(con).history(limit=5000)

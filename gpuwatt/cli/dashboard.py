@@ -57,6 +57,70 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     return p
 
 
+def add_job_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "job", help="one job's summary (energy, cost, efficiency, stragglers) for a ticket"
+    )
+    p.add_argument("job_id", metavar="ID")
+    _common(p)
+    p.add_argument(
+        "--from", dest="start", default="24h", metavar="TIME",
+        help="ISO 8601 time, epoch seconds, or a duration such as 24h (default 24h)",
+    )  # fmt: skip
+    p.add_argument("--to", dest="end", default="", metavar="TIME", help="default: now")
+    p.set_defaults(func=cmd_job)
+    return p
+
+
+def _store_url(args: argparse.Namespace) -> str:
+    from gpuwatt.store import default_store_url
+
+    config = load_config(args.config)
+    return str(args.store or config.store_url or default_store_url())
+
+
+def _job_figures(args: argparse.Namespace, now: int) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The range, the jobs' rows and what inference jobs served, as the jobs page has them."""
+    from gpuwatt.dashboard.app import tariff_from
+    from gpuwatt.dashboard.data import DashboardData, DataError
+    from gpuwatt.dashboard.jobs import job_rows
+    from gpuwatt.dashboard.timerange import parse_range
+    from gpuwatt.dashboard.work_data import JobWorkSource
+    from gpuwatt.store.job_steps import open_job_step_store
+
+    tr, problem = parse_range(report_query(args.start, args.end), now)
+    if problem:
+        raise GpuwattError(f"{args.command}: {problem.split(';')[0]}")
+    store, config = _open(args)
+    steps = open_job_step_store(_store_url(args))
+    try:
+        data = DashboardData(store, clock_ns=lambda: now, tariff=tariff_from(config))
+        try:
+            win = data.window(tr)
+        except DataError as exc:
+            raise GpuwattError(f"{args.command}: {exc.message}") from None
+        precision = config.collector.tensor_precision if config is not None else "bf16"
+        work = JobWorkSource(steps, tensor_precision=precision)
+        rows = job_rows(win.summary, win.stragglers, work.work(win))
+        return (tr, win), rows, work.served(win)
+    finally:
+        steps.close()
+        store.close()
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from gpuwatt.dashboard.job_report import job_text
+
+    (tr, win), rows, served = _job_figures(args, time.time_ns())
+    row = next((r for r in rows if r.job_id == args.job_id), None)
+    if row is None:
+        known = ", ".join(r.job_id for r in rows[:10]) or "none"
+        raise GpuwattError(f"job: no job {args.job_id!r} in {tr.label} (jobs seen: {known})")
+    currency = win.summary.tariff.currency or ""
+    print(job_text(row, served.get(row.job_id), range_label=tr.label, currency=currency))
+    return 0
+
+
 def _open(args: argparse.Namespace):
     from gpuwatt.store import default_store_url, open_store
 
@@ -67,17 +131,21 @@ def _open(args: argparse.Namespace):
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from gpuwatt.cli.compose import AlertsDbView, alerts_db_path
     from gpuwatt.dashboard.server import serve
+    from gpuwatt.store.job_steps import open_job_step_store
 
     alerts = AlertsDbView(alerts_db_path(args.config))
     store, config = _open(args)
+    # the jobs' own reports (reported TFLOPS, MFU, served requests) from the same store
+    job_steps = open_job_step_store(_store_url(args))
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (systemd, docker stop) and Ctrl-C stop the server cleanly, exit status 0.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     try:
-        serve(store, args.host, args.port, stop, config=config, alerts=alerts)
+        serve(store, args.host, args.port, stop, config=config, alerts=alerts, job_steps=job_steps)
     finally:
+        job_steps.close()
         store.close()
     return 0
 
@@ -139,6 +207,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise GpuwattError(f"report: {exc.message}") from None
     finally:
         store.close()
+    if args.by == "job":  # the jobs page's columns after the report's own
+        from gpuwatt.dashboard.job_report import extra_columns, with_extra_columns
+
+        _, rows, served = _job_figures(args, now)
+        table = with_extra_columns(table, extra_columns(rows, served))
     chunks = report_csv(table)
     if args.out == "-":
         for chunk in chunks:

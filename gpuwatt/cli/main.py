@@ -182,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not args.no_alerts:
             services.start_alerts(args, store_url)
         if not args.no_dashboard:
-            services.start_dashboard(store, args, config)
+            services.start_dashboard(store, args, config, store_url)
         print("sampling live; run `gpuwatt status` in another terminal. Ctrl-C stops.")
         spool_dir = _spool_dir(args, config, "demo-spool")
         return _run_collector(
@@ -213,13 +213,16 @@ class _DemoServices:
         self.alerts = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         print("alert evaluator: running (alerts are recorded; add channels in the config)")
 
-    def start_dashboard(self, store: object, args: argparse.Namespace, config: Config) -> None:
+    def start_dashboard(
+        self, store: object, args: argparse.Namespace, config: Config, store_url: str
+    ) -> None:
         try:
             from gpuwatt.dashboard.server import start
         except ImportError:
             print("dashboard: not installed (pip install 'gpuwatt[dashboard]'); skipping it")
             return
         from gpuwatt.cli.compose import AlertsDbView, alerts_db_path
+        from gpuwatt.store.job_steps import open_job_step_store
 
         try:
             self.dashboard = start(
@@ -228,6 +231,8 @@ class _DemoServices:
                 args.port,
                 config=config,
                 alerts=AlertsDbView(alerts_db_path(args.config)),
+                # the simulated jobs' reports: MFU of the training job, requests of the inference
+                job_steps=open_job_step_store(store_url),
             )
         except OSError as exc:
             raise GpuwattError(
@@ -249,7 +254,9 @@ class _DemoServices:
 
 
 def _report_simulated_work(source: object, store_url: str, config: Config) -> None:
-    """The demo's training jobs report their steps, as a real job does with gpuwatt.work."""
+    """The demo's training jobs report their steps and its inference jobs their requests, as
+    real ones do with gpuwatt.work."""
+    from gpuwatt.collector.sim.serving import SimulatedServingReporter
     from gpuwatt.collector.sim.work import SimulatedWorkReporter
     from gpuwatt.store.job_steps import open_job_step_store
 
@@ -259,12 +266,16 @@ def _report_simulated_work(source: object, store_url: str, config: Config) -> No
         start_ns=source.start_ns,  # type: ignore[attr-defined]
         precision=config.collector.tensor_precision,
     )
+    serving = SimulatedServingReporter(
+        source.simulator,  # type: ignore[attr-defined]
+        start_ns=source.start_ns,  # type: ignore[attr-defined]
+    )
     failed = False
 
     def report() -> None:
         nonlocal failed
         try:
-            steps_store.write_job_steps(work.poll())
+            steps_store.write_job_steps(work.poll() + serving.poll())
         except GpuwattError as exc:  # the samples matter more than the job steps
             if not failed:
                 log.warning("simulated job steps not written: %s", exc)
@@ -612,11 +623,12 @@ def _parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_analyze)
 
     from gpuwatt.cli.alerts import add_alerts_parser
-    from gpuwatt.cli.dashboard import add_dashboard_parser, add_report_parser
+    from gpuwatt.cli.dashboard import add_dashboard_parser, add_job_parser, add_report_parser
 
     add_alerts_parser(sub)
     add_dashboard_parser(sub)
     add_report_parser(sub)
+    add_job_parser(sub)
 
     sp = sub.add_parser("spool", help="the collector's spool: what waits, what was set aside")
     common(sp)

@@ -1,0 +1,106 @@
+"""Silence an alert and expire a silence from the alerts page.
+
+Registered only when the dashboard has credentials and its alerts source takes actions
+(``alerts_hook.AlertActions``): every callback is then an HTTP POST behind HTTP Basic
+authentication, and the silence's author is the authenticated user. Dash sends callbacks as
+``application/json``, which a page on another origin cannot POST without a CORS preflight that
+this server never grants. The page re-renders with the outcome on top.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import dash
+import dash_mantine_components as dmc
+from dash import ALL, Dash, Input, Output, State
+from dash.exceptions import PreventUpdate
+
+from gpuwatt.dashboard.alerts_hook import AlertActions
+from gpuwatt.dashboard.pages import alerts as alerts_page
+
+log = logging.getLogger("gpuwatt.dashboard")
+DEFAULT_COMMENT = "silenced from the dashboard"
+
+
+def request_user() -> str:
+    """The authenticated user of this request (HTTP Basic); "dashboard" outside a request."""
+    from flask import has_request_context, request
+
+    if has_request_context() and request.authorization and request.authorization.username:
+        return str(request.authorization.username)[:64]
+    return "dashboard"
+
+
+def clicked() -> dict[str, Any]:
+    """The id of the button that was clicked; PreventUpdate for buttons a re-render drew."""
+    trig = dash.ctx.triggered_id
+    fired = dash.ctx.triggered[0].get("value") if dash.ctx.triggered else None
+    if not isinstance(trig, dict) or not fired:
+        raise PreventUpdate
+    return dict(trig)
+
+
+def outcome(message: str, ok: bool) -> Any:
+    return dmc.Alert(
+        message,
+        color="green" if ok else "red",
+        id="alerts-action-result",
+        withCloseButton=True,
+        mb="sm",
+    )
+
+
+def register(
+    app: Dash, actions: AlertActions, render: Callable[[dict[str, Any] | None], list[Any]]
+) -> None:
+    """``render(args)`` rebuilds the alerts page's content for the URL's query."""
+    durations = dict(alerts_page.SILENCE_FOR)
+
+    @app.callback(
+        Output("alerts-content", "children", allow_duplicate=True),
+        Input({"type": "alert-silence", "m": ALL}, "n_clicks"),
+        State("silence-for", "value"),
+        State("silence-comment", "value"),
+        State("alerts-args", "data"),
+        prevent_initial_call=True,
+    )
+    def _silence(
+        _clicks: list[int | None], for_: str | None, comment: str | None, args: Any
+    ) -> list[Any]:
+        trig = clicked()
+        matchers = alerts_page.parse_matchers_key(str(trig.get("m", "")))
+        duration_s = durations.get(for_ or "1h", 3600)
+        text = (comment or "").strip()[:500] or DEFAULT_COMMENT
+        user = request_user()
+        try:
+            sid = actions.silence(matchers, duration_s=duration_s, author=user, comment=text)
+        except Exception as exc:  # a bad matcher, the database gone: said on the page
+            log.warning("silence from the dashboard failed: %s", str(exc)[:200])
+            head = outcome(f"not silenced: {str(exc)[:200]}", False)
+        else:
+            log.info("silence %s created from the dashboard by %s", sid, user)
+            key = alerts_page.matchers_key(matchers)
+            head = outcome(f"silence {sid} created for {for_ or '1h'}: {key}", True)
+        return [head, *render(args)]
+
+    @app.callback(
+        Output("alerts-content", "children", allow_duplicate=True),
+        Input({"type": "silence-expire", "id": ALL}, "n_clicks"),
+        State("alerts-args", "data"),
+        prevent_initial_call=True,
+    )
+    def _expire(_clicks: list[int | None], args: Any) -> list[Any]:
+        trig = clicked()
+        sid = int(trig["id"])
+        try:
+            actions.expire(sid)
+        except Exception as exc:
+            log.warning("expiring silence %s failed: %s", sid, str(exc)[:200])
+            head = outcome(f"silence {sid} not expired: {str(exc)[:200]}", False)
+        else:
+            log.info("silence %s expired from the dashboard by %s", sid, request_user())
+            head = outcome(f"silence {sid} expired", True)
+        return [head, *render(args)]

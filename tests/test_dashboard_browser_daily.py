@@ -1,0 +1,442 @@
+"""The pages operators open every day, in a real headless Chromium, at 32 and at 1,024 GPUs.
+
+Jobs and one job's drill-down, an inference job's energy per request and per million tokens,
+the node page's hardware-health panels, processes and GPU picker, zoom and a custom range in the
+URL and back to live, silence and expire from the alerts page (authenticated), and the "not
+connected" states; no browser console error anywhere.
+
+Per scale one store (the demo's jobs and straggler, plus an XID and ECC errors), one dashboard
+with credentials and an alert database holding one firing alert, built once per module; the
+1,024-GPU data is 6 minutes of 10-s samples, the least that still shows the straggler.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_dashboard_support import (
+    DEMO_END_NS,
+    UnreachableStore,
+    build_demo_store,
+    chrome,
+    daily_scenario,
+    demo_job_steps,
+    have_browser,
+)
+
+from gpuwatt.dashboard import format as fmt
+from gpuwatt.dashboard.server import RunningDashboard, start
+
+pytestmark = pytest.mark.skipif(
+    not have_browser(), reason="needs Debian's chromium and chromium-driver (make test-deps)"
+)
+
+WAIT_S = 60
+NS = 1_000_000_000
+USER, PASSWORD = "ops", "daily-pages-test"
+CREDENTIALS = {"GPUWATT_DASHBOARD_USER": USER, "GPUWATT_DASHBOARD_PASSWORD": PASSWORD}
+
+
+@dataclass
+class Site:
+    gpus: int
+    running: RunningDashboard
+    straggler: tuple[str, int]  # (host, index)
+    db: Path
+
+    def url(self, path: str) -> str:
+        return self.running.url.rstrip("/") + path
+
+
+def _alerts_db(path: Path, host: str, gpu: int) -> Path:
+    from gpuwatt.alerts.db import open_db, transaction
+    from gpuwatt.alerts.state import Alert, AlertTable
+
+    con = open_db(path)
+    labels = {"alertname": "GpuStraggler", "host": host, "gpu": str(gpu), "severity": "critical"}
+    firing = Alert(
+        "fp1", "GpuStraggler", labels, {"summary": f"{host} GPU {gpu} holds its job back"},
+        "firing", 0.68, pending_since_ns=DEMO_END_NS - 300 * NS,
+        firing_since_ns=DEMO_END_NS - 120 * NS, updated_ns=DEMO_END_NS,
+    )  # fmt: skip
+    with transaction(con):
+        AlertTable(con).save(None, firing, DEMO_END_NS - 120 * NS)
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=[32, 1024], ids=["32-gpus", "1024-gpus"])
+def site(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Site]:
+    from gpuwatt.cli.compose import AlertsDbView
+
+    gpus = int(request.param)
+    tmp = tmp_path_factory.mktemp(f"daily{gpus}")
+    if gpus == 32:
+        store = build_demo_store(
+            tmp / "d.db", minutes=15, job_steps=True, scenario=daily_scenario(4)
+        )
+        straggler = ("node-2", 5)
+    else:
+        store = build_demo_store(
+            tmp / "d.db", minutes=6, interval_s=10.0, job_steps=True, scenario=daily_scenario(128)
+        )
+        straggler = ("node-57", 3)
+    alerts = AlertsDbView(_alerts_db(tmp / "alerts.db", *straggler), clock_ns=lambda: DEMO_END_NS)
+    steps = demo_job_steps(tmp / "d.db")
+    running = start(
+        store, "127.0.0.1", 0, environ=CREDENTIALS, now_ns=DEMO_END_NS, alerts=alerts,
+        job_steps=steps, warm_every_s=None,
+    )  # fmt: skip
+    yield Site(gpus, running, straggler, tmp / "d.db")
+    running.stop()
+    steps.close()
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = chrome()
+    driver.set_page_load_timeout(WAIT_S)
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+    )
+    yield driver
+    driver.quit()
+
+
+def wait(browser: Any, cond: Any, timeout: float = WAIT_S) -> Any:
+    """Until ``cond`` holds; an element replaced by a re-render meanwhile is looked up again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(browser, timeout, ignored_exceptions=ignored).until(cond)
+
+
+def open_page(browser: Any, url: str, page: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    browser.get_log("browser")  # drop what earlier pages logged
+    browser.get(url)
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"#{page}-content > *"))
+    return wait(browser, lambda d: content(d, page))  # type: ignore[no-any-return]
+
+
+def content(browser: Any, page: str) -> str:
+    """The page's content text now ("" while a navigation replaces it)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return str(browser.find_element(By.ID, f"{page}-content").text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def console_errors(browser: Any) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def drawn(browser: Any, page: str) -> None:
+    """Every graph of the page has its SVG."""
+    from selenium.webdriver.common.by import By
+
+    def ok(d: Any) -> bool:
+        graphs = d.find_elements(By.CSS_SELECTOR, f"#{page}-content .dash-graph")
+        svgs = d.find_elements(By.CSS_SELECTOR, f"#{page}-content .dash-graph .main-svg")
+        return bool(graphs) and len(svgs) >= len(graphs)
+
+    wait(browser, ok)
+
+
+def click_id(browser: Any, id_: str, by: str = "id") -> None:
+    """Click the element with this id (or XPath, ``by="xpath"``), looking it up again if a
+    re-render replaced it."""
+
+    def go(d: Any) -> bool:
+        el = d.find_element(by, id_)
+        if not el.is_displayed():
+            return False
+        el.click()
+        return True
+
+    wait(browser, go)
+
+
+def click_link(browser: Any, text: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    link = wait(browser, lambda d: d.find_element(By.LINK_TEXT, text))
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", link)
+    link.click()
+
+
+def test_jobs_page_and_drill_down(browser: Any, site: Site) -> None:
+    host, idx = site.straggler
+    open_page(browser, site.url("/jobs?range=15m"), "jobs")
+    jobs = ("llm-pretrain", "chat-serving", "notebook-17")
+
+    def listed(d: Any) -> str:
+        text = content(d, "jobs")
+        return text if all(j in text for j in jobs) else ""
+
+    text = wait(browser, listed)
+    assert "3 jobs in this range" in text
+    assert console_errors(browser) == []
+    click_link(browser, "llm-pretrain")
+    wait(browser, lambda d: "job=llm-pretrain" in d.current_url)
+    wait(browser, lambda d: "job llm-pretrain" in content(d, "jobs"))
+    detail = content(browser, "jobs")
+    assert "VERDICT" in detail.upper() and f"{host} GPU {idx}" in detail
+    assert "straggler" in detail
+    drawn(browser, "jobs")
+    assert console_errors(browser) == []
+    # the straggler's row links to its node page with the GPU picked
+    click_link(browser, f"{host} GPU {idx}")
+    wait(browser, lambda d: f"host={host}" in d.current_url and f"gpu={idx}" in d.current_url)
+    wait(browser, lambda d: f"GPU {idx} highlighted" in content(d, "node"))
+    assert console_errors(browser) == []
+
+
+def test_inference_job_energy_per_request_and_per_million_tokens(browser: Any, site: Site) -> None:
+    from selenium.webdriver.common.by import By
+
+    from gpuwatt.dashboard.jobs import job_rows
+    from gpuwatt.dashboard.serving import served_by_job
+
+    open_page(browser, site.url("/jobs?range=15m&job=chat-serving"), "jobs")
+    served = wait(browser, lambda d: d.find_element(By.ID, "job-served")).text
+    # the same figures, computed here from the stores the server reads
+    data = site.running.data
+    from gpuwatt.dashboard.timerange import parse_range
+
+    win = data.window(parse_range({"range": "15m"}, DEMO_END_NS)[0])
+    steps = demo_job_steps(site.db)
+    try:
+        s = served_by_job(steps.job_steps(win.summary.start_ns, win.summary.now_ns))["chat-serving"]
+    finally:
+        steps.close()
+    row = next(r for r in job_rows(win.summary, win.stragglers, []) if r.job_id == "chat-serving")
+    wh = row.energy_kwh * 1000.0
+    assert s.requests > 100 and s.tokens > 10 * s.requests
+    assert fmt.si(s.requests) in served
+    assert fmt.si(s.per_thousand_requests(wh), "Wh") in served
+    assert fmt.si(s.per_million_tokens(wh), "Wh") in served
+    assert fmt.si(s.latency_p95_s, "s") in served
+    assert "ENERGY / 1K REQUESTS" in served.upper() and "LATENCY P50 / P95 / P99" in served.upper()
+    assert console_errors(browser) == []
+
+
+def test_node_page_health_panels_processes_and_gpu_picker(browser: Any, site: Site) -> None:
+    from selenium.webdriver.common.by import By
+
+    host = "node-1"
+    open_page(browser, site.url(f"/node?range=15m&host={host}"), "node")
+    drawn(browser, "node")
+    # a panel is drawn with its title, or says why it has nothing to draw (ECC and remapped
+    # rows are slow-cadence counters: see the report on the rollups' last value)
+    titles = " | ".join(
+        t.text
+        for t in browser.find_elements(
+            By.CSS_SELECTOR, "#node-content .gtitle, #node-content .annotation-text"
+        )
+    ).lower()
+    for panel in (
+        "fan",
+        "power limit",
+        "pcie throughput",
+        "nvlink throughput",
+        "ecc",
+        "remapped rows",
+        "clock-event reasons",
+    ):
+        assert panel in titles, (panel, titles)
+    text = content(browser, "node").lower()
+    assert "hardware health" in text and "processes now" in text
+    procs = browser.find_element(By.ID, "processes").text
+    assert "pid" in procs and "GPU memory" in procs
+    assert "GPU 0" in procs and "GiB" in procs
+    assert console_errors(browser) == []
+    # pick GPU 4 with the picker: the URL follows and the view highlights it
+    picker = browser.find_element(By.ID, "gpu-picker")
+    picker.click()
+    option = wait(
+        browser,
+        lambda d: next(
+            (o for o in d.find_elements(By.CSS_SELECTOR, "[role=option]") if o.text == "GPU 4"),
+            None,
+        ),
+    )
+    option.click()
+    wait(browser, lambda d: "gpu=4" in d.current_url)
+    wait(browser, lambda d: "GPU 4 highlighted" in content(d, "node"))
+    procs = browser.find_element(By.ID, "processes").text
+    assert "GPU 4" in procs and "GPU 0" not in procs
+    assert console_errors(browser) == []
+
+
+def test_health_page_lists_the_gpus_that_need_a_person(browser: Any, site: Site) -> None:
+    text = open_page(browser, site.url("/health?range=15m"), "health")
+    drawn(browser, "health")
+    assert f"/ {site.gpus}" in text  # "Healthy n / N"
+    assert "fan %" in text.lower() and "ecc dbe" in text.lower() and "limit" in text.lower()
+    host, idx = site.straggler
+    assert f"{host} GPU {idx}" in text  # the straggler: hot and throttled, in the first rows
+    assert "throttled: hardware thermal slowdown" in text.lower() or "hot (" in text
+    assert console_errors(browser) == []
+
+
+def _drag_across(browser: Any, page: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    layer = browser.find_elements(By.CSS_SELECTOR, f"#{page}-content .js-plotly-plot .nsewdrag")[0]
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", layer)
+    w = layer.size["width"]
+    chain = ActionChains(browser)
+    chain.move_to_element_with_offset(layer, -w // 4, 0).click_and_hold()
+    chain.move_by_offset(w // 8, 0).move_by_offset(w // 8, 0).release().perform()
+
+
+def test_zoom_custom_range_and_back_to_live(browser: Any, site: Site) -> None:
+    from selenium.webdriver.common.by import By
+
+    host, idx = site.straggler
+    open_page(browser, site.url(f"/node?range=15m&host={host}&gpu={idx}"), "node")
+    drawn(browser, "node")
+    _drag_across(browser, "node")
+    wait(browser, lambda d: "from=" in d.current_url and "to=" in d.current_url)
+    assert "range=" not in browser.current_url and f"host={host}" in browser.current_url
+    wait(browser, lambda d: "UTC" in content(d, "node") and "last 15m" not in content(d, "node"))
+    assert console_errors(browser) == []
+    click_id(browser, "range-live")
+    wait(browser, lambda d: "from=" not in d.current_url)
+    assert f"host={host}" in browser.current_url
+    wait(browser, lambda d: "last " in content(d, "node"))  # a live range again
+    # a custom from/to typed in
+    click_id(browser, "range-custom")
+    start = wait(browser, lambda d: d.find_element(By.ID, "range-from"))
+    wait(browser, lambda d: start.is_displayed())
+    start.clear()
+    start.send_keys("2026-01-01T00:08:00")
+    end = browser.find_element(By.ID, "range-to")
+    end.clear()
+    end.send_keys("2026-01-01T00:18:00")
+    click_id(browser, "range-apply")
+    wait(browser, lambda d: "from=2026-01-01T00" in d.current_url)
+    wait(browser, lambda d: "00:08" in content(d, "node") and "00:18" in content(d, "node"))
+    click_id(browser, "range-live")
+    wait(browser, lambda d: "from=" not in d.current_url)
+    assert console_errors(browser) == []
+
+
+def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> None:
+    from selenium.webdriver.common.by import By
+
+    host, idx = site.straggler
+    text = open_page(browser, site.url("/alerts?range=1h"), "alerts")
+    assert "GpuStraggler" in text and f"{host} GPU {idx}" in text and "critical" in text.lower()
+    link = browser.find_element(By.LINK_TEXT, f"{host} GPU {idx}")
+    assert f"host={host}" in link.get_attribute("href") and f"gpu={idx}" in link.get_attribute(
+        "href"
+    )
+    browser.find_element(By.ID, "silence-comment").send_keys("fan swap tonight")
+    click_id(browser, "//button[normalize-space()='silence']", by="xpath")
+    result = wait(browser, lambda d: d.find_element(By.ID, "alerts-action-result")).text
+    assert "created" in result and f"host={host}" in result
+    silences = browser.find_element(By.ID, "silences").text
+    assert f"by {USER}: fan swap tonight" in silences and f"gpu={idx}" in silences
+    click_id(browser, "//button[normalize-space()='expire']", by="xpath")
+    wait(browser, lambda d: "expired" in d.find_element(By.ID, "alerts-action-result").text)
+    wait(browser, lambda d: d.find_elements(By.ID, "silences-none"))
+    assert console_errors(browser) == []
+
+
+def test_the_alerts_page_takes_no_action_without_authentication(browser: Any, site: Site) -> None:
+    """Without credentials the page is read-only, and the callback does not exist."""
+    from gpuwatt.cli.compose import AlertsDbView
+
+    alerts = AlertsDbView(site.db.parent / "alerts.db", clock_ns=lambda: DEMO_END_NS)
+    running = start(
+        site.running.data.store, "127.0.0.1", 0, environ={}, now_ns=DEMO_END_NS, alerts=alerts,
+        warm_every_s=None,
+    )  # fmt: skip
+    try:
+        text = open_page(browser, running.url.rstrip("/") + "/alerts", "alerts")
+        assert "GpuStraggler" in text and "Read-only" in text
+        from selenium.webdriver.common.by import By
+
+        assert not browser.find_elements(By.XPATH, "//button[normalize-space()='silence']")
+        assert console_errors(browser) == []
+        body = json.dumps(
+            {
+                "output": "alerts-content.children",
+                "outputs": {"id": "alerts-content", "property": "children"},
+                "inputs": [
+                    {
+                        "id": {"type": "alert-silence", "m": "alertname=GpuStraggler"},
+                        "property": "n_clicks",
+                        "value": 1,
+                    }
+                ],
+                "changedPropIds": [
+                    '{"m":"alertname=GpuStraggler","type":"alert-silence"}.n_clicks'
+                ],
+                "state": [],
+            }
+        ).encode()
+        req = urllib.request.Request(
+            running.url + "_dash-update-component",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(req, timeout=30)
+        assert alerts.silences() == []
+    finally:
+        running.stop()
+
+
+def test_not_connected_when_the_evaluator_or_the_store_cannot_be_reached(
+    browser: Any, site: Site, tmp_path: Path
+) -> None:
+    if site.gpus != 32:
+        pytest.skip("independent of the cluster's size: checked once")
+    from gpuwatt.cli.compose import AlertsDbView
+
+    missing = AlertsDbView(tmp_path / "no-evaluator" / "alerts.db")
+    running = start(
+        site.running.data.store, "127.0.0.1", 0, environ={}, now_ns=DEMO_END_NS,
+        alerts=missing, warm_every_s=None,
+    )  # fmt: skip
+    try:
+        text = open_page(browser, running.url.rstrip("/") + "/alerts", "alerts")
+        assert "alerts not connected" in text and "no alert database" in text
+        assert "none" not in text.split()
+        overview = open_page(browser, running.url.rstrip("/") + "/?range=15m", "overview")
+        assert "n/a" in overview  # firing alerts: not "0"
+        assert console_errors(browser) == []
+    finally:
+        running.stop()
+    down = start(
+        UnreachableStore(), "127.0.0.1", 0, environ={}, now_ns=DEMO_END_NS, warm_every_s=None
+    )
+    try:
+        for path, page in (("/?range=15m", "overview"), ("/jobs", "jobs"), ("/health", "health")):
+            text = open_page(browser, down.url.rstrip("/") + path, page)
+            assert "connection refused" in text, (page, text)
+            assert console_errors(browser) == []
+    finally:
+        down.stop()
