@@ -1,6 +1,8 @@
-"""The collector's loop: sample -> encode -> spool on one cadence, spool -> store on another.
+"""The collector's loop: sample -> spool on one cadence, spool -> store on another.
 
-Sampling never waits for the store: a tick only appends to the local spool (fsync'd), and a
+Sampling never waits for the store: a tick only appends to the local spool (fsync'd: line
+protocol for a store across the network, binary frames of samples for one on this machine, which
+then gets ``write_samples`` with no text round trip: ``spool_for``), and a
 separate flusher job drains the spool to the store with exponential backoff while it is down.
 Both jobs run under APScheduler 3.x with coalescing, one instance each, and a misfire grace of
 one interval, so a slow tick delays the next one instead of piling up. SIGTERM/SIGINT (wired by
@@ -17,14 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuwatt.collector.delivery import SetAside, StoreRefusesUs, deliver_lines
+from gpuwatt.collector.delivery import SetAside, StoreRefusesUs, deliver_lines, deliver_samples
 from gpuwatt.collector.spool import Spool, SpoolBatch
 from gpuwatt.errors import GpuwattError, StoreUnavailable
-from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.store.base import Store
 
@@ -54,8 +55,16 @@ class TickStats:
     skipped_ticks: int = 0  # too close behind a late one
 
 
+def spool_for(store: object, directory: str | Path, **kwargs: Any) -> Spool:
+    """The spool for ``store``: binary frames of samples for the embedded store (it takes the
+    samples as they are), line protocol for a store across the network (sent as spooled)."""
+    from gpuwatt.store.sqlite import SqliteStore
+
+    return Spool(directory, binary=isinstance(store, SqliteStore), **kwargs)
+
+
 class Sampler:
-    """One tick: a snapshot of every GPU of every source, encoded and appended to the spool."""
+    """One tick: a snapshot of every GPU of every source, appended to the spool."""
 
     def __init__(
         self,
@@ -77,7 +86,6 @@ class Sampler:
         self.slow_interval_s = slow_interval_s
         self._monotonic_s = monotonic_s
         self._last_slow_s: float | None = None
-        self._encoder = LineEncoder()
         self._on_samples = on_samples
         self.stats = TickStats()
         self._lock = threading.Lock()
@@ -102,7 +110,7 @@ class Sampler:
                     # one broken source (node) must not stop the others
                     self.stats.failed_sources += 1
                     log.error("sampling failed: %s", exc)
-            self.spool.append(self._encoder.encode_many(samples))
+            self.spool.append_samples(samples)
             self.stats.ticks += 1
             self.stats.samples += len(samples)
             self.stats.lost_samples += sum(1 for s in samples if s.lost)
@@ -151,11 +159,11 @@ class Flusher:
                 if deadline_s is not None and self._monotonic_s() >= deadline_s:
                     break
                 batch = self.spool.read_batch(max_lines=self.batch_lines)
-                if not batch.lines:
+                if not len(batch):
                     break
                 if not self._send(batch):
                     break
-                sent += len(batch.lines)
+                sent += len(batch)
             return sent
 
     def drain(self, timeout_s: float, *, retry_every_s: float = 0.5) -> int:
@@ -167,7 +175,7 @@ class Flusher:
             with self._lock:
                 self._next_attempt_s = 0.0
             sent += self.flush(deadline_s=deadline_s)
-            if self.spool.read_batch(max_lines=1).lines == [] or self.store_down_since_s is None:
+            if not len(self.spool.read_batch(max_lines=1)) or self.store_down_since_s is None:
                 return sent
             if self._monotonic_s() + retry_every_s >= deadline_s:
                 return sent
@@ -175,7 +183,10 @@ class Flusher:
 
     def _send(self, batch: SpoolBatch) -> bool:
         try:
-            outcome = deliver_lines(self.store, batch.lines)
+            if batch.samples:
+                outcome = deliver_samples(self.store, batch.samples)
+            else:
+                outcome = deliver_lines(self.store, batch.lines)
         except StoreRefusesUs as exc:
             self._mark_down(exc, refused=True)
             return False
@@ -191,7 +202,7 @@ class Flusher:
             log.error(
                 "store refused %d of %d samples (first: %s); kept in %s (gpuwatt spool replay)",
                 len(outcome.refused),
-                len(batch.lines),
+                len(batch),
                 outcome.refused[0][1],
                 path,
             )
