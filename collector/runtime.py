@@ -128,7 +128,7 @@ class Flusher:
         spool: Spool,
         store: Store,
         *,
-        batch_lines: int = 2000,
+        batch_lines: int = 4096,
         max_backoff_s: float = 30.0,
         monotonic_s: Callable[[], float] = time.monotonic,
         dead_letter_dir: Path | None = None,

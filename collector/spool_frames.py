@@ -86,38 +86,44 @@ class SegmentReader:
         self._same = names == ATTRS
         known = set(ATTRS)
         self._names = names
+        self._processes: dict[tuple[Any, ...], tuple[ProcessSample, ...]] = {}
         unknown = [n for n in names if n not in known]
         if unknown:
             log.warning("spool segment has attributes this collector drops: %s", unknown)
 
     def samples(self, payload: bytes) -> list[GpuSample]:
-        rows = msgpack.unpackb(payload, use_list=True)
+        rows = msgpack.unpackb(payload, use_list=False)
         if self._same:
-            return [_sample(row) for row in rows]
+            return [self._sample(list(row)) for row in rows]
         known = set(ATTRS)
         out = []
         for row in rows:
             values = {k: v for k, v in zip(self._names, row, strict=True) if k in known}
-            out.append(_sample([values.get(a, _DEFAULTS[a]) for a in ATTRS]))
+            out.append(self._sample([values.get(a, _DEFAULTS[a]) for a in ATTRS]))
         return out
+
+    def _sample(self, row: list[Any]) -> GpuSample:
+        """A sample from its stored attribute values (in ``ATTRS`` order)."""
+        if (m := row[_I_ENERGY]) is not None:
+            row[_I_ENERGY] = _ENERGY[m]
+        if (m := row[_I_TFLOPS]) is not None:
+            row[_I_TFLOPS] = _TFLOPS[m]
+        if (procs := row[_I_PROCS]) is not None:
+            # A GPU's processes are the same tick after tick: one tuple of them, shared, which
+            # the store then compares by identity instead of field by field.
+            shared = self._processes.get(procs)
+            if shared is None:
+                if len(self._processes) >= 4096:
+                    self._processes.clear()
+                shared = self._processes[procs] = tuple(ProcessSample(*p) for p in procs)
+            row[_I_PROCS] = shared
+        return make_gpu_sample(*row)
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GpuSample) if f.name in ATTRS}
 _DEFAULTS["xid_errors"] = ()
 _I_ENERGY, _I_TFLOPS = ATTRS.index("energy_method"), ATTRS.index("tflops_method")
 _I_XID, _I_PROCS = ATTRS.index("xid_errors"), ATTRS.index("processes")
-
-
-def _sample(row: list[Any]) -> GpuSample:
-    """A sample from its stored attribute values (in ``ATTRS`` order)."""
-    if (m := row[_I_ENERGY]) is not None:
-        row[_I_ENERGY] = _ENERGY[m]
-    if (m := row[_I_TFLOPS]) is not None:
-        row[_I_TFLOPS] = _TFLOPS[m]
-    row[_I_XID] = tuple(row[_I_XID])
-    if (procs := row[_I_PROCS]) is not None:
-        row[_I_PROCS] = tuple(ProcessSample(pid, mem) for pid, mem in procs)
-    return make_gpu_sample(*row)
 
 
 def frames(data: bytes, offset: int) -> Iterator[tuple[int, int, int]]:
