@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 TEXT, BINARY = ".lp", ".gws"  # segment suffixes
 _CURSOR = "cursor.json"
+_CURSOR_BYTES = 64  # the cursor's fixed width: JSON padded with spaces
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +83,19 @@ class Spool:
         self._readers: dict[int, spool_frames.SegmentReader] = {}
         self._segments: list[int] = sorted(self._suffixes)
         self._cursor_segment, self._cursor_offset = self._read_cursor()
+        self._reading: tuple[int, BinaryIO] | None = None  # the segment being read, open
         self._repair_tail()
         if not self._segments:
             self._new_segment(max(self._cursor_segment, 1), self._suffix_written)
         if self._cursor_segment not in self._segments:
             self._cursor_segment, self._cursor_offset = self._segments[0], 0
+        # A whole record from the start (written aside, then renamed): the file never reads empty.
+        tmp = self.directory / (_CURSOR + ".tmp")
+        self._cursor_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._write_cursor()
+        os.replace(tmp, self.directory / _CURSOR)
         self._active = _open_private(self._path(self._segments[-1]))
+        self._active_bytes = self._active.tell()  # the active segment's size
 
     # --- writing ---------------------------------------------------------------------------------
     @property
@@ -120,14 +128,17 @@ class Spool:
             self._active.flush()
             if self._fsync:
                 os.fsync(self._active.fileno())
-            if self._active.tell() >= self.segment_bytes:
+            self._active_bytes = self._active.tell()
+            if self._active_bytes >= self.segment_bytes:
                 self._rotate()
-            self._enforce_bound()
+                # checked as a segment fills: pending bytes stay within one segment of the bound
+                self._enforce_bound()
 
     def _rotate(self) -> None:
         self._active.close()
         self._new_segment(self._segments[-1] + 1, self._suffix_written)
         self._active = _open_private(self._path(self._segments[-1]))
+        self._active_bytes = self._active.tell()
         if self._fsync:
             _fsync_dir(self.directory)
 
@@ -148,9 +159,8 @@ class Spool:
             path = self._path(oldest)
             start = self._cursor_offset if oldest == self._cursor_segment else 0
             lost = self._count(oldest, start)
+            self._forget(oldest)
             path.unlink(missing_ok=True)
-            del self._suffixes[oldest]
-            self._readers.pop(oldest, None)
             self.dropped_lines += lost
             self._cursor_segment, self._cursor_offset = self._segments[0], 0
             self._write_cursor()
@@ -170,18 +180,21 @@ class Spool:
             while True:
                 seg, offset = self._cursor_segment, self._cursor_offset
                 path = self._path(seg)
-                if self._suffixes[seg] == BINARY:
-                    batch = self._read_frames(seg, offset, max_lines, max_bytes)
+                if seg == self._segments[-1] and offset >= self._active_bytes:
+                    return SpoolBatch([], seg, offset)  # all delivered: nothing to open
+                if seg == self._segments[-1]:  # no bigger a read than what is there
+                    max_bytes = max(1, min(max_bytes, self._active_bytes - offset))
+                f = self._open_for_reading(seg)
+                if f is None:
+                    chunk = b""
+                elif self._suffixes[seg] == BINARY:
+                    batch = self._read_frames(seg, f, offset, max_lines, max_bytes)
                     if batch is not None:
                         return batch
                     chunk = b""
                 else:
-                    try:
-                        with open(path, "rb") as f:
-                            f.seek(offset)
-                            chunk = f.read(max_bytes)
-                    except FileNotFoundError:
-                        chunk = b""
+                    f.seek(offset)
+                    chunk = f.read(max_bytes)
                 end = chunk.rfind(b"\n")
                 if end >= 0:
                     # only "\n" ends a line: str.splitlines() would also cut at a CR, U+2028 or
@@ -195,48 +208,64 @@ class Spool:
                     return SpoolBatch([], seg, offset)
                 # this segment is fully delivered: move on and delete it
                 self._segments.remove(seg)
-                del self._suffixes[seg]
-                self._readers.pop(seg, None)
+                self._forget(seg)
                 path.unlink(missing_ok=True)
                 self._cursor_segment, self._cursor_offset = self._segments[0], 0
                 self._write_cursor()
 
-    def _read_frames(
-        self, seg: int, offset: int, max_samples: int, max_bytes: int
-    ) -> SpoolBatch | None:
-        """The samples of the next whole frames of binary segment ``seg``; None when there are
-        none after ``offset``."""
+    def _open_for_reading(self, seg: int) -> BinaryIO | None:
+        """Segment ``seg`` open for reading (kept open while it is the one being read)."""
+        if self._reading is not None:
+            if self._reading[0] == seg:
+                return self._reading[1]
+            self._reading[1].close()
+            self._reading = None
         try:
-            f = open(self._path(seg), "rb")  # noqa: SIM115 (closed below, on every path)
+            f = open(self._path(seg), "rb")  # noqa: SIM115 (kept; closed by _forget or close)
         except FileNotFoundError:
             return None
-        with f:
-            reader = self._reader(seg, f)
-            offset = max(offset, reader.header_end)
-            f.seek(offset)
-            data = f.read(max_bytes)
-            head = spool_frames.FRAME.size
-            if len(data) >= head:  # a frame larger than max_bytes is read whole
-                need = head + spool_frames.FRAME.unpack_from(data)[0]
-                if need > len(data):
-                    data += f.read(need - len(data))
-            samples: list[GpuSample] = []
-            end = 0
-            for start, stop, count in spool_frames.frames(data, 0):
-                if samples and len(samples) + count > max_samples:
-                    break
-                samples += reader.samples(data[start:stop])
-                end = stop
-            if end == 0:
-                if data and seg != self._segments[-1]:
-                    log.error(
-                        "spool: %s has %d unreadable bytes after offset %d; skipped",
-                        self._path(seg).name,
-                        len(data),
-                        offset,
-                    )
-                return None
-            return SpoolBatch([], seg, offset + end, samples)
+        self._reading = (seg, f)
+        return f
+
+    def _forget(self, seg: int) -> None:
+        """Drop what is kept about segment ``seg`` (it is being deleted)."""
+        del self._suffixes[seg]
+        self._readers.pop(seg, None)
+        if self._reading is not None and self._reading[0] == seg:
+            self._reading[1].close()
+            self._reading = None
+
+    def _read_frames(
+        self, seg: int, f: BinaryIO, offset: int, max_samples: int, max_bytes: int
+    ) -> SpoolBatch | None:
+        """The samples of the next whole frames of binary segment ``seg`` (open as ``f``); None
+        when there are none after ``offset``."""
+        reader = self._reader(seg, f)
+        offset = max(offset, reader.header_end)
+        f.seek(offset)
+        data = f.read(max_bytes)
+        head = spool_frames.FRAME.size
+        if len(data) >= head:  # a frame larger than max_bytes is read whole
+            need = head + spool_frames.FRAME.unpack_from(data)[0]
+            if need > len(data):
+                data += f.read(need - len(data))
+        samples: list[GpuSample] = []
+        end = 0
+        for start, stop, count in spool_frames.frames(data, 0):
+            if samples and len(samples) + count > max_samples:
+                break
+            samples += reader.samples(data[start:stop])
+            end = stop
+        if end == 0:
+            if data and seg != self._segments[-1]:
+                log.error(
+                    "spool: %s has %d unreadable bytes after offset %d; skipped",
+                    self._path(seg).name,
+                    len(data),
+                    offset,
+                )
+            return None
+        return SpoolBatch([], seg, offset + end, samples)
 
     def _reader(self, seg: int, f: BinaryIO) -> spool_frames.SegmentReader:
         reader = self._readers.get(seg)
@@ -288,6 +317,10 @@ class Spool:
                 if self._fsync:
                     os.fsync(self._active.fileno())
                 self._active.close()
+                os.close(self._cursor_fd)
+                if self._reading is not None:
+                    self._reading[1].close()
+                    self._reading = None
 
     # --- internals -------------------------------------------------------------------------------
     def _pending_bytes_locked(self) -> int:
@@ -326,13 +359,14 @@ class Spool:
         return seg, offset
 
     def _write_cursor(self) -> None:
-        tmp = self.directory / (_CURSOR + ".tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump({"segment": self._cursor_segment, "offset": self._cursor_offset}, f)
-            f.flush()
-            if self._fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, self.directory / _CURSOR)
+        """Overwrite the cursor in place: one ``pwrite`` of a fixed-width record, not fsync'd.
+
+        A cursor that lags after a crash or power loss (or one torn, which reads as "from the
+        start") only makes the flusher send delivered points again, which the stores keep once
+        (their writes are idempotent); it never skips a point, as it is written after delivery.
+        """
+        record = json.dumps({"segment": self._cursor_segment, "offset": self._cursor_offset})
+        os.pwrite(self._cursor_fd, record.encode().ljust(_CURSOR_BYTES), 0)
 
     def _repair_tail(self) -> None:
         """Cut a half-written last line (the process died inside a write)."""

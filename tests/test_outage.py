@@ -79,10 +79,17 @@ def _settled(vm: VictoriaMetricsServer, expected: int) -> dict[tuple[str, str], 
 
 def _undelivered_lines(spool: Path) -> int:
     """Complete lines after the spool's cursor, read without opening (and repairing) the spool."""
-    try:
-        cursor = json.loads((spool / "cursor.json").read_text())
-    except FileNotFoundError:
-        cursor = {"segment": 0, "offset": 0}
+    for _ in range(10):
+        try:
+            cursor = json.loads((spool / "cursor.json").read_text())
+            break
+        except FileNotFoundError:
+            cursor = {"segment": 0, "offset": 0}
+            break
+        except json.JSONDecodeError:  # read while the collector rewrote it in place: read again
+            time.sleep(0.01)
+    else:
+        raise AssertionError("cursor.json never read whole")
     total = 0
     for path in sorted(spool.glob("*.lp")):
         seq = int(path.stem)
