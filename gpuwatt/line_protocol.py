@@ -138,6 +138,7 @@ class _Pattern:
     floats: tuple[bool, ...]  # selector of the present float fields (the finiteness check)
     scaled: tuple[tuple[int, float], ...]  # (position among the present, scale) of scaled ints
     bools: tuple[int, ...]  # positions among the present of the boolean fields
+    n_absent: int
 
 
 def _pattern(absent: tuple[bool, ...]) -> _Pattern:
@@ -161,6 +162,7 @@ def _pattern(absent: tuple[bool, ...]) -> _Pattern:
         tuple(not a and spec.kind is Kind.FLOAT for spec, a in zip(FIELDS, absent, strict=True)),
         tuple(scaled),
         tuple(bools),
+        sum(absent),
     )
 
 
@@ -174,33 +176,22 @@ class _FieldEncoder:
     leaves such a field out.
     """
 
-    __slots__ = ("_getter", "_patterns")
+    __slots__ = ("_getter", "_last", "_patterns")
 
     def __init__(self) -> None:
         self._getter = attrgetter(*(spec.attr for spec in FIELDS))
         self._patterns: dict[tuple[bool, ...], _Pattern] = {}
+        self._last = _pattern(tuple(True for _ in FIELDS))
 
     def __call__(self, s: GpuSample) -> str:
         values = self._getter(s)
-        absent = tuple(map(_is_none, values))
-        pattern = self._patterns.get(absent)
-        if pattern is None:
-            pattern = self._patterns[absent] = _pattern(absent)
-        args = list(compress(values, pattern.present))
-        for j, scale in pattern.scaled:
-            args[j] //= scale
-        for j in pattern.bools:
-            args[j] = "true" if args[j] else "false"
-        # NaN or inf in any float field makes the sum NaN or inf, and x - x NaN (a finite sum
-        # that overflows only sends the sample down the general path, which keeps it whole).
-        x = sum(compress(values, pattern.floats))
-        if x - x != 0.0:
-            body = _numeric_fields_slow(values)
-        else:
-            try:
-                body = pattern.format % tuple(args)
-            except (ValueError, OverflowError):  # NaN or inf in an integer field
-                body = _numeric_fields_slow(values)
+        pattern = self._last  # the previous sample's: the same as this one's, nearly always
+        if values.count(None) != pattern.n_absent:
+            pattern = self._pattern_of(values)
+        try:
+            body = _numeric_fields(pattern, values)
+        except TypeError:  # a field present in that pattern is None here: another pattern
+            body = _numeric_fields(self._pattern_of(values), values)
         extra = []
         if s.energy_method is not None:
             extra.append(_ENERGY_METHOD_FIELD[s.energy_method])
@@ -218,6 +209,35 @@ class _FieldEncoder:
         if extra:
             return body + "," + ",".join(extra)
         return body
+
+    def _pattern_of(self, values: tuple[Any, ...]) -> _Pattern:
+        absent = tuple(map(_is_none, values))
+        pattern = self._patterns.get(absent)
+        if pattern is None:
+            pattern = self._patterns[absent] = _pattern(absent)
+        self._last = pattern
+        return pattern
+
+
+def _numeric_fields(pattern: _Pattern, values: tuple[Any, ...]) -> str:
+    """The numeric fields of ``values`` written by ``pattern``. Raises TypeError when a field
+    present in the pattern is None (the values have another pattern: as many Nones elsewhere)."""
+    args = list(compress(values, pattern.present))
+    for j, scale in pattern.scaled:
+        args[j] //= scale
+    for j in pattern.bools:
+        if args[j] is None:
+            raise TypeError("a boolean field is None")
+        args[j] = "true" if args[j] else "false"
+    # NaN or inf in any float field makes the sum NaN or inf, and x - x NaN (a finite sum that
+    # overflows only sends the sample down the general path, which keeps it whole).
+    x = sum(compress(values, pattern.floats))
+    if x - x != 0.0:
+        return _numeric_fields_slow(values)
+    try:
+        return pattern.format % tuple(args)
+    except (ValueError, OverflowError):  # NaN or inf in an integer field
+        return _numeric_fields_slow(values)
 
 
 _is_none = partial(operator.is_, None)
