@@ -10,9 +10,10 @@ fresh process with its own tree on ``PYTHONPATH``, and the ratio of the medians)
 
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
-line-protocol encoding (``gpuwatt.line_protocol.LineEncoder``), per GPU-sample, median of several runs;
-the simulator's own step is outside the timed region. The minimum over runs is printed beside the
-median (the figure least affected by other load, as ``timeit`` recommends). What the fake NVML
+line-protocol encoding (``gpuwatt.line_protocol.LineEncoder``: the spool's form for a store across
+the network; the embedded store's binary frames cost less), per GPU-sample, median of several
+runs; the simulator's own step is outside the timed region. The minimum over runs is printed
+beside the median (the figure least affected by other load, as ``timeit`` recommends). What the fake NVML
 itself costs is measured apart (the calls of each tick logged, then replayed against the fake
 alone) and taken out: the target is checked against that own cost (median), the work the collector
 adds on top of NVML. The two are measured a few seconds apart. Times are CPU time of this process
