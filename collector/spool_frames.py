@@ -18,6 +18,7 @@ A frame cut short by a crash, or whose CRC does not match, ends the segment (``v
 from __future__ import annotations
 
 import logging
+import numbers
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -52,10 +53,25 @@ def segment_header() -> bytes:
     return _PREAMBLE.pack(MAGIC, VERSION, len(header)) + header
 
 
+_BIG_INT = 1  # MessagePack extension type: an integer beyond 64 bits, as its decimal digits
+
+
 def _default(obj: object) -> object:
     if isinstance(obj, ProcessSample):
         return (obj.pid, obj.used_memory_bytes)
+    if isinstance(obj, int):  # kept exactly; the store then decides what to make of it
+        return msgpack.ExtType(_BIG_INT, str(obj).encode())
+    if isinstance(obj, numbers.Integral):  # numpy's integers, say
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
     raise TypeError(f"cannot spool a {type(obj).__name__}")
+
+
+def _ext(code: int, data: bytes) -> object:
+    if code == _BIG_INT:
+        return int(data)
+    raise SpoolFormatError(f"unknown extension type {code} in a spool frame")
 
 
 def encode_frame(samples: Sequence[GpuSample]) -> bytes:
@@ -92,7 +108,7 @@ class SegmentReader:
             log.warning("spool segment has attributes this collector drops: %s", unknown)
 
     def samples(self, payload: bytes) -> list[GpuSample]:
-        rows = msgpack.unpackb(payload, use_list=False)
+        rows = msgpack.unpackb(payload, use_list=False, ext_hook=_ext)
         if self._same:
             return [self._sample(list(row)) for row in rows]
         known = set(ATTRS)
