@@ -89,11 +89,7 @@ class Spool:
             self._new_segment(max(self._cursor_segment, 1), self._suffix_written)
         if self._cursor_segment not in self._segments:
             self._cursor_segment, self._cursor_offset = self._segments[0], 0
-        # A whole record from the start (written aside, then renamed): the file never reads empty.
-        tmp = self.directory / (_CURSOR + ".tmp")
-        self._cursor_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._write_cursor()
-        os.replace(tmp, self.directory / _CURSOR)
+        self._cursor_fd = self._open_cursor()
         self._active = _open_private(self._path(self._segments[-1]))
         self._active_bytes = self._active.tell()  # the active segment's size
 
@@ -357,6 +353,25 @@ class Spool:
         if seg not in self._segments:
             return first, 0
         return seg, offset
+
+    def _open_cursor(self) -> int:
+        """The cursor file, open for writing in place; written now only where it does not hold
+        this spool's position already (another process reading the spool, ``gpuwatt spool
+        status``, then leaves a running collector's cursor alone)."""
+        path = self.directory / _CURSOR
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            # A whole record from the start (written aside, then renamed): never read empty.
+            tmp = self.directory / (_CURSOR + ".tmp")
+            self._cursor_fd = fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._write_cursor()
+            os.replace(tmp, path)
+            return fd
+        self._cursor_fd = fd
+        if self._read_cursor() != (self._cursor_segment, self._cursor_offset):
+            self._write_cursor()
+        return fd
 
     def _write_cursor(self) -> None:
         """Overwrite the cursor in place: one ``pwrite`` of a fixed-width record, not fsync'd.

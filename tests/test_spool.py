@@ -311,3 +311,17 @@ def test_binary_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> No
     got = _drain_samples(spool, max_lines=50)
     assert _same(got[: acknowledged + 1], _samples(0, acknowledged + 1))
     spool.close()
+
+
+def test_a_second_reader_leaves_the_running_spools_cursor_alone(tmp_path: Path) -> None:
+    """``gpuwatt spool status`` opens the spool of a running collector: the collector's later
+    commits must still reach the cursor file the next start reads."""
+    running = Spool(tmp_path)
+    running.append(_lines(0, 10))
+    running.commit(running.read_batch(max_lines=3))
+    status = Spool(tmp_path)
+    assert status.pending_lines() == 7
+    status.close()
+    running.commit(running.read_batch(max_lines=4))
+    running.close()
+    assert _drain(Spool(tmp_path)) == _lines(7, 3)
