@@ -14,8 +14,8 @@ when its store comes back: read a batch, deliver it, move the cursor (fsync'd), 
 Each figure is samples (lines) per second of wall time, with the flusher process's CPU time
 beside it, for the best of ``--runs`` replays (the one least slowed by other load); the store's
 count is checked after each replay. For InfluxDB, the server's own CPU for the same lines is
-printed too: on a machine of few cores it, not the sending, sets the wall time. Targets (issue 16, acceptance 4):
->= 100,000 samples/s into SQLite, >= 50,000 lines/s into the InfluxDB path.
+printed too: on a machine of few cores it, not the sending, sets the wall time. Targets (issue
+16, acceptance 4): >= 100,000 samples/s into SQLite, >= 50,000 lines/s into the InfluxDB path.
 """
 
 from __future__ import annotations
