@@ -13,9 +13,14 @@ from itertools import compress
 from operator import attrgetter
 from typing import Any
 
-from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
+from gpuwatt.model import (
+    EnergyMethod,
+    GpuSample,
+    ProcessSample,
+    TflopsMethod,
+    gpu_sample_from_fields,
+)
 from gpuwatt.schema import (
-    FIELD_BY_NAME,
     FIELD_ENERGY_METHOD,
     FIELD_JOB_ID,
     FIELD_LOST,
@@ -392,39 +397,45 @@ def parse_line(line: str) -> tuple[str, dict[str, str], dict[str, Any], int]:
     return _unescape(measurement), tags, fields_, time_ns
 
 
+_BY_FIELD: dict[str, tuple[str, Kind, float]] = {
+    spec.field: (spec.attr, spec.kind, spec.scale) for spec in FIELDS
+}
+_ENERGY_METHODS = {m.value: m for m in EnergyMethod}
+_TFLOPS_METHODS = {m.value: m for m in TflopsMethod}
+
+
 def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any]) -> GpuSample:
     """Build a sample from stored tags and fields (line protocol, InfluxQL rows)."""
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {
+        "time_ns": int(time_ns),
+        "host": decode_name(tags.get(TAG_HOST, "")),
+        "gpu_index": int(tags.get(TAG_INDEX, -1)),
+        "uuid": decode_name(tags.get(TAG_UUID, "")),
+        "name": decode_name(tags.get(TAG_NAME, "")),
+        "lost": bool(values.get(FIELD_LOST, False)),
+    }
     for name, v in values.items():
-        if v is None:
+        spec = _BY_FIELD.get(name)
+        if spec is None or v is None:
             continue
-        spec = FIELD_BY_NAME.get(name)
-        if spec is not None:
-            if spec.kind is Kind.INT:
-                kwargs[spec.attr] = round(v * spec.scale)
-            elif spec.kind is Kind.FLOAT:
-                kwargs[spec.attr] = float(v) * spec.scale
-            else:
-                kwargs[spec.attr] = bool(v)
+        attr, kind, scale = spec
+        if kind is Kind.FLOAT:
+            kwargs[attr] = float(v) * scale
+        elif kind is Kind.INT:
+            kwargs[attr] = round(v * scale)
+        else:
+            kwargs[attr] = bool(v)
     if (m := values.get(FIELD_ENERGY_METHOD)) is not None:
-        kwargs["energy_method"] = EnergyMethod(m)
+        kwargs["energy_method"] = _ENERGY_METHODS.get(m) or EnergyMethod(m)
     if (m := values.get(FIELD_TFLOPS_METHOD)) is not None:
-        kwargs["tflops_method"] = TflopsMethod(m)
+        kwargs["tflops_method"] = _TFLOPS_METHODS.get(m) or TflopsMethod(m)
     if (x := values.get(FIELD_XID_LAST)) is not None:
         kwargs["xid_errors"] = (int(x),)
     if values.get(FIELD_PROCESS_COUNT) is not None:
         kwargs["processes"] = parse_processes(values.get(FIELD_PROCESSES) or "")
     if (job := values.get(FIELD_JOB_ID)) is not None:
         kwargs["job_id"] = decode_name(str(job))
-    return GpuSample(
-        time_ns=int(time_ns),
-        host=decode_name(tags.get(TAG_HOST, "")),
-        gpu_index=int(tags.get(TAG_INDEX, -1)),
-        uuid=decode_name(tags.get(TAG_UUID, "")),
-        name=decode_name(tags.get(TAG_NAME, "")),
-        lost=bool(values.get(FIELD_LOST, False)),
-        **kwargs,
-    )
+    return gpu_sample_from_fields(kwargs)
 
 
 def decode_line(line: str) -> GpuSample:
