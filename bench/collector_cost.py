@@ -10,21 +10,21 @@ fresh process with its own tree on ``PYTHONPATH``, and the ratio of the medians)
 
 Both sides query the same simulated node (8 x H100 SXM, one compute process per GPU) through
 ``collector.sim.fake_nvml.FakeNvml``. The collector's figure is ``NvmlSampler.sample()`` plus
-line-protocol encoding (``gpuwatt.line_protocol.LineEncoder``), per GPU-sample, median of
-several runs;
+line-protocol encoding (``gpuwatt.line_protocol.LineEncoder``: the spool's form for a store across
+the network; the embedded store's binary frames cost less), per GPU-sample, median of several runs;
 the simulator's own step is outside the timed region. The minimum over runs is printed beside the
 median (the figure least affected by other load, as ``timeit`` recommends). What the fake NVML
-itself costs is measured apart (the calls of each tick logged, then replayed against the fake
-alone) and taken out: the target is checked against that own cost (median), the work the collector
-adds on top of NVML. The two are measured a few seconds apart. Times are CPU time of this process
+itself costs is measured apart (the calls of each tick logged, then replayed against the fake alone)
+and taken out: the target is checked against that own cost (median), the work the collector adds on
+top of NVML. The two are measured a few seconds apart. Times are CPU time of this process
 (``time.process_time``): the machines this runs on are often shared, and CPU time is what the
 collector costs its node. A breakdown line splits the figure into sampling (NVML calls on the fake
 plus the sampler's logic), of which ``GpuSample`` construction, and encoding; a calibration line
 gives the cost of one float ``repr`` on this machine, to compare figures across machines. gpustat's
-``GPUStatCollection.new_query()`` runs with the ``pynvml`` module's functions replaced by the
-fake's for the duration (restored after). As shipped, gpustat sleeps 0.1 s in every query that
-finds processes (to measure their CPU %); that sleep is reported (wall time), then patched out so
-the comparison is of query work alone.
+``GPUStatCollection.new_query()`` runs with the ``pynvml`` module's functions replaced by the fake's
+for the duration (restored after). As shipped, gpustat sleeps 0.1 s in every query that finds
+processes (to measure their CPU %); that sleep is reported (wall time), then patched out so the
+comparison is of query work alone.
 
 On real hardware each NVML call is a driver ioctl of several microseconds, which neither side can
 avoid; this bench measures the Python work each tool adds on top.

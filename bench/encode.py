@@ -1,9 +1,14 @@
-"""Line-protocol encoding: gpuwatt's LineEncoder vs influxdb_client's Point API.
+"""Line-protocol encoding: gpuwatt's LineEncoder vs influxdb_client's Point API, and vs the
+encoder it replaced; parsing, today's parser vs the one it replaced.
 
     .venv/bin/python bench/encode.py [--points 20000]
 
-Both encode the same full samples (every metric set) into identical-content lines; prints
-microseconds per point for each and the ratio (target: ours >= 10x faster).
+All encode the same full samples (every metric set) into identical-content lines; prints
+microseconds per point for each and the ratio (target: ours >= 10x faster than the Point API).
+Beside it, the encoder of commit 8509a5f, which generated code at run time for each pattern of
+present fields (``tests/line_protocol_v1.py``), against today's plain one (issue 19, point 4:
+plain code unless the trick is needed; the output is identical, ``tests/test_line_protocol_v1.py``),
+and ``parse_line`` / ``decode_line`` against 8509a5f's character-by-character parser.
 
 The two are timed in alternating rounds, in CPU time (``time.process_time``), and the ratio is
 taken per round: the machines this runs on are shared and their speed drifts from one minute to
@@ -15,9 +20,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from gpuwatt.line_protocol import LineEncoder, format_processes, parse_line
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from line_protocol_v1 import GeneratedLineEncoder, parse_line_v1
+
+from gpuwatt.line_protocol import (
+    LineEncoder,
+    decode_line,
+    format_processes,
+    parse_line,
+    sample_from_fields,
+)
 from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
 from gpuwatt.schema import (
     FIELD_ENERGY_METHOD,
@@ -144,29 +161,51 @@ def main() -> None:
     args = ap.parse_args()
     samples = full_samples(args.points)
     n_point = min(len(samples), 2_000)
+    n_parse = min(len(samples), 5_000)
 
-    enc = LineEncoder()
-    enc.encode_many(samples[:1024])  # warm the tag-prefix cache like a running collector
+    enc, generated = LineEncoder(), GeneratedLineEncoder()
+    for e in (enc, generated):
+        e.encode_many(samples[:1024])  # warm the tag-prefix cache like a running collector
     clock = time.process_time
-    ours_us, point_us, ratios = [], [], []
-    for _ in range(args.rounds):
-        t = clock()
-        ours = enc.encode_many(samples)
-        ours_us.append((clock() - t) / len(samples) * 1e6)
-        t = clock()
-        theirs = [point_api_line(s) for s in samples[:n_point]]
-        point_us.append((clock() - t) / n_point * 1e6)
-        ratios.append(point_us[-1] / ours_us[-1])
+    times: dict[str, list[float]] = {
+        k: [] for k in ("ours", "generated", "point", "parse", "parse_v1", "decode", "decode_v1")
+    }
+    ratios = []
 
+    def timed(key: str, fn, n: int):  # type: ignore[no-untyped-def]
+        t = clock()
+        out = fn()
+        times[key].append((clock() - t) / n * 1e6)
+        return out
+
+    for _ in range(args.rounds):
+        ours = timed("ours", lambda: enc.encode_many(samples), len(samples))
+        old = timed("generated", lambda: generated.encode_many(samples), len(samples))
+        theirs = timed("point", lambda: [point_api_line(s) for s in samples[:n_point]], n_point)
+        ratios.append(times["point"][-1] / times["ours"][-1])
+        lines = ours[:n_parse]
+        timed("parse", lambda lines=lines: [parse_line(x) for x in lines], n_parse)
+        timed("parse_v1", lambda lines=lines: [parse_line_v1(x) for x in lines], n_parse)
+        timed("decode", lambda lines=lines: [decode_line(x) for x in lines], n_parse)
+        timed(
+            "decode_v1",
+            lambda lines=lines: [
+                sample_from_fields(p[3], p[1], p[2]) for p in map(parse_line_v1, lines)
+            ],
+            n_parse,
+        )
+
+    assert ours == old, "the plain and the generated encoders disagree"
     n_fields = len(parse_line(ours[0])[2])
-    assert parse_line(ours[0]) == parse_line(theirs[0]), "the two encoders disagree"
+    assert parse_line(ours[0]) == parse_line(theirs[0]) == parse_line_v1(ours[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
     print(f"fields per point:           {n_fields}; {args.rounds} alternating rounds, CPU time")
     print(
-        f"gpuwatt LineEncoder:        {statistics.median(ours_us):8.2f} µs/point median "
+        f"gpuwatt LineEncoder:        {med['ours']:8.2f} µs/point median "
         f"({len(samples)} points per round)"
     )
     print(
-        f"influxdb_client Point API:  {statistics.median(point_us):8.2f} µs/point median "
+        f"influxdb_client Point API:  {med['point']:8.2f} µs/point median "
         f"({n_point} points per round)"
     )
     ratio = statistics.median(ratios)
@@ -174,6 +213,18 @@ def main() -> None:
     print(
         f"ratio (Point / ours):       {ratio:8.1f}x median of the rounds' ratios "
         f"(range {min(ratios):.1f}-{max(ratios):.1f}x; target >= 10x: {verdict})"
+    )
+    print(
+        f"8509a5f's generated encoder:{med['generated']:8.2f} µs/point median (identical "
+        f"output); plain / generated {med['ours'] / med['generated']:.2f}x"
+    )
+    print(
+        f"parse_line:                 {med['parse']:8.2f} µs/line median; 8509a5f's "
+        f"{med['parse_v1']:.2f} µs ({med['parse_v1'] / med['parse']:.1f}x faster)"
+    )
+    print(
+        f"decode_line (to a sample):  {med['decode']:8.2f} µs/line median; 8509a5f's "
+        f"{med['decode_v1']:.2f} µs ({med['decode_v1'] / med['decode']:.1f}x faster)"
     )
 
 

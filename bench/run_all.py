@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 QUICK = [
     ["collector_cost.py"],
     ["encode.py"],
+    ["spool_replay.py"],
     ["sqlite_ingest.py"],
     ["detect.py"],
     ["storage.py", "--case", "demo"],
@@ -23,6 +24,7 @@ QUICK = [
 ]
 LONG = [
     ["analysis_speed.py"],
+    ["collector_process.py"],
     ["dashboard.py"],
     ["storage.py", "--case", "big"],
     ["promql_read.py"],

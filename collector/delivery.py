@@ -1,23 +1,27 @@
-"""Writing spooled lines to a store so that one bad line never holds back the lines behind it.
+"""Writing spooled points to a store so that one bad point never holds back those behind it.
 
-``deliver_lines`` writes a batch; when the store refuses the batch's *data* (a line it cannot
-parse, a field type it rejects), it splits the batch in halves and writes each, down to the
-single lines that are refused, which it returns with the reason. Stores are idempotent, so lines
-written twice on the way store once. A store that is down, and one that refuses who we are or
-does not know the database (HTTP 401, 403, 404: an expired token, a bucket not created yet), is
-an outage: ``StoreUnavailable`` goes up, the batch stays in the spool, and it is retried with
-back-off. Only the data itself is ever set aside (``SetAside``), in a bounded folder, with its
-reason, where ``gpuwatt spool replay`` picks it up again.
+``deliver_lines`` writes a batch of lines (``deliver_samples`` a batch of samples, from a binary
+spool); when the store refuses the batch's *data* (a line it cannot parse, a field type it
+rejects), it splits the batch in halves and writes each, down to the single points that are
+refused, which it returns with the reason (a refused sample as its line). Stores are idempotent,
+so points written twice on the way store once. A store that is down, and one that refuses who we
+are or does not know the database (HTTP 401, 403, 404: an expired token, a bucket not created
+yet), is an outage: ``StoreUnavailable`` goes up, the batch stays in the spool, and it is retried
+with back-off. Only the data itself is ever set aside (``SetAside``), in a bounded folder, with
+its reason, where ``gpuwatt spool replay`` picks it up again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from gpuwatt.errors import StoreUnavailable
+from gpuwatt.line_protocol import LineEncoder
+from gpuwatt.model import GpuSample
 from gpuwatt.private_files import private_dir
 from gpuwatt.store import StoreRejected
 from gpuwatt.store.base import Store
@@ -42,9 +46,26 @@ class Outcome:
 def deliver_lines(store: Store, lines: Sequence[str]) -> Outcome:
     """Write ``lines``; refused lines come back with their reason. Raises ``StoreUnavailable``
     (or ``StoreRefusesUs``) when nothing can be written now."""
+    return _deliver(store.write_lines, lines, lambda line: line)
+
+
+def deliver_samples(store: Store, samples: Sequence[GpuSample]) -> Outcome:
+    """``deliver_lines`` for samples (``store.write_samples``); a refused sample comes back as
+    its line, to be set aside and replayed like any refused line."""
+    return _deliver(store.write_samples, samples, LineEncoder().encode)
+
+
+_Point = TypeVar("_Point")
+
+
+def _deliver(
+    write: Callable[[Sequence[_Point]], None],
+    points: Sequence[_Point],
+    as_line: Callable[[_Point], str],
+) -> Outcome:
     try:
-        store.write_lines(lines)
-        return Outcome(len(lines))
+        write(points)
+        return Outcome(len(points))
     except StoreUnavailable:
         raise
     except StoreRejected as exc:
@@ -53,11 +74,11 @@ def deliver_lines(store: Store, lines: Sequence[str]) -> Outcome:
         error: Exception = exc
     except Exception as exc:
         error = exc
-    if len(lines) == 1:
-        return Outcome(0, [(lines[0], f"{type(error).__name__}: {error}"[:500])])
-    mid = len(lines) // 2
-    first = deliver_lines(store, lines[:mid])
-    second = deliver_lines(store, lines[mid:])
+    if len(points) == 1:
+        return Outcome(0, [(as_line(points[0]), f"{type(error).__name__}: {error}"[:500])])
+    mid = len(points) // 2
+    first = _deliver(write, points[:mid], as_line)
+    second = _deliver(write, points[mid:], as_line)
     return Outcome(first.delivered + second.delivered, first.refused + second.refused)
 
 

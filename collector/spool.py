@@ -1,15 +1,22 @@
 """The collector's durable on-disk spool: every sample is on disk before it is sent anywhere.
 
-Samples are appended as line protocol to segment files and fsync'd, so a collector killed with
+Samples are appended to segment files and fsync'd, so a collector killed with
 SIGKILL loses at most the tick it was in the middle of. A flusher reads batches from a cursor, sends
 them to the store and only then advances the cursor: delivery is at-least-once, in order, and the
 stores are idempotent (same GPU and timestamp stores once), so a replay after a crash duplicates
 nothing. The spool is bounded: past ``max_bytes`` the oldest segments are dropped, loudly, with a
 counter of the lines lost.
 
+A spool holds one of two forms, chosen by the store it feeds (``Spool(binary=...)``): line
+protocol for a store across the network (replay sends the lines as they are), or binary frames
+of samples for a store on this machine, which takes ``GpuSample`` objects without a text round
+trip (``spool_frames``). Segments of the other form, left by an earlier run, are still read and
+delivered in order.
+
 Layout of the directory::
 
-    0000000000000001.lp   segments, one line-protocol point per line, oldest first
+    0000000000000001.lp   text segments, one line-protocol point per line, oldest first
+    0000000000000002.gws  binary segments, a header then one frame of samples per tick
     cursor.json           {"segment": N, "offset": BYTES}: everything before it was delivered
 """
 
@@ -20,25 +27,34 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuwatt.collector import spool_frames
+from gpuwatt.line_protocol import LineEncoder
+from gpuwatt.model import GpuSample
 from gpuwatt.private_files import private_dir
 
 log = logging.getLogger(__name__)
 
-_SUFFIX = ".lp"
+TEXT, BINARY = ".lp", ".gws"  # segment suffixes
 _CURSOR = "cursor.json"
+_CURSOR_BYTES = 64  # the cursor's fixed width: JSON padded with spaces
 
 
 @dataclass(frozen=True, slots=True)
 class SpoolBatch:
-    """Lines read from the spool, and the position to commit once they are delivered."""
+    """Points read from the spool (lines from a text segment, or samples from a binary one),
+    and the position to commit once they are delivered."""
 
     lines: list[str]
     segment: int
     end_offset: int
+    samples: list[GpuSample] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.lines) + len(self.samples)
 
 
 class Spool:
@@ -49,53 +65,97 @@ class Spool:
         max_bytes: int = 256 * 1024 * 1024,
         segment_bytes: int = 4 * 1024 * 1024,
         fsync: bool = True,
+        binary: bool = False,
     ) -> None:
+        """``binary``: append samples as binary frames (a store on this machine) rather than as
+        line protocol (a store across the network)."""
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError("spool max_bytes must be at least two segments")
         self.directory = private_dir(directory)  # samples name hosts, jobs and processes
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self._fsync = fsync
+        self._suffix_written = BINARY if binary else TEXT
+        self._encoder = None if binary else LineEncoder()
         self._lock = threading.Lock()
         self.dropped_lines = 0  # lines lost to the size bound since this process started
-        self._segments: list[int] = self._scan()
+        self._suffixes: dict[int, str] = self._scan()
+        self._readers: dict[int, spool_frames.SegmentReader] = {}
+        self._segments: list[int] = sorted(self._suffixes)
         self._cursor_segment, self._cursor_offset = self._read_cursor()
+        self._reading: tuple[int, BinaryIO] | None = None  # the segment being read, open
         self._repair_tail()
         if not self._segments:
-            self._segments.append(1)
+            self._new_segment(max(self._cursor_segment, 1), self._suffix_written)
+        if self._cursor_segment not in self._segments:
+            self._cursor_segment, self._cursor_offset = self._segments[0], 0
+        self._cursor_fd = self._open_cursor()
         self._active = _open_private(self._path(self._segments[-1]))
+        self._active_bytes = self._active.tell()  # the active segment's size
 
     # --- writing ---------------------------------------------------------------------------------
+    @property
+    def binary(self) -> bool:
+        """Whether samples are appended as binary frames."""
+        return self._suffix_written == BINARY
+
+    def append_samples(self, samples: Sequence[GpuSample]) -> None:
+        """Append samples durably (fsync) before returning, in the spool's form."""
+        if not samples:
+            return
+        if self._encoder is None:
+            self._write(spool_frames.encode_frame(samples), BINARY)
+        else:
+            self.append(self._encoder.encode_many(samples))
+
     def append(self, lines: Sequence[str]) -> None:
-        """Append points durably (fsync) before returning."""
+        """Append line-protocol points durably (fsync) before returning (a text spool)."""
         if not lines:
             return
-        data = ("\n".join(lines) + "\n").encode("utf-8")
+        if self.binary:
+            raise ValueError("a binary spool takes samples (append_samples), not lines")
+        self._write(("\n".join(lines) + "\n").encode("utf-8"), TEXT)
+
+    def _write(self, data: bytes, suffix: str) -> None:
         with self._lock:
+            if self._suffixes[self._segments[-1]] != suffix:
+                self._rotate()  # a segment of the other form, from an earlier run
             self._active.write(data)
             self._active.flush()
             if self._fsync:
                 os.fsync(self._active.fileno())
-            if self._active.tell() >= self.segment_bytes:
+            self._active_bytes = self._active.tell()
+            if self._active_bytes >= self.segment_bytes:
                 self._rotate()
-            self._enforce_bound()
+                # checked as a segment fills: pending bytes stay within one segment of the bound
+                self._enforce_bound()
 
     def _rotate(self) -> None:
         self._active.close()
-        seq = self._segments[-1] + 1
-        self._segments.append(seq)
-        self._active = _open_private(self._path(seq))
+        self._new_segment(self._segments[-1] + 1, self._suffix_written)
+        self._active = _open_private(self._path(self._segments[-1]))
+        self._active_bytes = self._active.tell()
         if self._fsync:
             _fsync_dir(self.directory)
+
+    def _new_segment(self, seq: int, suffix: str) -> None:
+        """Create segment ``seq`` (a binary one starts with its header)."""
+        self._suffixes[seq] = suffix
+        self._segments.append(seq)
+        with _open_private(self._path(seq)) as f:
+            if suffix == BINARY:
+                f.write(spool_frames.segment_header())
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
 
     def _enforce_bound(self) -> None:
         while self._pending_bytes_locked() > self.max_bytes and len(self._segments) > 1:
             oldest = self._segments.pop(0)
             path = self._path(oldest)
             start = self._cursor_offset if oldest == self._cursor_segment else 0
-            with open(path, "rb") as f:
-                f.seek(start)
-                lost = f.read().count(b"\n")
+            lost = self._count(oldest, start)
+            self._forget(oldest)
             path.unlink(missing_ok=True)
             self.dropped_lines += lost
             self._cursor_segment, self._cursor_offset = self._segments[0], 0
@@ -110,17 +170,27 @@ class Spool:
 
     # --- reading and committing ------------------------------------------------------------------
     def read_batch(self, max_lines: int = 2000, max_bytes: int = 1024 * 1024) -> SpoolBatch:
-        """The next undelivered lines (possibly none), oldest first."""
+        """The next undelivered points (possibly none), oldest first: at most ``max_lines``
+        lines, or the samples of whole frames (at least one frame, whatever its size)."""
         with self._lock:
             while True:
                 seg, offset = self._cursor_segment, self._cursor_offset
                 path = self._path(seg)
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offset)
-                        chunk = f.read(max_bytes)
-                except FileNotFoundError:
+                if seg == self._segments[-1] and offset >= self._active_bytes:
+                    return SpoolBatch([], seg, offset)  # all delivered: nothing to open
+                if seg == self._segments[-1]:  # no bigger a read than what is there
+                    max_bytes = max(1, min(max_bytes, self._active_bytes - offset))
+                f = self._open_for_reading(seg)
+                if f is None:
                     chunk = b""
+                elif self._suffixes[seg] == BINARY:
+                    batch = self._read_frames(seg, f, offset, max_lines, max_bytes)
+                    if batch is not None:
+                        return batch
+                    chunk = b""
+                else:
+                    f.seek(offset)
+                    chunk = f.read(max_bytes)
                 end = chunk.rfind(b"\n")
                 if end >= 0:
                     # only "\n" ends a line: str.splitlines() would also cut at a CR, U+2028 or
@@ -134,13 +204,75 @@ class Spool:
                     return SpoolBatch([], seg, offset)
                 # this segment is fully delivered: move on and delete it
                 self._segments.remove(seg)
+                self._forget(seg)
                 path.unlink(missing_ok=True)
                 self._cursor_segment, self._cursor_offset = self._segments[0], 0
                 self._write_cursor()
 
+    def _open_for_reading(self, seg: int) -> BinaryIO | None:
+        """Segment ``seg`` open for reading (kept open while it is the one being read)."""
+        if self._reading is not None:
+            if self._reading[0] == seg:
+                return self._reading[1]
+            self._reading[1].close()
+            self._reading = None
+        try:
+            f = open(self._path(seg), "rb")  # noqa: SIM115 (kept; closed by _forget or close)
+        except FileNotFoundError:
+            return None
+        self._reading = (seg, f)
+        return f
+
+    def _forget(self, seg: int) -> None:
+        """Drop what is kept about segment ``seg`` (it is being deleted)."""
+        del self._suffixes[seg]
+        self._readers.pop(seg, None)
+        if self._reading is not None and self._reading[0] == seg:
+            self._reading[1].close()
+            self._reading = None
+
+    def _read_frames(
+        self, seg: int, f: BinaryIO, offset: int, max_samples: int, max_bytes: int
+    ) -> SpoolBatch | None:
+        """The samples of the next whole frames of binary segment ``seg`` (open as ``f``); None
+        when there are none after ``offset``."""
+        reader = self._reader(seg, f)
+        offset = max(offset, reader.header_end)
+        f.seek(offset)
+        data = f.read(max_bytes)
+        head = spool_frames.FRAME.size
+        if len(data) >= head:  # a frame larger than max_bytes is read whole
+            need = head + spool_frames.FRAME.unpack_from(data)[0]
+            if need > len(data):
+                data += f.read(need - len(data))
+        samples: list[GpuSample] = []
+        end = 0
+        for start, stop, count in spool_frames.frames(data, 0):
+            if samples and len(samples) + count > max_samples:
+                break
+            samples += reader.samples(data[start:stop])
+            end = stop
+        if end == 0:
+            if data and seg != self._segments[-1]:
+                log.error(
+                    "spool: %s has %d unreadable bytes after offset %d; skipped",
+                    self._path(seg).name,
+                    len(data),
+                    offset,
+                )
+            return None
+        return SpoolBatch([], seg, offset + end, samples)
+
+    def _reader(self, seg: int, f: BinaryIO) -> spool_frames.SegmentReader:
+        reader = self._readers.get(seg)
+        if reader is None:
+            f.seek(0)
+            reader = self._readers[seg] = spool_frames.SegmentReader(f.read(64 * 1024))
+        return reader
+
     def commit(self, batch: SpoolBatch) -> None:
         """Record that ``batch`` reached the store."""
-        if not batch.lines:
+        if not len(batch):
             return
         with self._lock:
             if batch.segment != self._cursor_segment:
@@ -158,13 +290,21 @@ class Spool:
             total = 0
             for seg in self._segments:
                 start = self._cursor_offset if seg == self._cursor_segment else 0
-                try:
-                    with open(self._path(seg), "rb") as f:
-                        f.seek(start)
-                        total += f.read().count(b"\n")
-                except FileNotFoundError:
-                    continue
+                total += self._count(seg, start)
             return total
+
+    def _count(self, seg: int, start: int) -> int:
+        """Points in segment ``seg`` after byte ``start``."""
+        try:
+            data = self._path(seg).read_bytes()
+        except FileNotFoundError:
+            return 0
+        if self._suffixes[seg] == TEXT:
+            return data.count(b"\n", start)
+        if len(data) <= start:
+            return 0
+        start = max(start, spool_frames.SegmentReader(data).header_end)
+        return sum(count for _s, _e, count in spool_frames.frames(data, start))
 
     def close(self) -> None:
         with self._lock:
@@ -173,6 +313,10 @@ class Spool:
                 if self._fsync:
                     os.fsync(self._active.fileno())
                 self._active.close()
+                os.close(self._cursor_fd)
+                if self._reading is not None:
+                    self._reading[1].close()
+                    self._reading = None
 
     # --- internals -------------------------------------------------------------------------------
     def _pending_bytes_locked(self) -> int:
@@ -186,10 +330,18 @@ class Spool:
         return total
 
     def _path(self, seq: int) -> Path:
-        return self.directory / f"{seq:016d}{_SUFFIX}"
+        return self.directory / f"{seq:016d}{self._suffixes[seq]}"
 
-    def _scan(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.directory.glob(f"*{_SUFFIX}") if p.stem.isdigit())
+    def _scan(self) -> dict[int, str]:
+        """Segment number -> suffix, of the segments on disk."""
+        found: dict[int, str] = {}
+        for suffix in (TEXT, BINARY):
+            for p in self.directory.glob(f"*{suffix}"):
+                if p.stem.isdigit():
+                    if int(p.stem) in found:
+                        raise spool_frames.SpoolFormatError(f"two segments numbered {p.stem}")
+                    found[int(p.stem)] = suffix
+        return found
 
     def _read_cursor(self) -> tuple[int, int]:
         first = self._segments[0] if self._segments else 1
@@ -202,26 +354,54 @@ class Spool:
             return first, 0
         return seg, offset
 
+    def _open_cursor(self) -> int:
+        """The cursor file, open for writing in place; written now only where it does not hold
+        this spool's position already (another process reading the spool, ``gpuwatt spool
+        status``, then leaves a running collector's cursor alone)."""
+        path = self.directory / _CURSOR
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            # A whole record from the start (written aside, then renamed): never read empty.
+            tmp = self.directory / (_CURSOR + ".tmp")
+            self._cursor_fd = fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._write_cursor()
+            os.replace(tmp, path)
+            return fd
+        self._cursor_fd = fd
+        if self._read_cursor() != (self._cursor_segment, self._cursor_offset):
+            self._write_cursor()
+        return fd
+
     def _write_cursor(self) -> None:
-        tmp = self.directory / (_CURSOR + ".tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump({"segment": self._cursor_segment, "offset": self._cursor_offset}, f)
-            f.flush()
-            if self._fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, self.directory / _CURSOR)
+        """Overwrite the cursor in place: one ``pwrite`` of a fixed-width record, not fsync'd.
+
+        A cursor that lags after a crash or power loss (or one torn, which reads as "from the
+        start") only makes the flusher send delivered points again, which the stores keep once
+        (their writes are idempotent); it never skips a point, as it is written after delivery.
+        """
+        record = json.dumps({"segment": self._cursor_segment, "offset": self._cursor_offset})
+        os.pwrite(self._cursor_fd, record.encode().ljust(_CURSOR_BYTES), 0)
 
     def _repair_tail(self) -> None:
         """Cut a half-written last line (the process died inside a write)."""
         if not self._segments:
             return
-        path = self._path(self._segments[-1])
+        seq = self._segments[-1]
+        path = self._path(seq)
         data = path.read_bytes()
-        keep = data.rfind(b"\n") + 1
+        if self._suffixes[seq] == TEXT:
+            keep = data.rfind(b"\n") + 1
+        else:
+            keep = spool_frames.valid_end(data)
         if keep != len(data):
-            log.warning("spool: discarding a partial line at the end of %s", path.name)
+            log.warning("spool: discarding a partial point at the end of %s", path.name)
             with open(path, "r+b") as f:
                 f.truncate(keep)
+            if keep == 0 and self._suffixes[seq] == BINARY:  # its header was cut short
+                path.unlink()
+                del self._suffixes[seq]
+                self._segments.pop()
 
 
 def _open_private(path: Path) -> BinaryIO:

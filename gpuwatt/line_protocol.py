@@ -6,14 +6,21 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
+from itertools import compress
 from operator import attrgetter
 from typing import Any
 
-from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod
+from gpuwatt.model import (
+    EnergyMethod,
+    GpuSample,
+    ProcessSample,
+    TflopsMethod,
+    gpu_sample_from_fields,
+)
 from gpuwatt.schema import (
-    FIELD_BY_NAME,
     FIELD_COMPUTE_INSTANCE_ID,
     FIELD_ENERGY_METHOD,
     FIELD_GPU_INSTANCE_ID,
@@ -32,7 +39,6 @@ from gpuwatt.schema import (
     TAG_INDEX,
     TAG_NAME,
     TAG_UUID,
-    FieldSpec,
     Kind,
 )
 from gpuwatt.telegraf import telegraf_attrs, yes_no
@@ -96,7 +102,6 @@ class LineEncoder:
     """Encodes samples to InfluxDB line protocol, nanosecond precision.
 
     The tag prefix of each GPU is built once and cached; a field whose value is None is left out.
-    Encoding sits on the collector's hot path (one call per GPU per tick): see ``_FieldEncoder``.
     """
 
     __slots__ = ("_encode_fields", "_prefix_cache")
@@ -133,56 +138,70 @@ class LineEncoder:
         return [enc(s) for s in samples]
 
 
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """How to write the numeric fields of samples with one set of present fields (the fields a
+    GPU supports are the same tick after tick, so a handful of patterns serve a whole run)."""
+
+    format: str  # one %-format over the present fields, in FIELDS order
+    present: tuple[bool, ...]  # selector (itertools.compress) of the present fields
+    floats: tuple[bool, ...]  # selector of the present float fields (the finiteness check)
+    scaled: tuple[tuple[int, float], ...]  # (position among the present, scale) of scaled ints
+    bools: tuple[int, ...]  # positions among the present of the boolean fields
+    n_absent: int
+
+
+def _pattern(absent: tuple[bool, ...]) -> _Pattern:
+    pieces, scaled, bools = [f"{FIELD_LOST}=false"], [], []
+    for spec, missing in zip(FIELDS, absent, strict=True):
+        if missing:
+            continue
+        j = len(pieces) - 1
+        if spec.kind is Kind.INT:
+            pieces.append(f"{spec.field}=%di")
+            if spec.scale != 1.0:
+                scaled.append((j, spec.scale))
+        elif spec.kind is Kind.FLOAT:
+            pieces.append(f"{spec.field}=%.3f")
+        else:
+            pieces.append(f"{spec.field}=%s")
+            bools.append(j)
+    return _Pattern(
+        ",".join(pieces),
+        tuple(not a for a in absent),
+        tuple(not a and spec.kind is Kind.FLOAT for spec, a in zip(FIELDS, absent, strict=True)),
+        tuple(scaled),
+        tuple(bools),
+        sum(absent),
+    )
+
+
 class _FieldEncoder:
-    """Formats the field set of a sample as one generated format per presence pattern.
+    """Formats the field set of a sample: one C-level ``%`` format per presence pattern.
 
     Floats are written with three decimals: a milli-unit (mJ, mW, 0.001 %) is below every
     sensor's resolution, and fixed-point formatting costs half of Python's shortest repr.
-    Which metrics a GPU supports is stable, so the set of ``None`` fields repeats tick after tick.
-    For each such pattern a straight-line f-string over the present fields is compiled once.
-    The hot path tries the pattern of the previous sample first (``_compile_direct``: the sample's
-    attributes read straight into one C-level ``%`` format, the absent fields checked to be None);
-    a sample of another pattern falls back to one C-level attribute fetch, one mask and one dict
-    lookup. Integer fields are whole numbers already (NVML returns integers); memory is floored to
-    whole MiB.
+    Integer fields are whole numbers already (NVML returns integers); memory is floored to whole
+    MiB. Line protocol has no NaN or infinity: a sample holding one takes the general path, which
+    leaves such a field out.
     """
 
-    __slots__ = ("_by_mask", "_direct", "_getter", "_last")
+    __slots__ = ("_getter", "_last", "_patterns")
 
     def __init__(self) -> None:
         self._getter = attrgetter(*(spec.attr for spec in FIELDS))
-        self._by_mask: dict[tuple[bool, ...], Callable[[tuple[Any, ...]], str]] = {}
-        self._direct: dict[tuple[bool, ...], Callable[[GpuSample], str | None]] = {}
-        self._last: Callable[[GpuSample], str | None] = _no_pattern
-
-    def _numeric(self, s: GpuSample) -> str:
-        """The numeric fields, through the mask of ``s`` (and its direct format kept for next)."""
-        values = self._getter(s)
-        mask = tuple(map(_is_none, values))
-        fmt = self._by_mask.get(mask)
-        if fmt is None:
-            fmt = self._by_mask[mask] = _compile_numeric(mask)
-            self._direct[mask] = _compile_direct(mask)
-        self._last = self._direct[mask]
-        try:
-            body = fmt(values)
-        except (ValueError, OverflowError):  # NaN or inf in an integer field
-            return _numeric_fields_slow(values)
-        # a float field's NaN or inf ("nan", "inf", "-inf"; no field name contains either)
-        if "nan" in body or "inf" in body:
-            return _numeric_fields_slow(values)
-        return body
+        self._patterns: dict[tuple[bool, ...], _Pattern] = {}
+        self._last = _pattern(tuple(True for _ in FIELDS))
 
     def __call__(self, s: GpuSample) -> str:
+        values = self._getter(s)
+        pattern = self._last  # the previous sample's: the same as this one's, nearly always
+        if values.count(None) != pattern.n_absent:
+            pattern = self._pattern_of(values)
         try:
-            body = self._last(s)
-        except (ValueError, OverflowError):  # NaN or inf in a field
-            body = _numeric_fields_slow(self._getter(s))
-        except TypeError:  # a present field is None (another pattern)
-            body = self._numeric(s)
-        else:
-            if body is None:  # an absent field is set (another pattern)
-                body = self._numeric(s)
+            body = _numeric_fields(pattern, values)
+        except TypeError:  # a field present in that pattern is None here: another pattern
+            body = _numeric_fields(self._pattern_of(values), values)
         extra = []
         if s.energy_method is not None:
             extra.append(_ENERGY_METHOD_FIELD[s.energy_method])
@@ -209,69 +228,39 @@ class _FieldEncoder:
             return body + "," + ",".join(extra)
         return body
 
+    def _pattern_of(self, values: tuple[Any, ...]) -> _Pattern:
+        absent = tuple(map(_is_none, values))
+        pattern = self._patterns.get(absent)
+        if pattern is None:
+            pattern = self._patterns[absent] = _pattern(absent)
+        self._last = pattern
+        return pattern
 
-def _no_pattern(_s: GpuSample) -> None:
-    """The direct format before the first sample: matches no pattern."""
-    return None
+
+def _numeric_fields(pattern: _Pattern, values: tuple[Any, ...]) -> str:
+    """The numeric fields of ``values`` written by ``pattern``. Raises TypeError when a field
+    present in the pattern is None (the values have another pattern: as many Nones elsewhere)."""
+    args = list(compress(values, pattern.present))
+    for j, scale in pattern.scaled:
+        args[j] //= scale
+    for j in pattern.bools:
+        if args[j] is None:
+            raise TypeError("a boolean field is None")
+        args[j] = "true" if args[j] else "false"
+    # NaN or inf in any float field makes the sum NaN or inf, and x - x NaN (a finite sum that
+    # overflows only sends the sample down the general path, which keeps it whole).
+    x = sum(compress(values, pattern.floats))
+    if x - x != 0.0:
+        return _numeric_fields_slow(values)
+    try:
+        return pattern.format % tuple(args)
+    except (ValueError, OverflowError):  # NaN or inf in an integer field
+        return _numeric_fields_slow(values)
 
 
 _is_none = partial(operator.is_, None)
 _ENERGY_METHOD_FIELD = {m: f'{FIELD_ENERGY_METHOD}="{m.value}"' for m in EnergyMethod}
 _TFLOPS_METHOD_FIELD = {m: f'{FIELD_TFLOPS_METHOD}="{m.value}"' for m in TflopsMethod}
-
-
-def _field_piece(i: int, spec: FieldSpec, value: str = "") -> tuple[str, str]:
-    """The %-format piece and the argument expression of one present field (its value:
-    ``value``, by default ``v[i]``)."""
-    value = value or f"v[{i}]"
-    if spec.kind is Kind.INT:
-        arg = value if spec.scale == 1.0 else f"{value} // {spec.scale!r}"
-        return f"{spec.field}=%di", arg
-    if spec.kind is Kind.FLOAT:
-        return f"{spec.field}=%.3f", value
-    return f"{spec.field}=%s", f"('true' if {value} else 'false')"
-
-
-def _compile_numeric(mask: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], str]:
-    """One ``FORMAT % (args)``: a single C-level formatting call for all present fields."""
-    pieces = [_field_piece(i, spec) for i, spec in enumerate(FIELDS) if not mask[i]]
-    fmt = ",".join([f"{FIELD_LOST}=false"] + [p.replace("%", "%%", 0) for p, _ in pieces])
-    args = "".join(f"{a}, " for _, a in pieces)
-    source = f"def fmt(v):\n    return FORMAT % ({args})\n"
-    namespace: dict[str, Any] = {"FORMAT": fmt}
-    exec(compile(source, "<gpuwatt.schema field encoder>", "exec"), namespace)
-    return namespace["fmt"]
-
-
-def _compile_direct(mask: tuple[bool, ...]) -> Callable[[GpuSample], str | None]:
-    """The format of ``_compile_numeric(mask)`` reading the sample's attributes itself.
-
-    Returns None when a field absent from ``mask`` is set or a boolean field of it is None; an
-    integer or float field of it that is None raises TypeError (from the sum of the floats or
-    the ``%`` format); NaN or inf in a float field raises ValueError.
-    """
-    present = [(i, spec) for i, spec in enumerate(FIELDS) if not mask[i]]
-    # Float fields are read into locals once: formatted, and summed for the finiteness check.
-    local = {i: f"f{i}" for i, spec in present if spec.kind is Kind.FLOAT}
-    pieces = [_field_piece(i, spec, local.get(i, f"s.{spec.attr}")) for i, spec in present]
-    fmt = ",".join([f"{FIELD_LOST}=false"] + [p for p, _ in pieces])
-    args = "".join(f"{a}, " for _, a in pieces)
-    checks = [f"s.{spec.attr} is not None" for i, spec in enumerate(FIELDS) if mask[i]]
-    checks += [f"s.{spec.attr} is None" for i, spec in present if spec.kind is Kind.BOOL]
-    source = "def fmt(s):\n"
-    if checks:
-        source += f"    if {' or '.join(checks)}:\n        return None\n"
-    if local:
-        source += "".join(f"    {name} = s.{FIELDS[i].attr}\n" for i, name in local.items())
-        # NaN or inf in any float field makes the sum NaN or inf, and x - x NaN (a finite sum
-        # that overflows only sends this sample down the general path): line protocol has no
-        # NaN, and one check is ~3x cheaper than searching the formatted text for "nan"/"inf".
-        source += f"    x = {' + '.join(local.values())}\n"
-        source += "    if x - x != 0.0:\n        raise ValueError('not finite')\n"
-    source += f"    return FORMAT % ({args})\n"
-    namespace: dict[str, Any] = {"FORMAT": fmt}
-    exec(compile(source, "<gpuwatt.schema direct field encoder>", "exec"), namespace)
-    return namespace["fmt"]
 
 
 def _numeric_fields_slow(values: tuple[Any, ...]) -> str:
@@ -295,123 +284,166 @@ class LineProtocolError(ValueError):
     pass
 
 
-def _split_unescaped(text: str, sep: str, *, quotes: bool = True) -> list[str]:
-    """Split on ``sep`` not preceded by a backslash (and, with ``quotes``, outside double
-    quotes: only field values are quoted; in a measurement or tag a quote is a character)."""
-    parts: list[str] = []
-    buf: list[str] = []
-    i, n, quoted = 0, len(text), False
-    while i < n:
-        c = text[i]
-        if c == "\\" and i + 1 < n:
-            buf.append(c)
-            buf.append(text[i + 1])
-            i += 2
-            continue
-        if c == '"' and quotes:
-            quoted = not quoted
-        elif c == sep and not quoted:
-            parts.append("".join(buf))
-            buf = []
-            i += 1
-            continue
-        buf.append(c)
-        i += 1
-    parts.append("".join(buf))
-    return parts
-
-
-def _partition_unescaped(text: str, sep: str) -> tuple[str, str, str]:
-    """``str.partition`` at the first ``sep`` not preceded by a backslash."""
-    i = 0
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == sep:
-            return text[:i], sep, text[i + 1 :]
-        i += 1
-    return text, "", ""
+# The parser: one compiled expression splits a line into measurement, tags, fields and time
+# (possessive quantifiers: a malformed line fails in linear time); tags and fields are then split
+# with ``str.split`` where no backslash or quote makes that ambiguous, else with the expressions
+# below. Escaping rules: a backslash escapes the character after it, in the measurement, tag keys
+# and values, field keys and string values; only field values are quoted (in a measurement or tag
+# a quote is a character).
+_LINE = re.compile(
+    r"((?:[^ ,\\]++|\\.)++)"  # measurement
+    r"((?:,(?:[^ ,\\]++|\\.)*+)*+)"  # ,tag=value pairs
+    r" ((?:[^ \"\\]++|\\.|\"(?:[^\"\\]++|\\.)*+\")++)"  # fields: quoted strings may hold spaces
+    r" ([^ ]++)",  # timestamp
+    re.DOTALL,
+)
+_TAG = re.compile(r",((?:[^,=\\]++|\\.)*+)(=?)((?:[^,\\]++|\\.)*+)", re.DOTALL)
+_FIELD = re.compile(
+    r"((?:[^,=\"\\]++|\\.)++)=(\"(?:[^\"\\]++|\\.)*+\"|(?:[^,\"\\]++|\\.)*+)(?:,|$)", re.DOTALL
+)
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+_BOOLS = {
+    "t": True,
+    "T": True,
+    "true": True,
+    "True": True,
+    "TRUE": True,
+    "f": False,
+    "F": False,
+    "false": False,
+    "False": False,
+    "FALSE": False,
+}
 
 
 def _unescape(text: str) -> str:
     if "\\" not in text:
         return text
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text):
-            out.append(text[i + 1])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+    return _ESCAPED.sub(r"\1", text)
 
 
 def _parse_value(raw: str) -> Any:
-    if raw.startswith('"'):
-        if not raw.endswith('"') or len(raw) < 2:
+    last = raw[-1:]
+    if last == "i" or last == "u":
+        return int(raw[:-1])
+    if last == '"':
+        if not raw.startswith('"') or len(raw) < 2:
             raise LineProtocolError(f"unterminated string value {raw!r}")
         return _unescape(raw[1:-1])
-    if raw in ("t", "T", "true", "True", "TRUE"):
-        return True
-    if raw in ("f", "F", "false", "False", "FALSE"):
-        return False
-    if raw.endswith(("i", "u")):
-        return int(raw[:-1])
+    b = _BOOLS.get(raw)
+    if b is not None:
+        return b
+    if raw.startswith('"'):
+        raise LineProtocolError(f"unterminated string value {raw!r}")
     return float(raw)
+
+
+def _field_pairs(text: str) -> list[tuple[str, str]]:
+    """``key=value`` pairs of a line's field section, values still raw."""
+    if "\\" not in text:
+        if '"' not in text:
+            items = text.split(",")
+        else:  # a comma inside a quoted value is not a separator
+            pieces = text.split('"')
+            if len(pieces) % 2 == 0:
+                raise LineProtocolError(f"unterminated string value in {text[:80]!r}")
+            items, head = [], ""
+            for k, piece in enumerate(pieces):
+                if k % 2:
+                    head += f'"{piece}"'
+                    continue
+                parts = piece.split(",")
+                parts[0] = head + parts[0]
+                items.extend(parts[:-1])
+                head = parts[-1]
+            items.append(head)
+        pairs = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise LineProtocolError(f"bad field {item!r}")
+            pairs.append((key, value))
+        return pairs
+    pairs, pos, n = [], 0, len(text)
+    while pos < n:
+        m = _FIELD.match(text, pos)
+        if m is None or m.end() == pos:
+            raise LineProtocolError(f"bad field at {text[pos : pos + 40]!r}")
+        pairs.append((_unescape(m[1]), m[2]))
+        pos = m.end()
+    if text.endswith(","):
+        raise LineProtocolError(f"bad field section {text[:80]!r}")
+    return pairs
 
 
 def parse_line(line: str) -> tuple[str, dict[str, str], dict[str, Any], int]:
     """Parse one line of line protocol into (measurement, tags, fields, time_ns)."""
-    head, _, rest = _partition_unescaped(line.strip(), " ")
-    sections = [head, *_split_unescaped(rest, " ")]
-    if len(sections) != 3:
+    m = _LINE.fullmatch(line.strip())
+    if m is None:
         raise LineProtocolError(f"expected 'measurement,tags fields time', got {line[:80]!r}")
-    head, field_text, ts = sections
-    head_parts = _split_unescaped(head, ",", quotes=False)
+    measurement, tag_text, field_text, ts = m.groups()
     tags: dict[str, str] = {}
-    for part in head_parts[1:]:
-        k, sep, v = part.partition("=")
-        if not sep:
-            raise LineProtocolError(f"bad tag {part!r}")
-        tags[_unescape(k)] = _unescape(v)
+    if tag_text:
+        if "\\" not in tag_text:
+            for part in tag_text[1:].split(","):
+                k, sep, v = part.partition("=")
+                if not sep:
+                    raise LineProtocolError(f"bad tag {part!r}")
+                tags[k] = v
+        else:
+            for k, sep, v in _TAG.findall(tag_text):
+                if not sep:
+                    raise LineProtocolError(f"bad tag {k!r}")
+                tags[_unescape(k)] = _unescape(v)
     fields_: dict[str, Any] = {}
-    for part in _split_unescaped(field_text, ","):
-        k, sep, v = part.partition("=")
-        if not sep:
-            raise LineProtocolError(f"bad field {part!r}")
+    for k, v in _field_pairs(field_text):
         try:
-            fields_[_unescape(k)] = _parse_value(v)
+            fields_[k] = _parse_value(v)
+        except LineProtocolError:
+            raise
         except ValueError as exc:
             raise LineProtocolError(f"bad value for {k}: {v!r}") from exc
     try:
         time_ns = int(ts)
     except ValueError as exc:
         raise LineProtocolError(f"bad timestamp {ts!r}") from exc
-    return _unescape(head_parts[0]), tags, fields_, time_ns
+    return _unescape(measurement), tags, fields_, time_ns
+
+
+_BY_FIELD: dict[str, tuple[str, Kind, float]] = {
+    spec.field: (spec.attr, spec.kind, spec.scale) for spec in FIELDS
+}
+_ENERGY_METHODS = {m.value: m for m in EnergyMethod}
+_TFLOPS_METHODS = {m.value: m for m in TflopsMethod}
 
 
 def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any]) -> GpuSample:
     """Build a sample from stored tags and fields (line protocol, InfluxQL rows)."""
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {
+        "time_ns": int(time_ns),
+        "host": decode_name(tags.get(TAG_HOST, "")),
+        "gpu_index": int(tags.get(TAG_INDEX, -1)),
+        "uuid": decode_name(tags.get(TAG_UUID, "")),
+        "name": decode_name(tags.get(TAG_NAME, "")),
+        "lost": bool(values.get(FIELD_LOST, False)),
+    }
     for name, v in values.items():
-        if v is None:
+        spec = _BY_FIELD.get(name)
+        if spec is None or v is None:
             continue
-        spec = FIELD_BY_NAME.get(name)
-        if spec is not None:
-            if spec.kind is Kind.INT:
-                kwargs[spec.attr] = round(v * spec.scale)
-            elif spec.kind is Kind.FLOAT:
-                kwargs[spec.attr] = float(v) * spec.scale
-            elif (b := yes_no(v)) is not None:
-                kwargs[spec.attr] = b
+        attr, kind, scale = spec
+        if kind is Kind.FLOAT:
+            kwargs[attr] = float(v) * scale
+        elif kind is Kind.INT:
+            kwargs[attr] = round(v * scale)
+        elif (flag := yes_no(v)) is not None:  # Telegraf writes some flags as "Yes"/"No"
+            kwargs[attr] = flag
     for attr, v in telegraf_attrs(values).items():  # Telegraf's own names for a few metrics
         kwargs.setdefault(attr, v)
     if (m := values.get(FIELD_ENERGY_METHOD)) is not None:
-        kwargs["energy_method"] = EnergyMethod(m)
+        kwargs["energy_method"] = _ENERGY_METHODS.get(m) or EnergyMethod(m)
     if (m := values.get(FIELD_TFLOPS_METHOD)) is not None:
-        kwargs["tflops_method"] = TflopsMethod(m)
+        kwargs["tflops_method"] = _TFLOPS_METHODS.get(m) or TflopsMethod(m)
     if (x := values.get(FIELD_XID_LAST)) is not None:
         kwargs["xid_errors"] = (int(x),)
     if values.get(FIELD_PROCESS_COUNT) is not None:
@@ -425,15 +457,7 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
             kwargs[name] = int(instance)
     if (pci := values.get(FIELD_PCI_DEVICE_ID)) is not None:
         kwargs["pci_device_id"] = int(pci)
-    return GpuSample(
-        time_ns=int(time_ns),
-        host=decode_name(tags.get(TAG_HOST, "")),
-        gpu_index=int(tags.get(TAG_INDEX, -1)),
-        uuid=decode_name(tags.get(TAG_UUID, "")),
-        name=decode_name(tags.get(TAG_NAME, "")),
-        lost=bool(values.get(FIELD_LOST, False)),
-        **kwargs,
-    )
+    return gpu_sample_from_fields(kwargs)
 
 
 def decode_line(line: str) -> GpuSample:

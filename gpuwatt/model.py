@@ -130,14 +130,17 @@ def _slot_twin(cls: type) -> type | None:
     """A non-frozen twin of frozen slotted dataclass ``cls`` whose instances can become ``cls``.
 
     A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__`` (a global
-    lookup, an attribute lookup and a call per field): about 9 us for GpuSample's 51 fields,
-    against under 3 us this way (``bench/collector_cost.py`` prints both). Built by the
-    dataclass, the collector's own cost per GPU-sample measured ~1.6x what it was before the
-    sampler was split into its query table, ~1.2x built this way (issue 19 allows 1.3x). The
+    lookup, an attribute lookup and a call per field): about 9 us for GpuSample's 51 fields, against
+    under 3 us this way. Kept because the benches of the running paths show the need (issue 19,
+    point 4: plain code unless a bench shows a trick is needed): in ``bench/collector_cost.py``
+    (which prints both) the sampler's construction is ~2 us this way against ~6 us by the dataclass,
+    which would take the collector's own cost per GPU-sample past the 1.3x of the previous commit
+    that issue 19 allows; in ``bench/spool_replay.py`` a sample decoded from the spool is built in
+    ~1.2 us against ~5 us, a third of the spool's share of a replay into the embedded store. The
     twin has the same fields, defaults and ``__slots__`` (so the same memory layout) and a plain
     dataclass ``__init__`` (one slot store per field); its instance's class is then switched to
-    ``cls``, which CPython allows between classes whose layouts and slot names are identical.
-    What comes out is an ordinary frozen ``cls`` instance (``type(x) is cls``; equality, hashing,
+    ``cls``, which CPython allows between classes whose layouts and slot names are identical. What
+    comes out is an ordinary frozen ``cls`` instance (``type(x) is cls``; equality, hashing,
     ``dataclasses.replace``, pickling as usual). None where that does not hold (``__post_init__``,
     other slots, an interpreter refusing the switch): then ``cls`` itself is used.
     """

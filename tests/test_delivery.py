@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatt.collector.delivery import SetAside
-from gpuwatt.collector.runtime import Flusher
+from gpuwatt.collector.runtime import Flusher, spool_for
 from gpuwatt.collector.spool import Spool
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
@@ -64,6 +64,30 @@ def test_a_garbage_line_and_a_newline_job_id_do_not_stop_the_sqlite_store(tmp_pa
     (kept,) = flusher.set_aside.files()
     ((line, reason),) = flusher.set_aside.lines(kept)
     assert line == "this is not line protocol" and "LineProtocolError" in reason
+
+
+def test_a_sample_the_sqlite_store_refuses_is_set_aside_as_its_line(tmp_path: Path) -> None:
+    """From the embedded store's binary spool: the samples around a refused one are written, the
+    refused one is kept aside as line protocol, where ``gpuwatt spool replay`` reads it."""
+    samples = [
+        GpuSample(T0 + k * NS, "node-1", 0, "GPU-a", "H100", power_w=100.0 + k) for k in range(4)
+    ]
+    bad = GpuSample(T0 + 9 * NS, "node-1", 2**70, "GPU-b", "H100", power_w=1.0)  # no int64
+    with SqliteStore(tmp_path / "s.db") as store:
+        spool = spool_for(store, tmp_path / "spool")
+        spool.append_samples([samples[0], bad, *samples[1:]])
+        flusher = Flusher(spool, store)
+        try:
+            flusher.flush()
+            assert spool.pending_lines() == 0
+        finally:
+            spool.close()
+        got = store.series(T0, T0 + 10 * NS, ["power_w"])
+    assert list(got["power_w"]) == [100.0, 101.0, 102.0, 103.0]
+    assert flusher.rejected_lines == 1 and flusher.delivered_lines == 4
+    (kept,) = flusher.set_aside.files()
+    ((line, reason),) = flusher.set_aside.lines(kept)
+    assert line == LineEncoder().encode(bad) and "OverflowError" in reason
 
 
 @pytest.mark.servers

@@ -2,7 +2,8 @@
 
 These run the real command line (``python -m gpuwatt collect --simulate ...``) against Debian's
 victoria-metrics, which accepts InfluxDB's ``/api/v2/write``; the server is killed and restarted
-underneath it. Times here are how long the scenario lasts, not how fast anything must be.
+underneath it. The embedded store's outage is another writer holding its database. Times here
+are how long the scenario lasts, not how fast anything must be.
 """
 
 from __future__ import annotations
@@ -79,10 +80,17 @@ def _settled(vm: VictoriaMetricsServer, expected: int) -> dict[tuple[str, str], 
 
 def _undelivered_lines(spool: Path) -> int:
     """Complete lines after the spool's cursor, read without opening (and repairing) the spool."""
-    try:
-        cursor = json.loads((spool / "cursor.json").read_text())
-    except FileNotFoundError:
-        cursor = {"segment": 0, "offset": 0}
+    for _ in range(10):
+        try:
+            cursor = json.loads((spool / "cursor.json").read_text())
+            break
+        except FileNotFoundError:
+            cursor = {"segment": 0, "offset": 0}
+            break
+        except json.JSONDecodeError:  # read while the collector rewrote it in place: read again
+            time.sleep(0.01)
+    else:
+        raise AssertionError("cursor.json never read whole")
     total = 0
     for path in sorted(spool.glob("*.lp")):
         seq = int(path.stem)
@@ -199,3 +207,49 @@ def test_sigkill_loses_at_most_one_tick_and_replays_the_spool(
     assert acknowledged >= 10 * GPUS
     assert first_run == acknowledged
     assert sum(len(ts) for ts in by_gpu.values()) == acknowledged + taken_second
+
+
+def test_embedded_store_locked_by_another_writer_loses_nothing(tmp_path: Path) -> None:
+    """The real command line into the embedded store, whose spool holds binary frames: while
+    another process holds the database's write lock, samples wait in the spool; once it lets go,
+    every sample is stored exactly once, and a clean stop leaves nothing behind."""
+    import sqlite3
+
+    from gpuwatt.store.sqlite import SqliteStore
+
+    db = tmp_path / "gpuwatt.db"
+    SqliteStore(db).close()  # created (WAL) before the collector starts
+    argv = [
+        *(sys.executable, "-m", "gpuwatt", "collect", "--simulate", "healthy"),
+        *("--interval", "0.2", "--duration", "600"),
+        *("--spool", str(tmp_path / "spool"), "--store", f"sqlite:///{db}"),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with SqliteStore(db) as store:
+            _wait_for(lambda: store.count_samples(0, 2**62) >= GPUS, timeout_s=60)
+            holder = sqlite3.connect(db, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")  # another writer: the collector's writes wait
+            held = store.count_samples(0, 2**62)
+            time.sleep(3)
+            assert store.count_samples(0, 2**62) == held  # nothing got through meanwhile
+            assert sorted((tmp_path / "spool").glob("*.gws"))  # binary frames, no text
+            holder.execute("ROLLBACK")
+            holder.close()
+            _wait_for(lambda: store.count_samples(0, 2**62) >= held + 10 * GPUS, timeout_s=60)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    m = re.search(r"(\d+) GPU samples taken, (\d+) delivered, (\d+) kept", out)
+    assert m, out
+    taken, delivered, kept = map(int, m.groups())
+    assert kept == 0 and delivered == taken, out
+    with SqliteStore(db) as store:
+        assert store.count_samples(0, 2**62) == taken
+        frame = store.series(0, 2**62, ["power_w"])
+    assert not frame.duplicated(["time_ns", "host", "gpu_index"]).any()
+    assert len(frame) == taken

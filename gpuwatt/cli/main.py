@@ -446,15 +446,14 @@ def _run_collector(
     metrics_port: int | None = None,
     metrics_bind: str = "127.0.0.1",
 ) -> int:
-    from gpuwatt.collector.runtime import Flusher, Sampler, run
-    from gpuwatt.collector.spool import Spool
+    from gpuwatt.collector.runtime import Flusher, Sampler, run, spool_for
     from gpuwatt.status import LiveSummary
 
     stop = threading.Event()
     _install_signal_handlers(stop)
     for source in sources:
         source.open()
-    spool = Spool(spool_dir, max_bytes=config.collector.spool_max_bytes)
+    spool = spool_for(store, spool_dir, max_bytes=config.collector.spool_max_bytes)
     summary = LiveSummary(every_s=summary_every_s) if quiet else None
     hooks: list[Callable[[list[GpuSample]], None]] = [summary.update] if summary else []
     endpoint = None
