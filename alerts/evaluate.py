@@ -159,7 +159,10 @@ def _analytics(q: AnalyticsQuery, store: Store, now_ns: int) -> list[Observation
     frame = data.frame
     if frame.empty:
         return []
-    summary = analyze(frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=data.jobs)
+    summary = analyze(
+        frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=data.jobs,
+        step_s=data.step_s,
+    )  # fmt: skip
     seen = {
         (h, int(i), u, n)
         for h, i, u, n in frame[_GPU_KEYS].drop_duplicates().itertuples(index=False)

@@ -34,7 +34,7 @@ from gpuwatt.analytics import (
     analyze,
     find_stragglers_in,
 )
-from gpuwatt.analytics.inputs import jobs_of
+from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
@@ -311,7 +311,8 @@ class DashboardData:
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()
         jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
-        reads = [SeriesRead(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, tr.step_s)]
+        # the context before the range, then the range (as ``analytics.inputs`` reads them)
+        reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
         coarse = tr.step_s > RECENT_STEP_S
         shared = self._shared_recent() if coarse and tr.live else None
@@ -319,14 +320,14 @@ class DashboardData:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
         frames = self._read("samples", lambda: series_many(self.store, reads))
-        frame = frames[0]
-        summary = self._analyze(frame, tr.end_ns, tr.start_ns, tr.step_s, jobs)
+        frame = frames[1]
+        summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
         recent: AnalysisSummary | StragglerFindings | None = None
         if coarse and not frame.empty:
             if shared is not None:
                 recent = shared.summary
             else:
-                recent = self._recent_stragglers(frames[1], tr.end_ns, recent_start, jobs)
+                recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent)
 
     def _shared_recent(self) -> WindowData | None:
@@ -350,6 +351,7 @@ class DashboardData:
                 now_ns=end_ns,
                 start_ns=start_ns,
                 window_s=float(step_s),
+                step_s=step_s,
                 jobs=jobs,
                 price_per_kwh=t.price_per_kwh,
                 carbon_g_per_kwh=t.carbon_g_per_kwh,
@@ -375,10 +377,12 @@ class DashboardData:
         fields = ("energy_j", "power_w", "utilization_gpu_pct")
 
         def compute() -> AnalysisSummary:
-            frame = self._read(
-                "today's energy", lambda: self.store.series(start, end, fields, step_s=300)
-            )
-            return self._analyze(frame, end, start, 300, {})
+            reads = [
+                SeriesRead(r.start_ns, r.end_ns, fields, 300)
+                for r in context_reads(start, end, 300)
+            ]
+            frames = self._read("today's energy", lambda: series_many(self.store, reads))
+            return self._analyze(joined(frames), end, start, 300, {})
 
         return self._cached(("today", start, end), compute)
 
