@@ -49,29 +49,49 @@ def newest_context(rows: pd.DataFrame, start_ns: int | None) -> np.ndarray:
     return ~before | (before & last_of_gpu)
 
 
-def add_row_seen(rows: pd.DataFrame, *, start_ns: int, end_ns: int, slot_ns: int) -> pd.DataFrame:
-    """Add ``seen_s``: the part of each row's slot inside ``[start_ns, end_ns)`` (rows sorted
-    by GPU then time). A context row's part inside the range is moved to its GPU's next row."""
+def slot_ends_ns(
+    rows: pd.DataFrame, *, end_ns: int, slot_ns: int, bucket_ns: int | None
+) -> np.ndarray:
+    """Per row (sorted by GPU then time): where its slot ends. A bucket row's slot ends with
+    its bucket (``bucket_ns``: the read step; a bucket cut by the range's start is keyed at the
+    start but ends where its bucket does), a raw row's one ``slot_ns`` later; either ends at the
+    GPU's next row and at ``end_ns``."""
     n = len(rows)
     t = rows["time_ns"].to_numpy(dtype=np.int64)
     g = rows["gpu_code"].to_numpy(dtype=np.int64)
-    same_next = np.zeros(n, dtype=bool)
-    same_next[:-1] = g[1:] == g[:-1]
     nxt = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    nxt[:-1] = np.where(same_next[:-1], t[1:], nxt[:-1])
-    slot_end = np.minimum(np.minimum(t + max(slot_ns, 1), nxt), end_ns)
-    seen_ns = np.maximum(slot_end - np.maximum(t, start_ns), 0)
-    context = t < start_ns
-    move = context & same_next & (seen_ns > 0)
-    if move.any():
-        to = np.flatnonzero(move) + 1
-        seen_ns[to] += seen_ns[move]
-        seen_ns[move] = 0
+    if n > 1:
+        nxt[:-1] = np.where(g[1:] == g[:-1], t[1:], nxt[:-1])
+    own_end = t // bucket_ns * bucket_ns + bucket_ns if bucket_ns else t + max(slot_ns, 1)
+    return np.minimum(np.minimum(own_end, nxt), end_ns)
+
+
+def add_row_seen(rows: pd.DataFrame, *, start_ns: int, slot_end_ns: np.ndarray) -> pd.DataFrame:
+    """Add ``seen_s``: the part of each row's slot inside ``[start_ns, slot end)`` (rows
+    sorted by GPU then time), and ``carried``: a context row whose slot reaches into the range
+    (its GPU was seen from before the range's start into it)."""
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    seen_ns = np.maximum(slot_end_ns - np.maximum(t, start_ns), 0)
     rows["seen_s"] = seen_ns / 1e9
+    rows["carried"] = (t < start_ns) & (seen_ns > 0)
     return rows
 
 
-def slot_ns_of(rows: pd.DataFrame, step_s: float | None, median_step_ns: int, span_ns: int) -> int:
+def keep_in_range(rows: pd.DataFrame, start_ns: int) -> np.ndarray:
+    """Rows that belong to the range: those from ``start_ns`` on, and the context rows whose
+    slot reaches into it. Those are moved to ``start_ns`` (they stand for the range's first
+    seconds) and keep no energy (their counter step is before the range)."""
+    carried = rows["carried"].to_numpy(dtype=bool)
+    if carried.any():
+        idx = rows.index[carried]
+        rows.loc[idx, "time_ns"] = start_ns
+        for c in ("energy_delta_j",):
+            if c in rows.columns:
+                rows.loc[idx, c] = 0.0
+    return (rows["time_ns"].to_numpy(dtype=np.int64) >= start_ns) | carried
+
+
+def slot_ns_of(step_s: float | None, median_step_ns: int, span_ns: int) -> int:
     """How long one row stands for: the read step when known, else the rows' typical spacing,
     else the whole range (a GPU with one row in it)."""
     if step_s:

@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuwatt.analytics.accounting import add_row_seen, measured, slot_ns_of
+from gpuwatt.analytics.accounting import (
+    add_row_seen,
+    keep_in_range,
+    measured,
+    slot_ends_ns,
+    slot_ns_of,
+)
 from gpuwatt.analytics.balance import (
     CLUSTER,
     DEFAULT_INDEX,
@@ -48,6 +54,7 @@ from gpuwatt.analytics.windows import (
     prepare,
     sorted_unique,
     window_list,
+    window_starts,
 )
 
 
@@ -325,22 +332,18 @@ def _gpu_windows(
         return "every GPU was lost in the analysed range"
     rows = rows.loc[ok].reset_index(drop=True)
     step_ns = median_step_ns(rows)
-    add_row_energy(rows, step_ns=round(step_s * NS_PER_S) if step_s else step_ns)
-    slot = slot_ns_of(rows, step_s, step_ns, now_ns - start_ns)
-    add_row_seen(rows, start_ns=start_ns, end_ns=now_ns, slot_ns=slot)
+    slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
+    bucket_ns = round(step_s * NS_PER_S) if step_s else None
+    slot_end = slot_ends_ns(rows, end_ns=now_ns, slot_ns=slot, bucket_ns=bucket_ns)
+    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end)
+    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end)
     add_row_tflops(rows, tensor_precision=tensor_precision)
     add_bit_columns(rows)
-    util = (
-        rows["utilization_gpu_pct"].to_numpy(dtype=float) if "utilization_gpu_pct" in rows else None
-    )
-    row_idle = util < idle_util_pct if util is not None else np.zeros(len(rows), dtype=bool)
-    rows["idle_s"] = np.where(row_idle, rows["seen_s"], 0.0)
-    rows["idle_energy_j"] = np.where(row_idle, rows["energy_delta_j"], 0.0)
-
-    sums = ("energy_delta_j", "seen_s", "idle_s", "idle_energy_j")
-    means = ("tflops", "tflops_gpm")
     t = rows["time_ns"].to_numpy(dtype=np.int64)
-    in_range = t >= start_ns
+    in_range = keep_in_range(rows, start_ns)
+    rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
+    sums = ("energy_delta_j", "seen_s")
+    means = ("tflops", "tflops_gpm")
     cfg = straggler_config or StragglerConfig()
     if in_range.all():
         full = per_gpu_window(rows, sums=sums, means=means)
@@ -363,6 +366,9 @@ def _gpu_windows(
     key = pd.MultiIndex.from_arrays([rows_in["window_start_ns"], rows_in["gpu"]])
     rows_in["straggler_s"] = np.where(key.isin(flagged), rows_in["seen_s"], 0.0)
     gw["straggler_s"] = per_gpu_window(rows_in, sums=("straggler_s",))["straggler_s"].to_numpy()
+    # idle: decided per window (its mean utilisation), so raw samples and buckets agree
+    gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
+    gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
     return _GpuWindows(rows_in, gw, step_ns, scored, lost)
 
 
