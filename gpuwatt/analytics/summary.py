@@ -324,12 +324,10 @@ def _gpu_windows(
     if start_ns is None:
         start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
     t_all = rows["time_ns"].to_numpy(dtype=np.int64)
-    if not (t_all >= start_ns).any():
-        return "no samples in the analysed range"
     ok = measured(rows)
     lost = _lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
-    if not (ok & (t_all >= start_ns)).any():
-        return "every GPU was lost in the analysed range"
+    if not ok.any():
+        return "every GPU was lost in the analysed range" if len(rows) else "no samples"
     rows = rows.loc[ok].reset_index(drop=True)
     step_ns = median_step_ns(rows)
     slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
@@ -341,6 +339,8 @@ def _gpu_windows(
     add_bit_columns(rows)
     t = rows["time_ns"].to_numpy(dtype=np.int64)
     in_range = keep_in_range(rows, start_ns)
+    if not in_range.any():
+        return "every GPU was lost in the analysed range" if lost else "no samples in the range"
     rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
     sums = ("energy_delta_j", "seen_s")
     means = ("tflops", "tflops_gpm")
@@ -551,6 +551,12 @@ def analyze(
             if pm.notna().any()
             else not_available("W", "no power readings")
         )
+    cluster.update(_time_figures(per_gpu, w.lost))
+    if w.lost:
+        notes.append(
+            f"{len(w.lost)} GPUs lost in this range: their lost time is in no figure "
+            "(not in GPU-hours, not in utilisation means)"
+        )
     fault_unknown = sw["fault_fraction"].isna().all() if len(sw) else True
     if fault_unknown:
         notes.append(
@@ -593,6 +599,31 @@ def analyze(
         job_work_windows=job_work_windows,
         lost=w.lost,
     )
+
+
+def _time_figures(per_gpu: pd.DataFrame, lost: list[LostGpu]) -> dict[str, Figure]:
+    """GPU-hours, idle GPU-hours and mean utilisation (weighted by seen time) are measured;
+    straggler minutes are a detector's verdict over measured inputs: a model estimate."""
+    seen_s = float(per_gpu["seen_s"].sum())
+    why = f"{len(lost)} GPUs lost: their lost time is not counted" if lost else ""
+    util = per_gpu["utilization_mean_pct"].to_numpy(dtype=float)
+    w = per_gpu["seen_s"].to_numpy(dtype=float)
+    ok = np.isfinite(util) & (w > 0)
+    return {
+        "gpu_hours": Figure(seen_s / 3600, "h", Quality.MEASURED, why),
+        "idle_gpu_hours": Figure(float(per_gpu["idle_s"].sum()) / 3600, "h", Quality.MEASURED),
+        "utilization_pct": (
+            Figure(float(np.sum(util[ok] * w[ok]) / np.sum(w[ok])), "%", Quality.MEASURED, why)
+            if ok.any()
+            else not_available("%", "no utilisation readings")
+        ),
+        "straggler_minutes": Figure(
+            float(per_gpu["straggler_s"].sum()) / 60,
+            "min",
+            Quality.MODEL_ESTIMATE,
+            "minutes in which the straggler detector flagged a GPU",
+        ),
+    }
 
 
 def _job_work(
