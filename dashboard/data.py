@@ -50,6 +50,28 @@ RECENT_SPAN_S = 3600
 RECENT_STEP_S = 60
 
 
+#: Up to this many GPU-minutes (GPUs x the range's minutes), a view in buckets coarser than a
+#: minute takes its figures (energy, GPU-hours, idle time, straggler minutes, per GPU, node and
+#: job) from an analysis in 1-minute windows, as every shorter view, ``gpuwatt analyze`` and
+#: the alert evaluator do: idle time and straggler minutes are decided per minute
+#: (docs/accounting.md). Beyond it (1,000 GPUs over ~7 hours), from the view's own windows.
+ACCOUNTING_MAX_GPU_MINUTES = 400_000
+
+
+def _with_accounting(view: AnalysisSummary, minutes: AnalysisSummary) -> AnalysisSummary:
+    """The view's summary with the figures of the same range analysed in 1-minute windows."""
+    if not minutes.windows:
+        return view
+    return replace(
+        view,
+        energy_by_gpu=minutes.energy_by_gpu,
+        energy_by_node=minutes.energy_by_node,
+        energy_by_job=minutes.energy_by_job,
+        cluster=minutes.cluster,
+        lost=minutes.lost,
+    )
+
+
 class DataError(Exception):
     """Data for a view could not be obtained; ``message`` is shown on the page as is."""
 
@@ -319,9 +341,16 @@ class DashboardData:
         if coarse and shared is None:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
+        accounting = coarse and len(latest) * tr.span_s / 60 <= ACCOUNTING_MAX_GPU_MINUTES
+        if accounting:  # the figures of the range in 1-minute windows, read with the rest
+            reads += context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
         frames = self._read("samples", lambda: series_many(self.store, reads))
         frame = frames[1]
         summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
+        if accounting:
+            summary = _with_accounting(
+                summary, self._analyze(joined(frames[-2:]), tr.end_ns, tr.start_ns, 60, jobs)
+            )
         recent: AnalysisSummary | StragglerFindings | None = None
         if coarse and not frame.empty:
             if shared is not None:
@@ -371,20 +400,23 @@ class DashboardData:
         )
 
     def energy_today(self, now_ns: int) -> AnalysisSummary:
-        """The analytics summary of energy since midnight UTC (5-minute buckets)."""
+        """The analytics summary of energy since midnight UTC: in 1-minute buckets as the
+        other views' figures (``ACCOUNTING_MAX_GPU_MINUTES``), else 5-minute ones."""
         start = (now_ns // DAY_NS) * DAY_NS
         end = now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S  # include the current minute
         fields = ("energy_j", "power_w", "utilization_gpu_pct")
+        gpu_minutes = len(self.latest()) * (end - start) / (60 * NS_PER_S)
+        step = RECENT_STEP_S if gpu_minutes <= ACCOUNTING_MAX_GPU_MINUTES else 300
 
         def compute() -> AnalysisSummary:
             reads = [
-                SeriesRead(r.start_ns, r.end_ns, fields, 300)
-                for r in context_reads(start, end, 300)
+                SeriesRead(r.start_ns, r.end_ns, fields, step)
+                for r in context_reads(start, end, step)
             ]
             frames = self._read("today's energy", lambda: series_many(self.store, reads))
-            return self._analyze(joined(frames), end, start, 300, {})
+            return self._analyze(joined(frames), end, start, step, {})
 
-        return self._cached(("today", start, end), compute)
+        return self._cached(("today", start, end, step), compute)
 
     def host_series(self, tr: TimeRange, host: str, fields: Sequence[str]) -> pd.DataFrame:
         """Rollups of one node's GPUs (drill-down); a live range keyed as in ``window``."""
