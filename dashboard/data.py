@@ -181,6 +181,8 @@ class DashboardData:
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._warmer: tuple[threading.Event, threading.Thread] | None = None
+        self._logged: set[str] = set()  # notices already logged (``_log_conflicts``)
+        self.accounting_max_gpu_minutes = ACCOUNTING_MAX_GPU_MINUTES
 
     # --- cache ------------------------------------------------------------------------------
 
@@ -337,27 +339,39 @@ class DashboardData:
         reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
         coarse = tr.step_s > RECENT_STEP_S
-        shared = self._shared_recent() if coarse and tr.live else None
-        if coarse and shared is None:
+        gpu_minutes = len(latest) * tr.span_s / 60
+        accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
+        shared = self._shared_recent() if coarse and tr.live and not accounting else None
+        if accounting:
+            # the range in 1-minute windows, read with the rest: its figures, and its
+            # stragglers (they include the newest hour's)
+            reads += context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
+        elif coarse and shared is None:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
-        accounting = coarse and len(latest) * tr.span_s / 60 <= ACCOUNTING_MAX_GPU_MINUTES
-        if accounting:  # the figures of the range in 1-minute windows, read with the rest
-            reads += context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
         frames = self._read("samples", lambda: series_many(self.store, reads))
         frame = frames[1]
         summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
-        if accounting:
-            summary = _with_accounting(
-                summary, self._analyze(joined(frames[-2:]), tr.end_ns, tr.start_ns, 60, jobs)
-            )
+        self._log_conflicts(summary)
         recent: AnalysisSummary | StragglerFindings | None = None
-        if coarse and not frame.empty:
+        if accounting:
+            minutes = self._analyze(joined(frames[2:]), tr.end_ns, tr.start_ns, RECENT_STEP_S, jobs)
+            summary = _with_accounting(summary, minutes)
+            recent = minutes if not frame.empty else None
+        elif coarse and not frame.empty:
             if shared is not None:
                 recent = shared.summary
             else:
                 recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent)
+
+    def _log_conflicts(self, summary: AnalysisSummary) -> None:
+        """Energy counters of one GPU that go back and forth (two writers) are a notice on the
+        page (the summary's notes) and, once per distinct notice, a log warning."""
+        for note in summary.notes:
+            if "two collectors" in note and note not in self._logged:
+                self._logged.add(note)
+                log.warning("%s", note)
 
     def _shared_recent(self) -> WindowData | None:
         """The cached live view of the last hour in 1-minute windows, if at most
@@ -406,7 +420,7 @@ class DashboardData:
         end = now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S  # include the current minute
         fields = ("energy_j", "power_w", "utilization_gpu_pct")
         gpu_minutes = len(self.latest()) * (end - start) / (60 * NS_PER_S)
-        step = RECENT_STEP_S if gpu_minutes <= ACCOUNTING_MAX_GPU_MINUTES else 300
+        step = RECENT_STEP_S if gpu_minutes <= self.accounting_max_gpu_minutes else 300
 
         def compute() -> AnalysisSummary:
             reads = [
