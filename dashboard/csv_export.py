@@ -25,6 +25,7 @@ import pandas as pd
 
 from gpuwatt.analytics import AnalysisSummary
 from gpuwatt.analytics import Quality as Q
+from gpuwatt.analytics.findings import Finding, findings
 from gpuwatt.analytics.quality import worst
 from gpuwatt.dashboard.data import DashboardData, DataError
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
@@ -112,6 +113,14 @@ def build_report(
     g["tf_power_w"] = np.where(g["tflops_mean"].notna(), g["power_mean_w"], np.nan)
     if by == "gpu":
         out = g.sort_values(["host", "gpu_index"], kind="stable")
+        # the GPU's findings, as the CLI, the dashboard and the alerts have them
+        found: dict[str, list[Finding]] = {}
+        for f in findings(summary):
+            found.setdefault(f.uuid, []).append(f)
+        for col in ("finding", "cause", "severity"):
+            out[col] = [
+                "; ".join(getattr(f, col) for f in found.get(str(u), [])) for u in out["uuid"]
+            ]
     else:
         gkey = "host" if by == "node" else "job_id"
         src = summary.energy_by_node if by == "node" else summary.energy_by_job
@@ -198,7 +207,7 @@ def report_qualities(
 
 def _columns(by: str, cost_col: str) -> list[str]:
     ident = {
-        "gpu": ["host", "gpu_index", "uuid", "name", "job_id"],
+        "gpu": ["host", "gpu_index", "uuid", "name", "job_id", "finding", "cause", "severity"],
         "node": ["host", "gpus"],
         "job": ["job_id", "gpus"],
     }[by]

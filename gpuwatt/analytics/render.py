@@ -6,6 +6,8 @@ import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from gpuwatt.analytics.findings import findings
+
 if TYPE_CHECKING:
     from gpuwatt.analytics.summary import AnalysisSummary
 
@@ -59,6 +61,12 @@ def render_text(summary: AnalysisSummary, *, max_rows: int = 10) -> str:
         add(f"  {'ALLOCATED ' if i.allocated else 'free      '}{i.explanation}")
     if len(s.idle) > max_rows:
         add(f"  ... {len(s.idle) - max_rows} more")
+
+    found = findings(s)
+    add("")
+    add(f"FINDINGS ({len(found)}: GPU, finding, cause, severity)")
+    for f in found[: max_rows * 2]:
+        add(f"  {f.host} GPU {f.gpu_index}: {f.finding}, cause {f.cause}, severity {f.severity}")
 
     if s.lost:
         add("")
