@@ -69,6 +69,7 @@ def _with_accounting(view: AnalysisSummary, minutes: AnalysisSummary) -> Analysi
         energy_by_job=minutes.energy_by_job,
         cluster=minutes.cluster,
         lost=minutes.lost,
+        idle=minutes.idle,  # idle for 3 minutes, whatever the view's bucket size
     )
 
 
@@ -101,6 +102,8 @@ class WindowData:
     #: coarser: a straggler of the last minutes persists over several 1-minute windows long
     #: before it does over several hourly ones. The cached default view's summary when fresh.
     recent: AnalysisSummary | StragglerFindings | None = None
+    #: ``recent`` is the whole range in 1-minute windows (its straggler windows: the newest hour)
+    recent_is_range: bool = False
 
     @property
     def empty(self) -> bool:
@@ -108,9 +111,13 @@ class WindowData:
 
     @property
     def stragglers(self) -> list[Straggler]:
-        """The range's stragglers, plus those of the newest hour the range's windows miss."""
+        """The range's stragglers, plus those of the newest hour the range's windows miss. Where
+        the range was also analysed in 1-minute windows (``ACCOUNTING_MAX_GPU_MINUTES``), its
+        stragglers are those (their onset to the minute), as in every shorter view."""
         out = list(self.summary.stragglers)
         if self.recent is not None:
+            if self.recent_is_range:
+                return list(self.recent.stragglers)
             seen = {s.uuid for s in out}
             extra = [s for s in self.recent.stragglers if s.uuid not in seen]
             out = [s for s in out if s.active] + extra + [s for s in out if not s.active]
@@ -357,13 +364,16 @@ class DashboardData:
         if accounting:
             minutes = self._analyze(joined(frames[2:]), tr.end_ns, tr.start_ns, RECENT_STEP_S, jobs)
             summary = _with_accounting(summary, minutes)
-            recent = minutes if not frame.empty else None
+            if not frame.empty and minutes.windows:
+                sw = minutes.straggler_windows  # the newest hour: the peer comparison's points
+                newest = sw.loc[sw["window_start_ns"] >= recent_start] if len(sw) else sw
+                recent = replace(minutes, straggler_windows=newest.reset_index(drop=True))
         elif coarse and not frame.empty:
             if shared is not None:
                 recent = shared.summary
             else:
                 recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
-        return WindowData(tr, frame, summary, latest, jobs, recent)
+        return WindowData(tr, frame, summary, latest, jobs, recent, accounting)
 
     def _log_conflicts(self, summary: AnalysisSummary) -> None:
         """Energy counters of one GPU that go back and forth (two writers) are a notice on the

@@ -71,11 +71,12 @@ def test_every_view_report_and_analysis_agree_on_the_same_seconds(
     with SqliteStore(demo_db) as store:
         data = DashboardData(store, clock_ns=lambda: END_NS)
         try:
-            views = {}
+            views, windows = {}, {}
             for preset in VIEWS:
                 tr, problem = parse_range({"range": preset}, END_NS)
                 assert problem is None and tr.live
-                views[preset] = data.window(tr).summary
+                windows[preset] = data.window(tr)
+                views[preset] = windows[preset].summary
             today = data.energy_today(END_NS).cluster["energy_kwh"]
         finally:
             data.close()
@@ -95,6 +96,20 @@ def test_every_view_report_and_analysis_agree_on_the_same_seconds(
     assert {s.quality for s in (today, one_hour.cluster["energy_kwh"])} == {
         one_hour.cluster["energy_kwh"].quality
     }
+
+    # verdicts that do not depend on the range shown: the idle GPU, the straggler's onset
+    idle = {
+        p: {(i.host, i.gpu_index, round(i.idle_energy_j or 0)) for i in s.idle}
+        for p, s in views.items()
+    }
+    assert all(v == idle["1h"] for v in idle.values()), idle
+    assert {(h, i) for h, i, _ in idle["1h"]} == {("node-3", 7)}
+    onsets = {
+        p: {(x.host, x.gpu_index, x.onset_ns) for x in w.active_stragglers}
+        for p, w in windows.items()
+    }
+    assert all(v == onsets["1h"] for v in onsets.values()), onsets
+    assert {(h, i) for h, i, _ in onsets["1h"]} == {("node-2", 5)}
 
     cli_kwh, cli_hours = _analyze_kwh(demo_db, tmp_path)
     assert cli_kwh == pytest.approx(energy["1h"], rel=1e-3)
