@@ -328,7 +328,8 @@ def _gpu_windows(
     lost = _lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
     if not ok.any():
         return "every GPU was lost in the analysed range" if len(rows) else "no samples"
-    rows = rows.loc[ok].reset_index(drop=True)
+    if not ok.all():
+        rows = rows.loc[ok].reset_index(drop=True)
     step_ns = median_step_ns(rows)
     slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
     bucket_ns = round(step_s * NS_PER_S) if step_s else None
@@ -341,7 +342,8 @@ def _gpu_windows(
     in_range = keep_in_range(rows, start_ns)
     if not in_range.any():
         return "every GPU was lost in the analysed range" if lost else "no samples in the range"
-    rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
+    if rows["carried"].any():  # moved to the range's start: into its first window
+        rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
     sums = ("energy_delta_j", "seen_s")
     means = ("tflops", "tflops_gpm")
     cfg = straggler_config or StragglerConfig()
@@ -363,9 +365,8 @@ def _gpu_windows(
     # straggler seconds: the seen time of the rows in a window where the GPU was flagged
     fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", "gpu"]]
     flagged = pd.MultiIndex.from_frame(fl)
-    key = pd.MultiIndex.from_arrays([rows_in["window_start_ns"], rows_in["gpu"]])
-    rows_in["straggler_s"] = np.where(key.isin(flagged), rows_in["seen_s"], 0.0)
-    gw["straggler_s"] = per_gpu_window(rows_in, sums=("straggler_s",))["straggler_s"].to_numpy()
+    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
+    gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
     # idle: decided per window (its mean utilisation), so raw samples and buckets agree
     gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
     gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
