@@ -356,6 +356,8 @@ def _gpu_windows(
     else:
         lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
         near = in_range | (t >= start_ns - lookback_ns)
+        # the context's energy is before the range: not in the peers' waiting energy either
+        rows.loc[~in_range, "energy_delta_j"] = 0.0
         full = per_gpu_window(rows.loc[near].reset_index(drop=True), sums=sums, means=means)
         mark_idle(full, idle_util_pct=idle_util_pct)
         scored = score_windows(full, cfg)
