@@ -151,6 +151,7 @@ def _event(q: EventQuery, latest: list[GpuSample], now_ns: int) -> list[Observat
 
 def _analytics(q: AnalyticsQuery, store: Store, now_ns: int) -> list[Observation]:
     from gpuwatt.analytics import analyze
+    from gpuwatt.analytics.findings import IDLE_SEVERITY
     from gpuwatt.analytics.inputs import read_analysis_input
 
     start_ns = now_ns - round(q.window_s * NS_PER_S)
@@ -159,20 +160,33 @@ def _analytics(q: AnalyticsQuery, store: Store, now_ns: int) -> list[Observation
     frame = data.frame
     if frame.empty:
         return []
-    summary = analyze(frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=data.jobs)
+    summary = analyze(
+        frame, now_ns=now_ns + 1, window_s=60.0, start_ns=start_ns, jobs=data.jobs,
+        step_s=data.step_s,
+    )  # fmt: skip
     seen = {
         (h, int(i), u, n)
         for h, i, u, n in frame[_GPU_KEYS].drop_duplicates().itertuples(index=False)
     }
+    # the finding's cause and severity label the alert (gpuwatt.analytics.findings): an alert
+    # says what the dashboard and the CLI say
     if q.analysis == "straggler":
         hits = {
-            (s.host, s.gpu_index, s.uuid, s.name): (s.score, s.explanation)
+            (s.host, s.gpu_index, s.uuid, s.name): (
+                s.score,
+                s.explanation,
+                {"cause": s.cause, "severity": s.severity},
+            )
             for s in summary.active_stragglers
         }
         return _per_gpu(seen, hits)
     if q.analysis == "idle_allocated":
         hits = {
-            (i.host, i.gpu_index, i.uuid, i.name): (i.utilization_gpu_pct, i.explanation)
+            (i.host, i.gpu_index, i.uuid, i.name): (
+                i.utilization_gpu_pct,
+                i.explanation,
+                {"cause": i.idle_class, "severity": IDLE_SEVERITY[i.idle_class]},
+            )
             for i in summary.idle_allocated
         }
         return _per_gpu(seen, hits)
@@ -192,11 +206,12 @@ def _analytics(q: AnalyticsQuery, store: Store, now_ns: int) -> list[Observation
 
 
 def _per_gpu(
-    seen: set[tuple[str, int, str, str]], hits: dict[tuple[str, int, str, str], tuple[float, str]]
+    seen: set[tuple[str, int, str, str]],
+    hits: dict[tuple[str, int, str, str], tuple[float, str, dict[str, str]]],
 ) -> list[Observation]:
     out = []
     for key in sorted(seen):
-        value, detail = hits.get(key, (None, ""))
+        value, detail, labels = hits.get(key, (None, "", {}))
         breach = key in hits
-        out.append(Observation(gpu_target(*key), value, breach, breach, detail))
+        out.append(Observation(gpu_target(*key) | labels, value, breach, breach, detail))
     return out

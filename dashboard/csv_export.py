@@ -24,12 +24,16 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics import AnalysisSummary
+from gpuwatt.analytics import Quality as Q
 from gpuwatt.analytics.by_model import by_model
+from gpuwatt.analytics.findings import Finding, findings
+from gpuwatt.analytics.quality import worst
 from gpuwatt.dashboard.data import DashboardData, DataError
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
 from gpuwatt.schema import FIELD_BY_ATTR
 
 GROUPINGS: tuple[str, ...] = ("gpu", "node", "job", "model")
+NA = Q.NOT_AVAILABLE.value
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 SERIES_CHUNK_S = 3600
 #: Fields of the series export (model attribute names: the unit is in the name).
@@ -65,15 +69,16 @@ def _cell(value: Any) -> Any:
 
 
 def _window_counts(summary: AnalysisSummary) -> tuple[pd.Series, pd.Series]:
-    """Per GPU: windows with data, and windows in which it was a (persistent) straggler."""
-    gw = summary.gpu_windows
-    covered = gw.groupby("gpu")["window_start_ns"].nunique() if not gw.empty else pd.Series()
-    sw = summary.straggler_windows
-    if sw.empty or "flagged" not in sw.columns:
-        flagged = pd.Series(dtype=float)
-    else:
-        flagged = sw.loc[sw["flagged"].astype(bool)].groupby("gpu")["window_start_ns"].nunique()
-    return covered, flagged
+    """Per GPU: seconds seen, and seconds in windows where it was a (persistent) straggler
+    (docs/accounting.md: seen time, to the second, clipped to the range)."""
+    g = summary.energy_by_gpu
+    if g.empty or "seen_s" not in g.columns:
+        return pd.Series(dtype=float), pd.Series(dtype=float)
+    key = _gpu_key(g)
+    return (
+        pd.Series(g["seen_s"].to_numpy(dtype=float), index=key),
+        pd.Series(g["straggler_s"].to_numpy(dtype=float), index=key),
+    )
 
 
 def _gpu_key(table: pd.DataFrame) -> pd.Series:
@@ -90,9 +95,10 @@ def build_report(
     """One row per GPU, node or job over the summary's range. Units are in the column names.
 
     Energy, cost and CO2 are the analytics engine's own per-GPU/node/job figures; GPU-hours
-    count the analysis windows with data; straggler minutes count the windows in which the GPU
-    was flagged as a persistent straggler. ``alert_counts(by, key)`` fills ``alerts_count``
-    once an alert history exists (empty cells until then).
+    are the time each GPU was seen in the range; straggler minutes the seen time in windows in
+    which the GPU was flagged as a persistent straggler. ``alert_counts(by, key)`` fills
+    ``alerts_count`` once an alert history exists (empty cells until then). Every figure has
+    a ``..._quality`` column saying how it was obtained (``report_qualities``).
     """
     if by not in GROUPINGS:
         raise ValueError(f"by must be one of {', '.join(GROUPINGS)}")
@@ -103,15 +109,22 @@ def build_report(
     per_gpu = summary.energy_by_gpu
     if per_gpu.empty:
         return pd.DataFrame(columns=_columns(by, cost_col))
-    window_h = summary.window_s / 3600.0
-    covered, flagged = _window_counts(summary)
+    seen, flagged = _window_counts(summary)
     g = per_gpu.copy()
     key = _gpu_key(g)
-    g["gpu_hours_h"] = key.map(covered).fillna(0).to_numpy() * window_h
-    g["straggler_minutes_min"] = key.map(flagged).fillna(0).to_numpy() * summary.window_s / 60
+    g["gpu_hours_h"] = key.map(seen).fillna(0).to_numpy() / 3600.0
+    g["straggler_minutes_min"] = key.map(flagged).fillna(0).to_numpy() / 60.0
     g["tf_power_w"] = np.where(g["tflops_mean"].notna(), g["power_mean_w"], np.nan)
     if by == "gpu":
         out = g.sort_values(["host", "gpu_index"], kind="stable")
+        # the GPU's findings, as the CLI, the dashboard and the alerts have them
+        found: dict[str, list[Finding]] = {}
+        for f in findings(summary):
+            found.setdefault(f.uuid, []).append(f)
+        for col in ("finding", "cause", "severity"):
+            out[col] = [
+                "; ".join(getattr(f, col) for f in found.get(str(u), [])) for u in out["uuid"]
+            ]
     else:
         gkey = "host" if by == "node" else "job_id"
         src = summary.energy_by_node if by == "node" else summary.energy_by_job
@@ -130,7 +143,7 @@ def build_report(
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             agg["tflops_per_w"] = agg["tflops_sum"] / agg["tf_power_w"].where(agg["tf_power_w"] > 0)
-        quality = grp["tflops_quality"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "mixed")
+        quality = grp["tflops_quality"].agg(lambda s: worst([Q(q) for q in s]).value)
         agg["tflops_quality"] = quality
         out = src.set_index(gkey).join(agg, how="left").reset_index()
     out = out.assign(
@@ -144,28 +157,84 @@ def build_report(
         out["alerts_count"] = [alert_counts(by, str(k)) for k in out[keycol]]
     else:
         out["alerts_count"] = None
+    for column, quality in report_qualities(out, summary, cost_col).items():
+        out[column] = quality
     return out[_columns(by, cost_col)].reset_index(drop=True)
+
+
+#: Each figure column of a report and the column holding its quality label.
+QUALITY_COLUMNS: dict[str, str] = {
+    "gpu_hours_h": "gpu_hours_quality",
+    "utilization_mean_pct": "utilization_quality",
+    "energy_kwh": "energy_quality",
+    "idle_energy_kwh": "idle_energy_quality",
+    "cost": "cost_quality",
+    "co2_kg": "co2_quality",
+    "tflops_per_w": "tflops_quality",
+    "straggler_minutes_min": "straggler_minutes_quality",
+    "alerts_count": "alerts_quality",
+}
+
+
+def report_qualities(
+    out: pd.DataFrame, summary: AnalysisSummary, cost_col: str
+) -> dict[str, object]:
+    """The quality label of every figure column not labelled yet, from how it is computed:
+    seen time and utilisation are read as measured; idle energy, cost and CO2 inherit
+    energy's label (cost and CO2 are not available without a price or intensity); straggler
+    minutes are a detector's verdict over measured inputs (a model estimate); alert counts
+    come from the alert history when there is one."""
+    n = len(out)
+    energy = out["energy_quality"] if "energy_quality" in out else pd.Series([NA] * n)
+    measured = np.where(out["gpu_hours_h"].to_numpy(dtype=float) > 0, Q.MEASURED.value, NA)
+    util = out["utilization_mean_pct"].to_numpy(dtype=float)
+    tariff = summary.tariff
+
+    def priced(available: bool) -> np.ndarray:
+        return energy.to_numpy(dtype=object) if available else np.full(n, NA, dtype=object)
+
+    alerts = out["alerts_count"].to_numpy(dtype=object)
+    return {
+        "gpu_hours_quality": measured,
+        "utilization_quality": np.where(np.isfinite(util), Q.MEASURED.value, NA),
+        "idle_energy_quality": energy.to_numpy(dtype=object),
+        "cost_quality": priced(tariff.price_per_kwh is not None),
+        "co2_quality": priced(tariff.carbon_g_per_kwh is not None),
+        "straggler_minutes_quality": np.where(
+            out["gpu_hours_h"].to_numpy(dtype=float) > 0, Q.MODEL_ESTIMATE.value, NA
+        ),
+        "alerts_quality": np.array(
+            [NA if a is None or pd.isna(a) else Q.MEASURED.value for a in alerts], dtype=object
+        ),
+    }
 
 
 def _columns(by: str, cost_col: str) -> list[str]:
     ident = {
-        "gpu": ["host", "gpu_index", "uuid", "name", "job_id"],
+        "gpu": ["host", "gpu_index", "uuid", "name", "job_id", "finding", "cause", "severity"],
         "node": ["host", "gpus"],
         "job": ["job_id", "gpus"],
     }[by]
     return [
         *ident,
         "gpu_hours_h",
+        "gpu_hours_quality",
         "utilization_mean_pct",
+        "utilization_quality",
         "energy_kwh",
-        "idle_energy_kwh",
         "energy_quality",
+        "idle_energy_kwh",
+        "idle_energy_quality",
         cost_col,
+        "cost_quality",
         "co2_kg",
+        "co2_quality",
         "tflops_per_w",
         "tflops_quality",
         "straggler_minutes_min",
+        "straggler_minutes_quality",
         "alerts_count",
+        "alerts_quality",
     ]
 
 

@@ -35,7 +35,7 @@ from gpuwatt.analytics import (
     find_stragglers_in,
 )
 from gpuwatt.analytics.by_model import by_model
-from gpuwatt.analytics.inputs import jobs_of
+from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.mig import is_mig_device
@@ -51,6 +51,30 @@ DAY_NS = 86_400 * NS_PER_S
 SILENT_AFTER_S = 180.0
 RECENT_SPAN_S = 3600
 RECENT_STEP_S = 60
+
+
+#: Up to this many GPU-minutes (GPUs x the range's minutes), a view in buckets coarser than a
+#: minute takes its figures (energy, GPU-hours, idle time, straggler minutes, per GPU, node and
+#: job) from an analysis in 1-minute windows, as every shorter view, ``gpuwatt analyze`` and
+#: the alert evaluator do: idle time and straggler minutes are decided per minute
+#: (docs/accounting.md). Beyond it (1,024 GPUs over 5.7 hours: the 6 h view of 1,024 GPUs),
+#: from the view's own windows. The 7-day view of the 32-GPU demo is within it.
+ACCOUNTING_MAX_GPU_MINUTES = 350_000
+
+
+def _with_accounting(view: AnalysisSummary, minutes: AnalysisSummary) -> AnalysisSummary:
+    """The view's summary with the figures of the same range analysed in 1-minute windows."""
+    if not minutes.windows:
+        return view
+    return replace(
+        view,
+        energy_by_gpu=minutes.energy_by_gpu,
+        energy_by_node=minutes.energy_by_node,
+        energy_by_job=minutes.energy_by_job,
+        cluster=minutes.cluster,
+        lost=minutes.lost,
+        idle=minutes.idle,  # idle for 3 minutes, whatever the view's bucket size
+    )
 
 
 class DataError(Exception):
@@ -83,6 +107,8 @@ class WindowData:
     #: coarser: a straggler of the last minutes persists over several 1-minute windows long
     #: before it does over several hourly ones. The cached default view's summary when fresh.
     recent: AnalysisSummary | StragglerFindings | None = None
+    #: ``recent`` is the whole range in 1-minute windows (its straggler windows: the newest hour)
+    recent_is_range: bool = False
 
     @property
     def empty(self) -> bool:
@@ -90,9 +116,13 @@ class WindowData:
 
     @property
     def stragglers(self) -> list[Straggler]:
-        """The range's stragglers, plus those of the newest hour the range's windows miss."""
+        """The range's stragglers, plus those of the newest hour the range's windows miss. Where
+        the range was also analysed in 1-minute windows (``ACCOUNTING_MAX_GPU_MINUTES``), its
+        stragglers are those (their onset to the minute), as in every shorter view."""
         out = list(self.summary.stragglers)
         if self.recent is not None:
+            if self.recent_is_range:
+                return list(self.recent.stragglers)
             seen = {s.uuid for s in out}
             extra = [s for s in self.recent.stragglers if s.uuid not in seen]
             out = [s for s in out if s.active] + extra + [s for s in out if not s.active]
@@ -174,6 +204,8 @@ class DashboardData:
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._warmer: tuple[threading.Event, threading.Thread] | None = None
+        self._logged: set[str] = set()  # notices already logged (``_log_conflicts``)
+        self.accounting_max_gpu_minutes = ACCOUNTING_MAX_GPU_MINUTES
 
     # --- cache ------------------------------------------------------------------------------
 
@@ -326,23 +358,46 @@ class DashboardData:
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()
         jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
-        reads = [SeriesRead(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, tr.step_s)]
+        # the context before the range, then the range (as ``analytics.inputs`` reads them)
+        reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
         coarse = tr.step_s > RECENT_STEP_S
-        shared = self._shared_recent() if coarse and tr.live else None
-        if coarse and shared is None:
+        gpu_minutes = len(latest) * tr.span_s / 60
+        accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
+        shared = self._shared_recent() if coarse and tr.live and not accounting else None
+        if accounting:
+            # the range in 1-minute windows, read with the rest: its figures, and its
+            # stragglers (they include the newest hour's)
+            reads += context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
+        elif coarse and shared is None:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
         frames = self._read("samples", lambda: series_many(self.store, reads))
-        frame = frames[0]
-        summary = self._analyze(frame, tr.end_ns, tr.start_ns, tr.step_s, jobs)
+        frame = frames[1]
+        summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
+        self._log_conflicts(summary)
         recent: AnalysisSummary | StragglerFindings | None = None
-        if coarse and not frame.empty:
+        if accounting:
+            minutes = self._analyze(joined(frames[2:]), tr.end_ns, tr.start_ns, RECENT_STEP_S, jobs)
+            summary = _with_accounting(summary, minutes)
+            if not frame.empty and minutes.windows:
+                sw = minutes.straggler_windows  # the newest hour: the peer comparison's points
+                newest = sw.loc[sw["window_start_ns"] >= recent_start] if len(sw) else sw
+                recent = replace(minutes, straggler_windows=newest.reset_index(drop=True))
+        elif coarse and not frame.empty:
             if shared is not None:
                 recent = shared.summary
             else:
-                recent = self._recent_stragglers(frames[1], tr.end_ns, recent_start, jobs)
-        return WindowData(tr, frame, summary, latest, jobs, recent)
+                recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
+        return WindowData(tr, frame, summary, latest, jobs, recent, accounting)
+
+    def _log_conflicts(self, summary: AnalysisSummary) -> None:
+        """Energy counters of one GPU that go back and forth (two writers) are a notice on the
+        page (the summary's notes) and, once per distinct notice, a log warning."""
+        for note in summary.notes:
+            if "two collectors" in note and note not in self._logged:
+                self._logged.add(note)
+                log.warning("%s", note)
 
     def _shared_recent(self) -> WindowData | None:
         """The cached live view of the last hour in 1-minute windows, if at most
@@ -365,6 +420,7 @@ class DashboardData:
                 now_ns=end_ns,
                 start_ns=start_ns,
                 window_s=float(step_s),
+                step_s=step_s,
                 jobs=jobs,
                 price_per_kwh=t.price_per_kwh,
                 carbon_g_per_kwh=t.carbon_g_per_kwh,
@@ -384,18 +440,23 @@ class DashboardData:
         )
 
     def energy_today(self, now_ns: int) -> AnalysisSummary:
-        """The analytics summary of energy since midnight UTC (5-minute buckets)."""
+        """The analytics summary of energy since midnight UTC: in 1-minute buckets as the
+        other views' figures (``ACCOUNTING_MAX_GPU_MINUTES``), else 5-minute ones."""
         start = (now_ns // DAY_NS) * DAY_NS
         end = now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S  # include the current minute
         fields = ("energy_j", "power_w", "utilization_gpu_pct")
+        gpu_minutes = len(self.latest()) * (end - start) / (60 * NS_PER_S)
+        step = RECENT_STEP_S if gpu_minutes <= self.accounting_max_gpu_minutes else 300
 
         def compute() -> AnalysisSummary:
-            frame = self._read(
-                "today's energy", lambda: self.store.series(start, end, fields, step_s=300)
-            )
-            return self._analyze(frame, end, start, 300, {})
+            reads = [
+                SeriesRead(r.start_ns, r.end_ns, fields, step)
+                for r in context_reads(start, end, step)
+            ]
+            frames = self._read("today's energy", lambda: series_many(self.store, reads))
+            return self._analyze(joined(frames), end, start, step, {})
 
-        return self._cached(("today", start, end), compute)
+        return self._cached(("today", start, end, step), compute)
 
     def host_series(self, tr: TimeRange, host: str, fields: Sequence[str]) -> pd.DataFrame:
         """Rollups of one node's GPUs (drill-down); a live range keyed as in ``window``."""

@@ -123,22 +123,31 @@ def job_rows(
             {(str(h), int(i)) for h, i in zip(per_gpu["host"], per_gpu["index"], strict=True)},
             key=lambda k: (natural_key(k[0]), k[1]),
         )
+        # time figures as the CSV report has them: seen time (docs/accounting.md)
+        acc: pd.Series = e if e is not None else pd.Series(dtype=float)
+        seen = "seen_s" in acc.index
         row = JobRow(
             job_id=job,
             gpus=int(part["gpu"].nunique()),
-            gpu_hours_h=len(part) * window_h,
-            idle_gpu_hours_h=float(part["idle"].astype(bool).sum()) * window_h
+            gpu_hours_h=_f(acc["seen_s"]) / 3600 if seen else len(part) * window_h,
+            idle_gpu_hours_h=_f(acc["idle_s"]) / 3600
+            if seen
+            else float(part["idle"].astype(bool).sum()) * window_h
             if "idle" in part.columns
             else 0.0,
             energy_kwh=_f(e["energy_kwh"]) if e is not None else math.nan,
             cost=_f(e["cost"]) if e is not None else math.nan,
             co2_kg=_f(e["co2_kg"]) if e is not None else math.nan,
-            utilization_mean_pct=_f(part["utilization_gpu_pct"].mean()),
+            utilization_mean_pct=_f(acc["utilization_mean_pct"])
+            if seen
+            else _f(part["utilization_gpu_pct"].mean()),
             tflops_per_w=tfw,
             reported_tflops=_f(w.reported_tflops.value) if w is not None else math.nan,
             mfu_pct=_f(w.mfu_pct.value) if w is not None else math.nan,
             stragglers=mine,
-            straggler_minutes_min=len(flag) * summary.window_s / 60.0,
+            straggler_minutes_min=_f(acc["straggler_s"]) / 60
+            if seen
+            else len(flag) * summary.window_s / 60.0,
             peers_waiting_kwh=_f(e.get("peers_waiting_energy_j", np.nan)) / 3.6e6
             if e is not None
             else math.nan,

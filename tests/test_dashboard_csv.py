@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 from test_dashboard_support import DEMO_END_NS, NS, UnreachableStore, build_demo_store
 
-from gpuwatt.analytics import ANALYSIS_FIELDS, Tariff, analyze
+from gpuwatt.analytics import Tariff, analyze
+from gpuwatt.analytics.inputs import context_reads, joined
 from gpuwatt.config import Config, EnergyConfig
 from gpuwatt.dashboard.app import create_app
 from gpuwatt.dashboard.csv_export import build_report, neutralise, report_csv
 from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.timerange import parse_range
 from gpuwatt.model import EnergyMethod, GpuSample
+from gpuwatt.store.base import series_many
 from gpuwatt.store.sqlite import SqliteStore
 
 EVIL = "=cmd|' /C calc'!A0"
@@ -48,14 +50,16 @@ def test_report_totals_match_the_analytics_engine(demo_store: SqliteStore) -> No
     data = DashboardData(demo_store, clock_ns=lambda: DEMO_END_NS, tariff=tariff)
     tr, problem = parse_range({"range": "10m"}, DEMO_END_NS)
     assert problem is None
-    # the engine called directly on the same range and rollups
-    frame = demo_store.series(tr.start_ns, tr.end_ns, ANALYSIS_FIELDS, step_s=tr.step_s)
+    # the engine called directly on the same range and rollups (and the context rows before it)
+    reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
+    frame = joined(series_many(demo_store, reads))
     jobs = {s.uuid: s.job_id for s in demo_store.latest() if s.job_id}
     direct = analyze(
         frame,
         now_ns=tr.end_ns,
         start_ns=tr.start_ns,
         window_s=tr.step_s,
+        step_s=tr.step_s,
         jobs=jobs,
         price_per_kwh=0.25,
         carbon_g_per_kwh=400.0,
@@ -75,7 +79,7 @@ def test_report_totals_match_the_analytics_engine(demo_store: SqliteStore) -> No
         assert cost == pytest.approx(direct.cluster["cost"].value, rel=1e-6)
     by_gpu = build_report(summary, "gpu")
     assert len(by_gpu) == 32
-    # 32 GPUs x 10 one-minute windows
+    # 32 GPUs seen for the 10 minutes
     assert by_gpu["gpu_hours_h"].sum() == pytest.approx(32 * 10 / 60)
     straggler = by_gpu.loc[(by_gpu["host"] == "node-2") & (by_gpu["gpu_index"] == 5)]
     assert float(straggler["straggler_minutes_min"].iloc[0]) > 0
@@ -135,7 +139,13 @@ def test_report_route_streams_with_units_in_header(demo_store: SqliteStore) -> N
     assert resp.headers["Content-Type"].startswith("text/csv")
     assert "attachment" in resp.headers["Content-Disposition"]
     rows = list(csv.reader(io.StringIO(resp.get_data(as_text=True))))
-    assert rows[0][:4] == ["host", "gpus", "gpu_hours_h", "utilization_mean_pct"]
+    assert rows[0][:5] == [
+        "host",
+        "gpus",
+        "gpu_hours_h",
+        "gpu_hours_quality",
+        "utilization_mean_pct",
+    ]
     assert "cost_EUR" in rows[0] and "co2_kg" in rows[0]
     assert [r[0] for r in rows[1:]] == ["node-0", "node-1", "node-2", "node-3"]
 

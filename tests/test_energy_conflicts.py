@@ -85,3 +85,29 @@ def test_waiting_energy_is_labelled_an_estimate() -> None:
     waiting = summary.cluster["peers_waiting_energy_kwh"]
     assert waiting.available and waiting.quality is Quality.MODEL_ESTIMATE
     assert summary.cluster["energy_kwh"].quality is Quality.MEASURED_COUNTER
+
+
+def test_two_writers_are_a_dashboard_notice_and_a_log_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpuwatt.dashboard.data import DashboardData
+    from gpuwatt.dashboard.timerange import parse_range
+
+    # the two writers' samples interleave irregularly: a minute's newest is one or the other
+    samples = [_sample(t, (5e8 if t % 7 < 3 else 2e6) + POWER_W * t) for t in range(SECONDS)]
+    end_ns = T0 + SECONDS * NS
+    with SqliteStore(tmp_path / "w.db") as store:
+        store.write_samples(samples)
+        data = DashboardData(store, clock_ns=lambda: end_ns)
+        try:
+            tr, _ = parse_range({"range": "10m"}, end_ns)
+            with caplog.at_level("WARNING", logger="gpuwatt.dashboard"):
+                summary = data.window(tr).summary
+                data.clear_cache()
+                data.window(tr)  # computed again: logged once
+        finally:
+            data.close()
+    notice = [n for n in summary.notes if "two collectors writing the same GPU" in n]
+    assert len(notice) == 1
+    assert [r.getMessage() for r in caplog.records] == notice
+    assert summary.cluster["energy_kwh"].value == pytest.approx(POWER_W * SECONDS / 3.6e6, rel=0.02)

@@ -62,8 +62,15 @@ def median_step_ns(rows: pd.DataFrame) -> int:
     return int(np.median(d)) if len(d) else 0
 
 
-def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
-    """Add ``energy_delta_j`` and ``energy_src`` (SRC_*) to rows sorted by GPU then time."""
+def add_row_energy(
+    rows: pd.DataFrame, *, step_ns: int, slot_end_ns: np.ndarray | None = None
+) -> pd.DataFrame:
+    """Add ``energy_delta_j`` and ``energy_src`` (SRC_*) to rows sorted by GPU then time.
+
+    ``slot_end_ns`` (``analytics.accounting.slot_ends_ns``): where each row's slot ends. With
+    it, a row that starts a run (or has no counter) is filled with its power over its slot,
+    and a counter step is checked against the time from the previous row to this row's slot
+    end (a bucket's counter is its newest sample's, anywhere in the bucket)."""
     n = len(rows)
     g = rows["gpu_code"].to_numpy()
     t = rows["time_ns"].to_numpy(dtype=np.int64)
@@ -85,12 +92,23 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         ok = has_counter & same_prev & np.isfinite(prev)
         d = e - prev
         d = np.where(d < 0, e, d)  # counter restarted: energy since the restart
-        ceiling_j = _max_power_w(rows) * np.maximum(dt_prev_s, 0.0) * PLAUSIBLE_POWER_FACTOR
+        covered_s = dt_prev_s
+        if slot_end_ns is not None:
+            covered_s = np.zeros(n)
+            covered_s[1:] = (slot_end_ns[1:] - t[:-1]) / 1e9
+        ceiling_j = _max_power_w(rows) * np.maximum(covered_s, 0.0) * PLAUSIBLE_POWER_FACTOR
         conflict = ok & (d > ceiling_j + PLAUSIBLE_SLACK_J)
         # A run of one counter ends at a gap of more than three sampling steps: the time the GPU
         # was not seen is not energy (docs/accounting.md, rule 3).
         across_gap = ok & (dt_prev_s * 1e9 > 3 * step_ns) if step_ns > 0 else np.zeros(n, bool)
         delta = np.where(ok & ~conflict & ~across_gap, d, np.nan)
+        if slot_end_ns is not None and "power_w" in rows.columns:
+            # A restart starts a new run: its first row is filled from power over its slot,
+            # like any run's first row. The counter's new value holds only the energy since the
+            # restart, and how much of the row's time that is depends on how the rows were
+            # bucketed (a 1-hour bucket's newest sample may be an hour after its previous one).
+            restarted = ok & (e < prev) & np.isfinite(rows["power_w"].to_numpy(dtype=float))
+            delta = np.where(restarted, np.nan, delta)
         src[has_counter] = SRC_COUNTER
         src[conflict] = SRC_INTEGRATED
         if "energy_method" in rows.columns:
@@ -107,6 +125,9 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
         dt_ns = np.where(same_next, nxt - t, step_ns)
         if step_ns > 0:
             dt_ns = np.minimum(dt_ns, 3 * step_ns)
+        slot_ns = None if slot_end_ns is None else np.maximum(slot_end_ns - t, 0)
+        if slot_ns is not None:
+            dt_ns = slot_ns
         use = ~has_counter & np.isfinite(p)
         delta = np.where(use, p * dt_ns / 1e9, delta)
         src[use] = SRC_INTEGRATED
@@ -118,9 +139,13 @@ def add_row_energy(rows: pd.DataFrame, *, step_ns: int) -> pd.DataFrame:
             np.minimum(dt_prev_s * 1e9, step_ns),
             np.where(same_next, np.minimum(nxt - t, step_ns), step_ns),
         )
+        if slot_ns is not None:
+            head_ns = slot_ns
         delta = np.where(head, p * head_ns / 1e9, delta)
         # an implausible counter step: the row's power over the time since the previous row
         dt_conflict_ns = np.minimum(dt_prev_s * 1e9, 3 * step_ns if step_ns > 0 else np.inf)
+        if slot_ns is not None:
+            dt_conflict_ns = slot_ns
         delta = np.where(conflict & np.isfinite(p), p * dt_conflict_ns / 1e9, delta)
 
     rows["energy_delta_j"] = delta

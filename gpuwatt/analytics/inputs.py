@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gpuwatt.analytics.stragglers import StragglerConfig
 from gpuwatt.analytics.summary import ANALYSIS_FIELDS
 from gpuwatt.model import GpuSample
-from gpuwatt.store.base import Store
+from gpuwatt.store.base import SeriesRead, Store, series_many
 
 #: Ranges at least this long are read from 1-minute rollups (fast at 1,000 GPUs); shorter
 #: ones from raw samples. Either gives the same figures (docs/accounting.md, rule 1).
@@ -21,6 +22,7 @@ ROLLUP_FROM_S = 1800
 
 @dataclass(frozen=True, slots=True)
 class AnalysisInput:
+    #: rows of the range and, before ``start_ns``, the context rows (``context_reads``)
     frame: pd.DataFrame
     jobs: dict[str, str]  # uuid -> job id of every GPU that held a job in the range
     step_s: int | None
@@ -43,12 +45,42 @@ def jobs_of(latest: Sequence[GpuSample], start_ns: int) -> dict[str, str]:
     return {s.uuid: s.job_id for s in latest if s.job_id and s.time_ns >= start_ns}
 
 
+def context_s(window_s: float = 60.0) -> float:
+    """How far before a range the reader looks: the straggler persistence (``persist_of``
+    windows), so a straggler found at the range's start keeps its onset, and the newest row
+    of each GPU, whose counter value starts the range's energy (docs/accounting.md)."""
+    return StragglerConfig().window_n * window_s
+
+
+def context_reads(
+    start_ns: int, end_ns: int, step_s: int | None, window_s: float = 60.0
+) -> list[SeriesRead]:
+    """The two reads of an analysis input: the context before ``start_ns``, then the range."""
+    before_ns = start_ns - round(context_s(window_s) * 1e9)
+    return [
+        SeriesRead(before_ns, start_ns, ANALYSIS_FIELDS, step_s),
+        SeriesRead(start_ns, end_ns, ANALYSIS_FIELDS, step_s),
+    ]
+
+
+def joined(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The context and range frames as one (context rows first)."""
+    frames = [f for f in frames if len(f)] or list(frames[-1:])
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
 def read_analysis_input(
-    store: Store, start_ns: int, end_ns: int, *, step_s: int | None = None
+    store: Store,
+    start_ns: int,
+    end_ns: int,
+    *,
+    step_s: int | None = None,
+    window_s: float = 60.0,
 ) -> AnalysisInput:
     """The rows, job mapping and read step of ``[start_ns, end_ns)``; ``step_s`` defaults to
-    ``analysis_step_s`` of the range."""
+    ``analysis_step_s`` of the range. The frame also holds the context rows before
+    ``start_ns`` (``analyze`` counts them in nothing)."""
     if step_s is None:
         step_s = analysis_step_s((end_ns - start_ns) / 1e9)
-    frame = store.series(start_ns, end_ns, ANALYSIS_FIELDS, step_s=step_s)
-    return AnalysisInput(frame, jobs_in_range(store, start_ns), step_s)
+    frames = series_many(store, context_reads(start_ns, end_ns, step_s, window_s))
+    return AnalysisInput(joined(frames), jobs_in_range(store, start_ns), step_s)

@@ -6,6 +6,8 @@ import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from gpuwatt.analytics.findings import findings
+
 if TYPE_CHECKING:
     from gpuwatt.analytics.summary import AnalysisSummary
 
@@ -60,6 +62,22 @@ def render_text(summary: AnalysisSummary, *, max_rows: int = 10) -> str:
     if len(s.idle) > max_rows:
         add(f"  ... {len(s.idle) - max_rows} more")
 
+    found = findings(s)
+    add("")
+    add(f"FINDINGS ({len(found)}: GPU, finding, cause, severity)")
+    for f in found[: max_rows * 2]:
+        add(f"  {f.host} GPU {f.gpu_index}: {f.finding}, cause {f.cause}, severity {f.severity}")
+
+    if s.lost:
+        add("")
+        add(f"LOST GPUS ({len(s.lost)}: not in GPU-hours or utilisation means)")
+        for lo in s.lost[:max_rows]:
+            seen = _ts(lo.last_seen_ns) if lo.last_seen_ns is not None else "not in this range"
+            add(
+                f"  {lo.host} GPU {lo.gpu_index}: lost since {_ts(lo.lost_since_ns)}, "
+                f"last seen {seen}"
+            )
+
     add("")
     add(f"LOAD BALANCE (newest window; index: {s.default_imbalance_index}, lower is more even)")
     b = s.balance
@@ -78,6 +96,10 @@ def render_text(summary: AnalysisSummary, *, max_rows: int = 10) -> str:
     add("")
     add("ENERGY AND EFFICIENCY")
     for key, label in (
+        ("gpu_hours", "GPU-hours (time seen)"),
+        ("utilization_pct", "utilisation (mean over time seen)"),
+        ("idle_gpu_hours", "idle GPU-hours"),
+        ("straggler_minutes", "straggler minutes"),
         ("energy_kwh", "energy"),
         ("cost", "cost"),
         ("co2_kg", "CO2"),

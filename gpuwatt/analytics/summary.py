@@ -18,6 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuwatt.analytics.accounting import (
+    add_row_seen,
+    keep_in_range,
+    measured,
+    slot_ends_ns,
+    slot_ns_of,
+)
 from gpuwatt.analytics.balance import (
     CLUSTER,
     DEFAULT_INDEX,
@@ -47,6 +54,7 @@ from gpuwatt.analytics.windows import (
     prepare,
     sorted_unique,
     window_list,
+    window_starts,
 )
 
 
@@ -75,6 +83,8 @@ class AnalysisSummary:
     # application-reported work (``analyze(job_steps=...)``; see gpuwatt.analytics.reported)
     job_work: list[JobWork] = field(default_factory=list)
     job_work_windows: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: GPUs lost in the range and not seen since (their lost time is in no figure)
+    lost: list[LostGpu] = field(default_factory=list)
 
     @property
     def idle_allocated(self) -> list[IdleGpu]:
@@ -114,6 +124,16 @@ def _nanmean_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
         return np.where(cnt > 0, tot / cnt, np.nan)
 
 
+def _seen_mean_by(codes: np.ndarray, v: np.ndarray, seen_s: np.ndarray, n: int) -> np.ndarray:
+    """Means weighted by seen time (docs/accounting.md, "Utilisation")."""
+    ok = np.isfinite(v) & (seen_s > 0)
+    w = np.where(ok, seen_s, 0.0)
+    tot = np.bincount(codes, weights=np.where(ok, v * w, 0.0), minlength=n)
+    den = np.bincount(codes, weights=w, minlength=n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, tot / den, np.nan)
+
+
 def _nansum_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
     ok = np.isfinite(v)
     cnt = np.bincount(codes, weights=ok, minlength=n)
@@ -143,8 +163,13 @@ def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd
             "gpus": np.bincount(pairs // n_gpu, minlength=n),
             "energy_j": _nansum_by(codes, values("energy_delta_j"), n),
             "idle_energy_j": _nansum_by(codes, values("idle_energy_j"), n),
+            "seen_s": np.bincount(codes, weights=values("seen_s"), minlength=n),
+            "idle_s": np.bincount(codes, weights=values("idle_s"), minlength=n),
+            "straggler_s": np.bincount(codes, weights=values("straggler_s"), minlength=n),
             "power_mean_w": _nanmean_by(codes, col["power_w"], n) if "power_w" in col else np.nan,
-            "utilization_mean_pct": _nanmean_by(codes, col["utilization_gpu_pct"], n)
+            "utilization_mean_pct": _seen_mean_by(
+                codes, col["utilization_gpu_pct"], values("seen_s"), n
+            )
             if "utilization_gpu_pct" in col
             else np.nan,
         }
@@ -172,13 +197,22 @@ def _per_gpu(gw: pd.DataFrame) -> pd.DataFrame:
         cols[c] = pd.Series(values, index=index, dtype=gw[c].dtype)  # object stays object
     g = gw.groupby("gpu_code", sort=True)
     sums = g[["energy_delta_j", "idle_energy_j"]].sum(min_count=1)
+    seen_cols = [c for c in ("seen_s", "idle_s", "straggler_s") if c in gw]
+    seen = g[seen_cols].sum() if seen_cols else pd.DataFrame(index=sums.index)
     mean_of = {"power_w": "power_mean_w", "utilization_gpu_pct": "utilization_mean_pct"}
     means = g[[c for c in (*mean_of, "tflops_gpm") if c in gw]].mean()
     cols["energy_j"] = sums["energy_delta_j"].to_numpy()
     cols["idle_energy_j"] = sums["idle_energy_j"].to_numpy()
     cols["idle_windows"] = g["idle"].sum().to_numpy()
+    for c in ("seen_s", "idle_s", "straggler_s"):
+        cols[c] = seen[c].to_numpy() if c in seen else np.nan
     for c, name in mean_of.items():
         cols[name] = means[c].to_numpy() if c in means else np.nan
+    if "utilization_gpu_pct" in gw and "seen_s" in gw:
+        n = int(codes.max()) + 1
+        util = _seen_mean_by(codes, gw["utilization_gpu_pct"].to_numpy(dtype=float),
+                             gw["seen_s"].to_numpy(dtype=float), n)  # fmt: skip
+        cols["utilization_mean_pct"] = util[present]
     cols["tflops_mean"] = means["tflops_gpm"].to_numpy()
     return pd.DataFrame(cols, index=index)
 
@@ -223,10 +257,50 @@ class StragglerFindings:
 
 
 @dataclass(frozen=True)
+class LostGpu:
+    """A GPU reported lost (fallen off the bus) in the range and not seen since."""
+
+    host: str
+    gpu_index: int
+    uuid: str
+    name: str
+    last_seen_ns: int | None  # its newest measured row in the analysed rows (None: none)
+    lost_since_ns: int  # its first lost marker after that
+
+
+@dataclass(frozen=True)
 class _GpuWindows:
-    rows: pd.DataFrame  # the samples analysed (prepared, lost ones dropped)
+    rows: pd.DataFrame  # the samples analysed (prepared, lost ones dropped, in the range)
     gw: pd.DataFrame  # per (window, GPU), see ``per_gpu_window``
     step_ns: int  # the samples' median step
+    #: per (window, GPU) of the range and the context rows before it: the straggler scores
+    scored: pd.DataFrame
+    lost: list[LostGpu]
+
+
+def _lost_gpus(rows: pd.DataFrame, ok: np.ndarray) -> list[LostGpu]:
+    """GPUs whose newest rows hold no measurement (lost-GPU markers, or buckets of only
+    markers: both stores keep them as rows), with when they were last seen and since when
+    they are lost."""
+    if rows.empty or ok.all():
+        return []
+    marker = ~ok
+    out: list[LostGpu] = []
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    codes = rows["gpu_code"].to_numpy(dtype=np.int64)
+    for code in np.unique(codes[marker]):
+        mine = np.flatnonzero(codes == code)
+        if ok[mine[-1]]:
+            continue  # seen again after its markers: not lost now
+        seen = mine[ok[mine]]
+        last_seen = int(t[seen[-1]]) if len(seen) else None
+        first_marker = mine[marker[mine] & (t[mine] > (last_seen if last_seen is not None else -1))]
+        r = rows.iloc[int(mine[-1])]
+        out.append(
+            LostGpu(str(r["host"]), int(r["gpu_index"]), str(r["uuid"]), str(r["name"]),
+                    last_seen, int(t[first_marker[0]]))
+        )  # fmt: skip
+    return out
 
 
 def _gpu_windows(
@@ -239,32 +313,82 @@ def _gpu_windows(
     job: str | None,
     tensor_precision: str,
     idle_util_pct: float,
+    step_s: float | None = None,
+    straggler_config: StragglerConfig | None = None,
 ) -> _GpuWindows | str:
     """The per (window, GPU) table every part of the analysis starts from, or why there is
-    none (a note for the empty summary)."""
-    rows = prepare(frame, now_ns=now_ns, window_s=window_s, start_ns=start_ns, jobs=jobs, job=job)
-    if rows.empty:
-        return "no samples in the analysed range"
-    if "lost" in rows.columns:
-        rows = rows.loc[~rows["lost"].fillna(False).astype(bool)]
-        if rows.empty:
-            return "every GPU was lost in the analysed range"
+    none (a note for the empty summary). Rows before ``start_ns`` are context
+    (``analytics.accounting``): the newest one of each GPU starts its counter, and those within
+    the straggler persistence before the range let a straggler keep its true onset."""
+    rows = prepare(frame, now_ns=now_ns, window_s=window_s, start_ns=None, jobs=jobs, job=job)
+    if start_ns is None:
+        start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
+    t_all = rows["time_ns"].to_numpy(dtype=np.int64)
+    ok = measured(rows)
+    lost = _lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
+    if not ok.any():
+        return "every GPU was lost in the analysed range" if len(rows) else "no samples"
+    if not ok.all():
+        rows = rows.loc[ok].reset_index(drop=True)
     step_ns = median_step_ns(rows)
-    add_row_energy(rows, step_ns=step_ns)
+    slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
+    bucket_ns = round(step_s * NS_PER_S) if step_s else None
+    slot_end = slot_ends_ns(rows, end_ns=now_ns, slot_ns=slot, bucket_ns=bucket_ns)
+    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end)
+    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end)
     add_row_tflops(rows, tensor_precision=tensor_precision)
     add_bit_columns(rows)
-
-    gw = per_gpu_window(rows, sums=("energy_delta_j",), means=("tflops", "tflops_gpm"))
-    mark_idle(gw, idle_util_pct=idle_util_pct)
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    in_range = keep_in_range(rows, start_ns)
+    if not in_range.any():
+        return "every GPU was lost in the analysed range" if lost else "no samples in the range"
+    if rows["carried"].any():  # moved to the range's start: into its first window
+        rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
+    sums = ("energy_delta_j", "seen_s")
+    means = ("tflops", "tflops_gpm")
+    cfg = straggler_config or StragglerConfig()
+    if in_range.all():
+        full = per_gpu_window(rows, sums=sums, means=means)
+        mark_idle(full, idle_util_pct=idle_util_pct)
+        scored = score_windows(full, cfg)
+        rows_in = rows
+        gw = full
+    else:
+        lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
+        near = in_range | (t >= start_ns - lookback_ns)
+        # the context's energy is before the range: not in the peers' waiting energy either
+        rows.loc[~in_range, "energy_delta_j"] = 0.0
+        full = per_gpu_window(rows.loc[near].reset_index(drop=True), sums=sums, means=means)
+        mark_idle(full, idle_util_pct=idle_util_pct)
+        scored = score_windows(full, cfg)
+        rows_in = _dense(rows.loc[in_range].reset_index(drop=True))
+        gw = per_gpu_window(rows_in, sums=sums, means=means)
+        mark_idle(gw, idle_util_pct=idle_util_pct)
+    # straggler seconds: the seen time of the rows in a window where the GPU was flagged
+    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", "gpu"]]
+    flagged = pd.MultiIndex.from_frame(fl)
+    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
+    gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
+    # idle: decided per window (its mean utilisation), so raw samples and buckets agree
+    gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
     gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
-    return _GpuWindows(rows, gw, step_ns)
+    return _GpuWindows(rows_in, gw, step_ns, scored, lost)
+
+
+def _dense(rows: pd.DataFrame) -> pd.DataFrame:
+    """Renumber ``gpu_code`` densely after rows were dropped."""
+    _, codes = np.unique(rows["gpu_code"].to_numpy(dtype=np.int64), return_inverse=True)
+    rows["gpu_code"] = codes.astype(np.int64)
+    return rows
 
 
 def _stragglers(w: _GpuWindows, cfg: StragglerConfig) -> StragglerFindings:
-    sw = score_windows(w.gw, cfg)
-    return StragglerFindings(
-        find_stragglers(sw, cfg, reasons_sampled=w.step_ns >= 10 * NS_PER_S), sw
-    )
+    sw = w.scored
+    found = find_stragglers(sw, cfg, reasons_sampled=w.step_ns >= 10 * NS_PER_S)
+    first_window = int(w.gw["window_start_ns"].min()) if len(w.gw) else 0
+    found = [s for s in found if s.last_ns >= first_window]  # not one that ended before
+    in_range = sw.loc[sw["window_start_ns"].to_numpy() >= first_window].reset_index(drop=True)
+    return StragglerFindings(found, in_range)
 
 
 def find_stragglers_in(
@@ -278,6 +402,7 @@ def find_stragglers_in(
     tensor_precision: str = "bf16",
     idle_util_pct: float = 5.0,
     straggler_config: StragglerConfig | None = None,
+    step_s: float | None = None,
 ) -> StragglerFindings:
     """``analyze``'s stragglers alone (the same arguments give the same result), without the
     load balance, energy and efficiency parts: about half its cost at 1,000 GPUs. For a caller
@@ -291,6 +416,8 @@ def find_stragglers_in(
         job=job,
         tensor_precision=tensor_precision,
         idle_util_pct=idle_util_pct,
+        step_s=step_s,
+        straggler_config=straggler_config,
     )
     if isinstance(w, str):
         return StragglerFindings([], pd.DataFrame())
@@ -313,6 +440,7 @@ def analyze(
     idle_windows: int = 3,
     straggler_config: StragglerConfig | None = None,
     job_steps: pd.DataFrame | None = None,
+    step_s: float | None = None,
 ) -> AnalysisSummary:
     """Load balance, stragglers and efficiency of the samples in ``[start_ns, now_ns)``.
 
@@ -322,7 +450,9 @@ def analyze(
     ``tensor_precision`` picks the tensor peak for the GPM estimate (tf32, bf16, fp16, fp8).
     ``job_steps`` (``schema.JOB_STEP_COLUMNS``, as ``JobStepStore.job_steps`` returns) adds the
     jobs' own reported TFLOPS and MFU beside the counter estimate (``job_work``); without it the
-    result is unchanged.
+    result is unchanged. ``step_s`` is the bucket size of the frame's rows (None: raw samples,
+    or infer it from their spacing). Rows before ``start_ns`` are context, counted in nothing
+    (see ``gpuwatt.analytics.accounting``; ``analytics.inputs`` adds them).
     """
     cfg = straggler_config or StragglerConfig()
     tariff = Tariff(price_per_kwh, carbon_g_per_kwh, currency)
@@ -336,6 +466,8 @@ def analyze(
         job=job,
         tensor_precision=tensor_precision,
         idle_util_pct=idle_util_pct,
+        step_s=step_s,
+        straggler_config=cfg,
     )
     if isinstance(w, str):
         return _empty(now_ns, window_s, tariff, w)
@@ -422,6 +554,12 @@ def analyze(
             if pm.notna().any()
             else not_available("W", "no power readings")
         )
+    cluster.update(_time_figures(per_gpu, w.lost))
+    if w.lost:
+        notes.append(
+            f"{len(w.lost)} GPUs lost in this range: their lost time is in no figure "
+            "(not in GPU-hours, not in utilisation means)"
+        )
     fault_unknown = sw["fault_fraction"].isna().all() if len(sw) else True
     if fault_unknown:
         notes.append(
@@ -462,7 +600,33 @@ def analyze(
         notes=notes,
         job_work=job_work,
         job_work_windows=job_work_windows,
+        lost=w.lost,
     )
+
+
+def _time_figures(per_gpu: pd.DataFrame, lost: list[LostGpu]) -> dict[str, Figure]:
+    """GPU-hours, idle GPU-hours and mean utilisation (weighted by seen time) are measured;
+    straggler minutes are a detector's verdict over measured inputs: a model estimate."""
+    seen_s = float(per_gpu["seen_s"].sum())
+    why = f"{len(lost)} GPUs lost: their lost time is not counted" if lost else ""
+    util = per_gpu["utilization_mean_pct"].to_numpy(dtype=float)
+    w = per_gpu["seen_s"].to_numpy(dtype=float)
+    ok = np.isfinite(util) & (w > 0)
+    return {
+        "gpu_hours": Figure(seen_s / 3600, "h", Quality.MEASURED, why),
+        "idle_gpu_hours": Figure(float(per_gpu["idle_s"].sum()) / 3600, "h", Quality.MEASURED),
+        "utilization_pct": (
+            Figure(float(np.sum(util[ok] * w[ok]) / np.sum(w[ok])), "%", Quality.MEASURED, why)
+            if ok.any()
+            else not_available("%", "no utilisation readings")
+        ),
+        "straggler_minutes": Figure(
+            float(per_gpu["straggler_s"].sum()) / 60,
+            "min",
+            Quality.MODEL_ESTIMATE,
+            "minutes in which the straggler detector flagged a GPU",
+        ),
+    }
 
 
 def _job_work(

@@ -362,7 +362,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     now_ns = time.time_ns()
     start_ns = now_ns - round(args.since * 1e9)
     try:
-        data = read_analysis_input(store, start_ns, now_ns)
+        data = read_analysis_input(store, start_ns, now_ns, window_s=args.window)
     finally:
         store.close()
     frame, jobs = data.frame, data.jobs
@@ -387,6 +387,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         currency=config.energy.currency,
         tensor_precision=config.collector.tensor_precision,
         job_steps=job_steps,
+        step_s=data.step_s,
     )
     print(render_text(summary))
     return EXIT_OK
