@@ -20,6 +20,7 @@ from gpuwatt.cli.dashboard import add_report_parser
 from gpuwatt.collector.sim.scenario import Scenario, load_scenario
 from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.collector.sim.work import SimulatedWorkReporter
+from gpuwatt.dashboard.csv_export import build_report
 from gpuwatt.gpu_specs import SPECS
 from gpuwatt.job_step_format import JOB_STEP_COLUMNS, JobStep
 from gpuwatt.store.job_steps import open_job_step_store
@@ -97,6 +98,12 @@ def test_the_per_model_comparison(cluster) -> None:
     per_gpu = s.energy_by_gpu.assign(model=s.energy_by_gpu["name"].map(_model_of_name(frame)))
     want_kwh = per_gpu.groupby("model")["energy_j"].sum() / 3.6e6
     assert rows["energy_kwh"].to_dict() == pytest.approx(want_kwh.to_dict())
+    # one truth: the models' GPU-hours and energy add up to the report by GPU's
+    by_gpu = build_report(s, "gpu")
+    assert rows["gpu_hours_h"].sum() == pytest.approx(by_gpu["gpu_hours_h"].sum(), rel=1e-9)
+    assert rows["energy_kwh"].sum() == pytest.approx(by_gpu["energy_kwh"].sum(), rel=1e-9)
+    assert set(rows["gpu_hours_quality"]) == {"measured"}
+    assert set(rows["energy_quality"]) == set(by_gpu["energy_quality"])
     # reported work per joule: each job's reported TFLOPS over its GPUs' power
     for work in s.job_work:
         model = {"train-h100": "H100 SXM", "train-a100": "A100 SXM", "train-l40s": "L40S"}[

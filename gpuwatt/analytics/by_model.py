@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpuwatt.analytics.quality import Quality, worst
 from gpuwatt.analytics.summary import AnalysisSummary
 from gpuwatt.gpu_specs import lookup
 
@@ -25,9 +26,12 @@ COLUMNS: tuple[str, ...] = (
     "model",
     "gpus",
     "gpu_hours_h",
+    "gpu_hours_quality",
     "busy_gpu_hours_h",
     "utilization_mean_pct",
+    "utilization_quality",
     "energy_kwh",
+    "energy_quality",
     "power_mean_w",
     "tflops_per_w",
     "tflops_quality",
@@ -58,24 +62,42 @@ def by_model(
     gw = summary.gpu_windows
     if gw is None or gw.empty:
         return pd.DataFrame(columns=list(COLUMNS))
-    window_h = summary.window_s / 3600.0
     names = gw["name"].fillna("").astype(str)
     models = {n: model_of(n) for n in names.unique()}
     gw = gw.assign(model=names.map(models))
     busy = ~gw["idle"].astype(bool) if "idle" in gw.columns else pd.Series(True, index=gw.index)
+    # GPU-hours are the time each GPU was seen, to the second, as in every other view
+    # (docs/accounting.md); means are weighted by it.
+    if "seen_s" in gw.columns:
+        seen_s = gw["seen_s"].astype(float)
+    else:
+        seen_s = pd.Series(summary.window_s, index=gw.index, dtype=float)
+    util = gw["utilization_gpu_pct"].astype(float)
+    gw = gw.assign(
+        seen_s=seen_s,
+        busy_s=seen_s.where(busy, 0.0),
+        util_w=seen_s.where(util.notna(), 0.0),
+        util_x=(util * seen_s).fillna(0.0),
+    )
     grp = gw.groupby("model", sort=True)
+    util_w = grp["util_w"].sum()
     out = pd.DataFrame(
         {
             "gpus": grp["gpu"].nunique(),
-            "gpu_hours_h": grp.size() * window_h,
-            "busy_gpu_hours_h": gw.loc[busy].groupby("model").size().reindex(grp.size().index)
-            * window_h,
-            "utilization_mean_pct": grp["utilization_gpu_pct"].mean(),
+            "gpu_hours_h": grp["seen_s"].sum() / 3600.0,
+            "busy_gpu_hours_h": grp["busy_s"].sum() / 3600.0,
+            "utilization_mean_pct": grp["util_x"].sum() / util_w.where(util_w > 0),
             "power_mean_w": grp["power_w"].mean(),
         }
     )
-    out["busy_gpu_hours_h"] = out["busy_gpu_hours_h"].fillna(0.0)
+    out["gpu_hours_quality"] = Quality.MEASURED.value  # seen time, to the second
+    out["utilization_quality"] = np.where(
+        out["utilization_mean_pct"].notna(), Quality.MEASURED.value, Quality.NOT_AVAILABLE.value
+    )
     out["energy_kwh"] = _energy_kwh(summary, models).reindex(out.index)
+    out["energy_quality"] = (
+        _energy_quality(summary, models).reindex(out.index).fillna(Quality.NOT_AVAILABLE.value)
+    )
     tf = gw.loc[busy & gw["tflops"].notna() & gw["power_w"].notna()]
     tsum = tf.groupby("model")["tflops"].sum(min_count=1)
     psum = tf.groupby("model")["power_w"].sum(min_count=1)
@@ -117,6 +139,15 @@ def _energy_kwh(summary: AnalysisSummary, models: dict[str, str]) -> pd.Series:
         return pd.Series(dtype=float)
     m = eg["name"].fillna("").astype(str).map(lambda n: models.get(n) or model_of(n))
     return eg.groupby(m)["energy_j"].sum(min_count=1) / 3.6e6
+
+
+def _energy_quality(summary: AnalysisSummary, models: dict[str, str]) -> pd.Series:
+    """Per model, the worst of its GPUs' energy qualities (as the node and job reports do)."""
+    eg = summary.energy_by_gpu
+    if eg is None or eg.empty or "energy_quality" not in eg.columns:
+        return pd.Series(dtype=object)
+    m = eg["name"].fillna("").astype(str).map(lambda n: models.get(n) or model_of(n))
+    return eg.groupby(m)["energy_quality"].agg(lambda s: worst([Quality(q) for q in s]).value)
 
 
 def _tflops_quality(summary: AnalysisSummary, models: dict[str, str]) -> pd.Series:
