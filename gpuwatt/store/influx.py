@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from influxdb_client import InfluxDBClient
     from influxdb_client.client.write_api import WriteApi
 
+    from gpuwatt.store.influx_rollups import InfluxRollups
+
 __all__ = ["InfluxSettings", "InfluxStore", "influx_settings_from_env", "influxql_string"]
 
 _GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
@@ -96,6 +98,7 @@ class InfluxStore:
         timeout_s: float = 10.0,
         api: str = "auto",
         token_file: str | None = None,
+        use_rollups: bool = True,
     ) -> None:
         if api not in ("auto", "v1", "v2"):
             raise ValueError(f"api={api!r}: use auto, v1 or v2")
@@ -107,6 +110,10 @@ class InfluxStore:
         self._token = _Secret(token) if token else None
         self._token_file = token_file
         self._encoder = LineEncoder()
+        #: Serve bucketed reads from the rollups kept in the bucket (``engine_rollups``) when
+        #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
+        self.use_rollups = use_rollups
+        self._rollups: InfluxRollups | None = None
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
         self._http = urllib3.PoolManager(
@@ -272,6 +279,15 @@ class InfluxStore:
 
     # --- reads --------------------------------------------------------------------------------
 
+    @property
+    def rollups(self) -> InfluxRollups:
+        """The bucket's 1-minute and 1-hour rollups (``engine_rollups``)."""
+        if self._rollups is None:
+            from gpuwatt.store.influx_rollups import InfluxRollups
+
+            self._rollups = InfluxRollups(self)
+        return self._rollups
+
     def query(self, influxql: str) -> list[dict[str, Any]]:
         """Run one InfluxQL statement; the ``series`` of its result (empty when none)."""
         headers = {"Accept": "application/json"}
@@ -300,7 +316,8 @@ class InfluxStore:
             raise StoreRejected(message, resp.status)
         return list(result.get("series", []))
 
-    def _where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
+    def where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
+        """An InfluxQL ``WHERE`` condition: ``[start_ns, end_ns)`` and, given, these hosts."""
         where = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
         if hosts is not None:
             if not hosts:
@@ -312,7 +329,7 @@ class InfluxStore:
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         series = self.query(
             f'SELECT count("{FIELD_LOST}") FROM "{MEASUREMENT}" WHERE '
-            + self._where(start_ns, end_ns, None)
+            + self.where(start_ns, end_ns, None)
         )
         return int(sum(row[1] or 0 for s in series for row in s.get("values", [])))
 
@@ -340,7 +357,15 @@ class InfluxStore:
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
         attrs = _check_fields(fields)
-        where = self._where(start_ns, end_ns, hosts)
+        if step_s is not None and self.use_rollups and int(step_s) > 0:
+            from gpuwatt.store import engine_rollups
+
+            served = engine_rollups.read_levels(
+                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+            )
+            if served is not None:
+                return engine_rollups.frame(*served, attrs)
+        where = self.where(start_ns, end_ns, hosts)
         if step_s is None:
             # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
             # fields are all null), as SqliteStore returns them.

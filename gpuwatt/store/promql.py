@@ -190,6 +190,7 @@ class PromStore:
         parallel: int = 8,
         writer: Any = None,
         latest_lookback_s: float = 3600.0,
+        use_rollups: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.dialect = dialect
@@ -204,6 +205,10 @@ class PromStore:
         #: How far back ``latest()`` looks for a GPU when not told (an engine has no cheap
         #: "newest sample ever"): GPUs silent for longer are not listed.
         self.latest_lookback_s = latest_lookback_s
+        #: Serve bucketed reads from the rollups gpuwatt keeps in the engine
+        #: (``engine_rollups``; ``source=influx`` only) when it holds any.
+        self.use_rollups = use_rollups
+        self._rollups: Any = None
 
     def __repr__(self) -> str:
         return f"PromStore({self.url!r}, source={self.dialect.name!r})"
@@ -240,6 +245,18 @@ class PromStore:
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self._require_writer().write_lines(lines)
+
+    @property
+    def rollups(self) -> Any:
+        """The rollups gpuwatt keeps in the engine (``promql_rollups.PromRollups``), or None
+        where it keeps none (Prometheus; series of other writers) or ``use_rollups`` is off."""
+        if not self.use_rollups or self._writer is None or self.dialect is not INFLUX:
+            return None
+        if self._rollups is None:
+            from gpuwatt.store.promql_rollups import PromRollups
+
+            self._rollups = PromRollups(self)
+        return self._rollups
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -341,6 +358,14 @@ class PromStore:
         reads.append((PRESENCE, self.dialect.presence))
         if end_ns <= start_ns:
             return _frame(self.dialect, attrs, [])
+        if step_s is not None and int(step_s) > 0 and self.rollups is not None:
+            from gpuwatt.store import engine_rollups
+
+            served = engine_rollups.read_levels(
+                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+            )
+            if served is not None:
+                return engine_rollups.frame(*served, attrs)
         if step_s is None:
             results = self._pool.map(
                 lambda r: (r[0], _points(self._raw(r[1], start_ns, end_ns, hosts))), reads
@@ -355,9 +380,12 @@ class PromStore:
                 ),
                 reads,
             )
-        if step_s is None:  # raw samples: exactly [start, end); buckets keep their start
+        if step_s is None:  # raw samples: exactly [start, end)
             return _frame(self.dialect, attrs, list(results), start_ns, end_ns)
-        return _frame(self.dialect, attrs, list(results))
+        frame = _frame(self.dialect, attrs, list(results))
+        if len(frame):  # a bucket cut by the range's start is keyed at the start (``Store``)
+            frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
+        return frame
 
     def _raw(
         self, metric: str, start_ns: int, end_ns: int, hosts: Sequence[str] | None

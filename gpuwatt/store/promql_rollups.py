@@ -1,0 +1,162 @@
+"""Engine rollups on VictoriaMetrics (``engine_rollups.RollupSource`` over PromQL).
+
+The rollup points are written as line protocol, like the samples, so VictoriaMetrics names them
+``gpuwatt_rollup_1m_<field>``. They are read back as raw points (``metric[window]``), which
+VictoriaMetrics answers as a matrix; the oldest and newest point of a level come from its
+``tfirst_over_time``/``tlast_over_time``. Only the ``influx`` dialect (gpuwatt's own writes)
+has rollups: Prometheus takes no writes, and dcgm-exporter's series are aggregated in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpuwatt.schema import FIELD_LOST, MEASUREMENT
+from gpuwatt.store.engine_rollups import (
+    FIELD_N,
+    FIELD_N_OK,
+    FIELD_T_LAST,
+    MEASUREMENTS,
+    NS_PER_MS,
+    GpuIds,
+    empty_level,
+)
+from gpuwatt.store.promql import _ident as gpu_ident
+from gpuwatt.store.promql import _regex_alternatives, promql_string
+from gpuwatt.store.rollup_rule import NULL_TIME, as_level
+
+if TYPE_CHECKING:
+    from gpuwatt.store.promql import PromStore
+
+OLDEST_TTL_S = 600.0  # as influx_rollups: the oldest point moves only with retention
+_FAR_S = 50 * 365 * 86_400  # "any time" since 1976 (a window reaching before 1970 finds nothing)
+
+
+class PromRollups:
+    """The rollups a VictoriaMetrics holds beside gpuwatt's samples (``source=influx``)."""
+
+    def __init__(self, store: PromStore) -> None:
+        self.store = store
+        self._oldest: dict[int, tuple[float, int]] = {}
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        self.store.write_lines(lines)
+
+    def _n_selector(self, level_ns: int) -> str:
+        return "{" + f"__name__={promql_string(MEASUREMENTS[level_ns] + '_' + FIELD_N)}" + "}"
+
+    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        now = time.time_ns()
+        sel = self._n_selector(level_ns)
+        cached = self._oldest.get(level_ns)
+        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
+            oldest = self._time_of(f"min(tfirst_over_time({sel}[{_FAR_S}s]))", now)
+            if oldest is None:
+                return None
+            self._oldest[level_ns] = (time.monotonic(), oldest)
+        else:
+            oldest = cached[1]
+        newest = self._time_of(f"max(tlast_over_time({sel}[1d]))", now) or self._time_of(
+            f"max(tlast_over_time({sel}[{_FAR_S}s]))", now
+        )
+        if newest is None:
+            return None
+        return min(oldest, newest), newest
+
+    def _time_of(self, promql: str, at_ns: int) -> int | None:
+        for r in self.store.query(promql, at_ns):
+            return round(float(r["value"][1]) * 1000) * NS_PER_MS
+        return None
+
+    def raw_level(
+        self,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        hosts: Sequence[str] | None,
+        ids: GpuIds,
+    ) -> dict[str, np.ndarray]:
+        names = self.store.dialect.by_attr()
+        columns = [f"{MEASUREMENT}_{FIELD_LOST}", *(names[a].metric for a in attrs)]
+        answers = list(
+            self.store._pool.map(lambda m: self.store._raw(m, start_ns, end_ns, hosts), columns)
+        )
+        t, gid, data = self._pivot(answers, len(columns), ids)
+        inside = (t >= start_ns) & (t < end_ns)
+        t, gid, data = t[inside], gid[inside], data[inside]
+        values = {a: data[:, 1 + i] * names[a].scale for i, a in enumerate(attrs)}
+        return as_level(t, gid, data[:, 0] == 1.0, values)
+
+    def rollup_points(
+        self,
+        level_ns: int,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        hosts: Sequence[str] | None,
+        ids: GpuIds,
+    ) -> dict[str, np.ndarray]:
+        prefix = MEASUREMENTS[level_ns] + "_"
+        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, *attrs]
+        matchers = [f"__name__=~{promql_string(prefix + '(' + '|'.join(fields) + ')')}"]
+        if hosts is not None:
+            pattern = _regex_alternatives(hosts) if hosts else "$^"
+            matchers.append(f"{self.store.dialect.host}=~{promql_string(pattern)}")
+        window_ms = (end_ns - start_ns) // NS_PER_MS
+        if window_ms <= 0:
+            return empty_level(attrs)
+        # (end - window, end]: the points at [start, end) are those before ``end - 1 ms``
+        matrix = self.store.query(
+            "{" + ", ".join(matchers) + f"}}[{window_ms}ms]", end_ns - NS_PER_MS
+        )
+        col_of = {prefix + f: i for i, f in enumerate(fields)}
+        by_column: list[list[dict[str, Any]]] = [[] for _ in fields]
+        for series in matrix:
+            i = col_of.get(series["metric"].get("__name__", ""))
+            if i is not None:
+                by_column[i].append(series)
+        t, gid, data = self._pivot(by_column, len(fields), ids)
+        inside = (t >= start_ns) & (t < end_ns)
+        t, gid, data = t[inside], gid[inside], data[inside]
+        if not len(t):
+            return empty_level(attrs)
+        t_last = data[:, 2]
+        out = {
+            "time_ns": t,
+            "gpu_id": gid,
+            "n": np.nan_to_num(data[:, 0]).astype(np.int64),
+            "n_ok": np.nan_to_num(data[:, 1]).astype(np.int64),
+            "t_last_ns": np.where(
+                np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
+            ),
+        }
+        return out | {a: data[:, 3 + i] for i, a in enumerate(attrs)}
+
+    def _pivot(
+        self, answers: Sequence[list[dict[str, Any]]], width: int, ids: GpuIds
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Matrices, one per column, as times (ns), GPU ids and a ``width``-column float64
+        matrix with a row per (time, GPU) (NaN where a column has no point)."""
+        gid_parts, t_parts, v_parts, c_parts = [], [], [], []
+        for column, matrix in enumerate(answers):
+            for series in matrix:
+                points = series.get("values") or []
+                if not points:
+                    continue
+                gid = ids.of(gpu_ident(self.store.dialect, series["metric"]))
+                arr = np.array(points, dtype=np.float64).reshape(len(points), 2)
+                gid_parts.append(np.full(len(points), gid, dtype=np.int64))
+                t_parts.append(np.rint(arr[:, 0] * 1000).astype(np.int64) * NS_PER_MS)
+                v_parts.append(arr[:, 1])
+                c_parts.append(np.full(len(points), column, dtype=np.int64))
+        if not t_parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
+        gids, t_ns = np.concatenate(gid_parts), np.concatenate(t_parts)
+        codes, row = np.unique(np.stack([t_ns, gids]), axis=1, return_inverse=True)
+        data = np.full((codes.shape[1], width), np.nan)
+        data[row.ravel(), np.concatenate(c_parts)] = np.concatenate(v_parts)
+        return codes[0], codes[1], data
