@@ -33,7 +33,6 @@ from gpuwatt.store.engine_rollups import (
     MINUTE_NS,
     GpuIds,
     concat,
-    rollup_lines,
 )
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.rollup_rule import as_level, combine
@@ -118,7 +117,7 @@ def load(
             cols = combine(
                 concat(minute_rows, ATTRS), MINUTE_NS, ATTRS, LAST_VALUE_ATTRS, level_ns=0
             )
-            pending.extend(rollup_lines(MINUTE_NS, cols, ids.idents))
+            pending.extend(store.rollups.rollup_lines(MINUTE_NS, cols, ids.idents))
             hour_minutes.append(cols)
             minute_rows.clear()
 
@@ -126,7 +125,7 @@ def load(
         close_minute()
         if hour_minutes:
             cols = combine(concat(hour_minutes, ATTRS), HOUR_NS, ATTRS, LAST_VALUE_ATTRS)
-            pending.extend(rollup_lines(HOUR_NS, cols, ids.idents))
+            pending.extend(store.rollups.rollup_lines(HOUR_NS, cols, ids.idents))
             hour_minutes.clear()
 
     for k in range(cluster.steps):

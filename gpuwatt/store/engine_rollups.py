@@ -104,6 +104,11 @@ class RollupSource(Protocol):
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
         """The times of the oldest and the newest rollup point of a level; None: none."""
 
+    def rollup_lines(
+        self, level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Ident]
+    ) -> list[str]:
+        """Level rows as the engine keeps them (``rollup_lines``, or InfluxDB's packed form)."""
+
     def write_lines(self, lines: Sequence[str]) -> None: ...
 
 
@@ -172,7 +177,7 @@ def roll(
     if not len(rows["time_ns"]):
         return 0
     out = combine(rows, level_ns, attrs, LAST_VALUE_ATTRS, level_ns=below)
-    source.write_lines(rollup_lines(level_ns, out, ids.idents))
+    source.write_lines(source.rollup_lines(level_ns, out, ids.idents))
     return len(out["time_ns"])
 
 

@@ -23,7 +23,9 @@ from gpuwatt.store.engine_rollups import (
     MEASUREMENTS,
     NS_PER_MS,
     GpuIds,
+    Ident,
     empty_level,
+    rollup_lines,
 )
 from gpuwatt.store.promql import _ident as gpu_ident
 from gpuwatt.store.promql import _regex_alternatives, promql_string
@@ -45,6 +47,12 @@ class PromRollups:
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
+
+    def rollup_lines(
+        self, level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Ident]
+    ) -> list[str]:
+        """One point per bucket and GPU, a field per column: VictoriaMetrics keeps numbers."""
+        return rollup_lines(level_ns, cols, idents)
 
     def _n_selector(self, level_ns: int) -> str:
         return "{" + f"__name__={promql_string(MEASUREMENTS[level_ns] + '_' + FIELD_N)}" + "}"
