@@ -38,7 +38,7 @@ def compare(
     raw_repeat: int,
 ) -> bool:
     """Print the side-by-side tables; True when the engine met every target."""
-    engine = Engine(kind)
+    engine = Engine(kind, end_ns)
     try:
         size = f"{cluster.gpus} GPUs x {cluster.hours} h every {cluster.interval_s} s"
         print(f"\nloading {size} into {kind} (line protocol, batches of 50,000; rollups)")

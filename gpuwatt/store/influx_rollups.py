@@ -55,6 +55,7 @@ _INT_COLUMNS = (FIELD_N, FIELD_N_OK, FIELD_T_LAST_NS)
 _GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
 #: How long the oldest rollup point of a level is trusted from memory (it moves only with
 #: retention); the newest is asked for on every read.
+NEWEST_TTL_S = 5.0
 OLDEST_TTL_S = 600.0
 
 
@@ -68,11 +69,23 @@ class InfluxRollups:
     def __init__(self, store: InfluxStore) -> None:
         self.store = store
         self._oldest: dict[int, tuple[float, int]] = {}
+        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        """Kept ``NEWEST_TTL_S``: a span a few seconds old only ends earlier than the engine's
+        (a read then takes a little more from the level below), never later."""
+        cached = self._spans.get(level_ns)
+        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
+            return cached[1]
+        span = self._span(level_ns)
+        if span is not None:
+            self._spans[level_ns] = (time.monotonic(), span)
+        return span
+
+    def _span(self, level_ns: int) -> tuple[int, int] | None:
         measurement = _ident(MEASUREMENTS[level_ns])
         cached = self._oldest.get(level_ns)
         if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:

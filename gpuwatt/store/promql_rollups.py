@@ -34,6 +34,7 @@ from gpuwatt.store.rollup_rule import NULL_TIME, as_level
 if TYPE_CHECKING:
     from gpuwatt.store.promql import PromStore
 
+NEWEST_TTL_S = 5.0
 OLDEST_TTL_S = 600.0  # as influx_rollups: the oldest point moves only with retention
 _FAR_S = 50 * 365 * 86_400  # "any time" since 1976 (a window reaching before 1970 finds nothing)
 
@@ -44,6 +45,7 @@ class PromRollups:
     def __init__(self, store: PromStore) -> None:
         self.store = store
         self._oldest: dict[int, tuple[float, int]] = {}
+        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
@@ -58,6 +60,17 @@ class PromRollups:
         return "{" + f"__name__={promql_string(MEASUREMENTS[level_ns] + '_' + FIELD_N)}" + "}"
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        """Kept ``NEWEST_TTL_S``: a span a few seconds old only ends earlier than the engine's
+        (a read then takes a little more from the level below), never later."""
+        cached = self._spans.get(level_ns)
+        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
+            return cached[1]
+        span = self._span(level_ns)
+        if span is not None:
+            self._spans[level_ns] = (time.monotonic(), span)
+        return span
+
+    def _span(self, level_ns: int) -> tuple[int, int] | None:
         now = time.time_ns()
         sel = self._n_selector(level_ns)
         cached = self._oldest.get(level_ns)
@@ -110,23 +123,20 @@ class PromRollups:
     ) -> dict[str, np.ndarray]:
         prefix = MEASUREMENTS[level_ns] + "_"
         fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, *attrs]
-        matchers = [f"__name__=~{promql_string(prefix + '(' + '|'.join(fields) + ')')}"]
+        host_matcher = ""
         if hosts is not None:
             pattern = _regex_alternatives(hosts) if hosts else "$^"
-            matchers.append(f"{self.store.dialect.host}=~{promql_string(pattern)}")
+            host_matcher = f", {self.store.dialect.host}=~{promql_string(pattern)}"
         window_ms = (end_ns - start_ns) // NS_PER_MS
         if window_ms <= 0:
             return empty_level(attrs)
-        # (end - window, end]: the points at [start, end) are those before ``end - 1 ms``
-        matrix = self.store.query(
-            "{" + ", ".join(matchers) + f"}}[{window_ms}ms]", end_ns - NS_PER_MS
-        )
-        col_of = {prefix + f: i for i, f in enumerate(fields)}
-        by_column: list[list[dict[str, Any]]] = [[] for _ in fields]
-        for series in matrix:
-            i = col_of.get(series["metric"].get("__name__", ""))
-            if i is not None:
-                by_column[i].append(series)
+
+        def read(field: str) -> list[dict[str, Any]]:
+            # (start - 1 ms, end - 1 ms] is [start, end) in the engine's milliseconds
+            selector = "{" + f"__name__={promql_string(prefix + field)}{host_matcher}" + "}"
+            return self.store.query(f"{selector}[{window_ms}ms]", end_ns - NS_PER_MS)
+
+        by_column = list(self.store._pool.map(read, fields))  # one query per column, in parallel
         t, gid, data = self._pivot(by_column, len(fields), ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
@@ -164,7 +174,9 @@ class PromRollups:
         if not t_parts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
         gids, t_ns = np.concatenate(gid_parts), np.concatenate(t_parts)
-        codes, row = np.unique(np.stack([t_ns, gids]), axis=1, return_inverse=True)
-        data = np.full((codes.shape[1], width), np.nan)
-        data[row.ravel(), np.concatenate(c_parts)] = np.concatenate(v_parts)
-        return codes[0], codes[1], data
+        times, t_index = np.unique(t_ns, return_inverse=True)
+        n_gpus = len(ids.idents)
+        codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
+        data = np.full((len(codes), width), np.nan)
+        data[row, np.concatenate(c_parts)] = np.concatenate(v_parts)
+        return times[codes // n_gpus], codes % n_gpus, data
