@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from gpuwatt.model import METRIC_FIELDS
-from gpuwatt.schema import TAG_HOST, TAG_INDEX, TAG_NAME, TAG_UUID, escape_tag
+from gpuwatt.schema import FIELDS, TAG_HOST, TAG_INDEX, TAG_NAME, TAG_UUID, Kind, escape_tag
 from gpuwatt.store import LAST_VALUE_ATTRS
 
 if TYPE_CHECKING:
@@ -51,8 +50,8 @@ MEASUREMENTS: dict[int, str] = {MINUTE_NS: "gpuwatt_rollup_1m", HOUR_NS: "gpuwat
 FIELD_N = "n"
 FIELD_N_OK = "n_ok"
 FIELD_T_LAST = "t_last_ms"
-#: The metrics kept in rollups: every numeric metric of the model.
-ROLLUP_ATTRS: tuple[str, ...] = METRIC_FIELDS
+#: The metrics kept in rollups: every numeric field of the schema (as the embedded store's).
+ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Kind.STR)
 
 #: A GPU's identity as every store reports it: host, index, uuid, model name.
 Ident = tuple[str, int, str, str]
