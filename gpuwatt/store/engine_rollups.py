@@ -28,8 +28,11 @@ of each other, and one that has not yet must not lose its GPUs from the view.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -63,12 +66,16 @@ class GpuIds:
 
     idents: list[Ident] = field(default_factory=list)
     _ids: dict[Ident, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, ident: Ident) -> int:
         gid = self._ids.get(ident)
         if gid is None:
-            gid = self._ids[ident] = len(self.idents)
-            self.idents.append(ident)
+            with self._lock:  # the parts of one read are fetched in parallel
+                gid = self._ids.get(ident)
+                if gid is None:
+                    gid = self._ids[ident] = len(self.idents)
+                    self.idents.append(ident)
         return gid
 
 
@@ -263,28 +270,37 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
     """Level rows over ``[start_ns, end_ns)``: whole rolled buckets from the engine's rollups,
     the rest aggregated from the level below."""
     span = read.spans.get(level_ns)
-    parts = []
-    below: list[tuple[int, int]] = []
+    tasks: list[Callable[[], dict[str, np.ndarray]]] = []
+    below: list[tuple[int, int]] = [(start_ns, end_ns)]
     if span is not None:
         # rolled: from the oldest bucket to the newest, that one excluded (see the module doc)
         first = max(_ceil(start_ns, level_ns), _floor(span[0], level_ns))
         last = min(_floor(end_ns, level_ns), _floor(span[1], level_ns))
-    if span is not None and first < last:
-        points = read.source.rollup_points(level_ns, first, last, read.attrs, read.hosts, read.ids)
-        parts.append(newest_per_bucket(points, level_ns))
-        below = [(start_ns, first), (last, end_ns)]
-    else:
-        below = [(start_ns, end_ns)]
-    for lo, hi in below:
-        if lo >= hi:
-            continue
-        if level_ns == MINUTE_NS:
-            raw = read.source.raw_level(lo, hi, read.attrs, read.hosts, read.ids)
-            parts.append(combine(raw, MINUTE_NS, read.attrs, LAST_VALUE_ATTRS, level_ns=0))
-        else:
-            sub = _level(read, MINUTE_NS, lo, hi)
-            parts.append(combine(sub, level_ns, read.attrs, LAST_VALUE_ATTRS))
+        if first < last:
+            tasks.append(
+                lambda: newest_per_bucket(
+                    read.source.rollup_points(
+                        level_ns, first, last, read.attrs, read.hosts, read.ids
+                    ),
+                    level_ns,
+                )
+            )
+            below = [(start_ns, first), (last, end_ns)]
+    tasks += [functools.partial(_below, read, level_ns, lo, hi) for lo, hi in below if lo < hi]
+    if len(tasks) == 1:
+        parts = [tasks[0]()]
+    else:  # the parts are independent reads: in parallel (the engine serves them at once)
+        with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="rollups") as pool:
+            parts = list(pool.map(lambda task: task(), tasks))
     return concat(parts, read.attrs)
+
+
+def _below(read: _Read, level_ns: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """``[lo, hi)`` as ``level_ns`` rows aggregated from the level below."""
+    if level_ns == MINUTE_NS:
+        raw = read.source.raw_level(lo, hi, read.attrs, read.hosts, read.ids)
+        return combine(raw, MINUTE_NS, read.attrs, LAST_VALUE_ATTRS, level_ns=0)
+    return combine(_level(read, MINUTE_NS, lo, hi), level_ns, read.attrs, LAST_VALUE_ATTRS)
 
 
 def concat(parts: Iterable[dict[str, np.ndarray]], attrs: Sequence[str]) -> dict[str, np.ndarray]:
