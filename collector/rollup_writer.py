@@ -32,7 +32,7 @@ from gpuwatt.errors import GpuwattError, StoreUnavailable
 from gpuwatt.private_files import private_file
 from gpuwatt.schema import MEASUREMENT, decode_name
 from gpuwatt.store import StoreRejected, engine_rollups
-from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, RollupSource
+from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, RollupSource, RollupsUnsupported
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,9 @@ class RollupWriter:
                 self._hours.discard(hour)
                 self._save()
             self._down_logged = False
+        except RollupsUnsupported as exc:
+            self.enabled = False
+            log.warning("engine rollups off: %s", exc)
         except StoreRejected as exc:
             if exc.status in (401, 403):
                 self.enabled = False

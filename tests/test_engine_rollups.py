@@ -291,3 +291,19 @@ def test_newest_point_of_a_bucket_wins() -> None:
     out = engine_rollups.newest_per_bucket(cols, MINUTE_NS)
     assert out["time_ns"].tolist() == [T0, T0 + MINUTE_NS]
     assert out["power_w"].tolist() == [2.0, 3.0]
+
+
+def test_rollups_turn_off_on_a_server_that_is_not_the_engine_named(
+    victoria_metrics: Any, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    """An ``influxdb://`` URL pointing at VictoriaMetrics takes the samples (its /api/v2/write)
+    but its /query is not InfluxQL: the collector's rollups turn off, quietly, once."""
+    store = InfluxStore(victoria_metrics.url, "gpuwatt", "gpuwatt")
+    assert open_rollup_writer(store, tmp_path) is not None
+    writer = RollupWriter(store.rollups, tmp_path, settle_s=0.0)
+    lines = LineEncoder().encode_many(samples(make_sample, T0, T0 + 3 * MINUTE_NS))
+    store.write_lines(lines)
+    victoria_metrics.force_flush()
+    writer.delivered(lines)
+    assert not writer.enabled and writer.rolled == 0
+    store.close()

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from gpuwatt.errors import GpuwattError
 from gpuwatt.schema import FIELDS, TAG_HOST, TAG_INDEX, TAG_NAME, TAG_UUID, Kind, escape_tag
 from gpuwatt.store import LAST_VALUE_ATTRS
 
@@ -58,6 +59,11 @@ ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Ki
 
 #: A GPU's identity as every store reports it: host, index, uuid, model name.
 Ident = tuple[str, int, str, str]
+
+
+class RollupsUnsupported(GpuwattError):
+    """The server answers, but not as the engine it was named (e.g. an ``influxdb://`` URL
+    pointing at VictoriaMetrics, whose ``/query`` is not InfluxQL): it can keep no rollups."""
 
 
 @dataclass

@@ -42,6 +42,7 @@ from gpuwatt.store.engine_rollups import (
     NS_PER_MS,
     GpuIds,
     Ident,
+    RollupsUnsupported,
     empty_level,
 )
 from gpuwatt.store.rollup_rule import KEYS, as_level
@@ -190,8 +191,8 @@ class InfluxRollups:
         for s in series:
             host = decode_name(s.get("tags", {}).get(TAG_HOST, ""))
             for row in s.get("values") or []:
-                if not isinstance(row[1], str):
-                    continue
+                if not isinstance(row[0], int) or not isinstance(row[1], str):
+                    raise RollupsUnsupported("a rollup point that is not InfluxQL's")
                 key = (host, row[1])
                 gids = cache.get(key)
                 if gids is None:
@@ -271,6 +272,8 @@ def _columns(
             decode_name(tags.get(TAG_NAME, "")),
         )
         gids.append(np.full(len(values), ids.of(ident), dtype=np.int64))
+        if not isinstance(values[0][0], int) or len(values[0]) != width + 1:
+            raise RollupsUnsupported(f"{len(values[0])} columns of {values[0][0]!r}: not InfluxQL")
         times.extend(row[0] for row in values)
         rows.extend(values)
     if not rows:
