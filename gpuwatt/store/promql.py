@@ -37,7 +37,7 @@ from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
 from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind, decode_name
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
-from gpuwatt.store.base import KEY_COLUMNS
+from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -435,6 +435,23 @@ class PromStore:
         if start_ns <= whole_end < end_ns:  # the last bucket ends after the range
             out += partial(whole_end, end_ns, whole_end)
         return out
+
+    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+        """``series`` for each read, in parallel: the engine answers them at once."""
+        if len(reads) <= 1:
+            return [self.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+                    for r in reads]  # fmt: skip
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
+            return list(
+                pool.map(
+                    lambda r: self.series(
+                        r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
+                    ),
+                    reads,
+                )
+            )
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:
