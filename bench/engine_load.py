@@ -65,7 +65,8 @@ class Engine:
             self.server.create_database("bench")
             self.url = self.server.url.replace("http://", "influxdb://") + "/bench?timeout=120s"
         else:
-            self.url = self.server.url.replace("http://", "victoriametrics://") + "?timeout=120s"
+            url = self.server.url.replace("http://", "victoriametrics://")
+            self.url = url + "?timeout=120s&rollups=on"
 
     def store(self, *, use_rollups: bool = True) -> Any:
         store = open_store(self.url, environ={})

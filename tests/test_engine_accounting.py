@@ -31,7 +31,7 @@ def load(request: pytest.FixtureRequest) -> Iterator[Callable[[Sequence[GpuSampl
         flush: Callable[[], None] = lambda: None  # noqa: E731
     else:
         vm = request.getfixturevalue("victoria_metrics")
-        store = open_store(vm.url.replace("http://", "victoriametrics://"))
+        store = open_store(vm.url.replace("http://", "victoriametrics://") + "?rollups=on")
         flush = vm.force_flush
 
     def write(samples: Sequence[GpuSample]) -> Any:

@@ -91,7 +91,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
             store.close()
         return
     vm = request.getfixturevalue("victoria_metrics")
-    prom = open_store(vm.url.replace("http://", "victoriametrics://"))
+    prom = open_store(vm.url.replace("http://", "victoriametrics://") + "?rollups=on")
 
     def drop_vm(t_ns: int) -> None:
         """Keep the rollups and the raw samples from ``t_ns`` on (VictoriaMetrics deletes

@@ -41,7 +41,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     rollups = request.param.endswith("+rollups")
     if request.param.startswith("victoriametrics"):
         vm = request.getfixturevalue("victoria_metrics")
-        url = vm.url.replace("http://", "victoriametrics://")
+        url = vm.url.replace("http://", "victoriametrics://") + ("?rollups=on" if rollups else "")
         prom = open_store(url)
         # latest() looks back an hour by default; these tests' samples are from 2023.
         prom.latest_lookback_s = 10 * 365 * 86400.0  # type: ignore[attr-defined]
