@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/dashboard.py [--gpus 1024] [--hours 24] [--interval-s 1] [--db FILE]
                                         [--repeat 7] [--no-browser]
+                                        [--store sqlite|influxdb|victoriametrics]
+
+``--store influxdb`` or ``victoriametrics``: the same cluster also loaded into that engine, and
+every page and range timed on the embedded store, on the engine's rollups and on the engine's
+raw ``GROUP BY`` side by side (``bench/engine_compare.py``), with the warmer's CPU in the engine.
 
 1. Backfill (``bench/backfill.py``): a synchronous training job on every node with a thermal
    straggler on node-057 GPU 3 for the last 6 hours, generated with numpy and inserted as rows
@@ -210,6 +215,8 @@ def main() -> None:
     ap.add_argument("--db", type=Path, help="keep/reuse the database here")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--store", choices=("sqlite", "influxdb", "victoriametrics"), default="sqlite")
+    ap.add_argument("--raw-repeat", type=int, default=2, help="runs of the raw GROUP BY reads")
     args = ap.parse_args()
     tmp = None
     if args.db is None:
@@ -224,6 +231,20 @@ def main() -> None:
         dt = time.perf_counter() - t
         size = sum(p.stat().st_size for p in args.db.parent.glob(args.db.name + "*")) / 1e9
         print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s), {size:.1f} GB on disk")
+    if args.store != "sqlite":
+        from engine_compare import compare
+
+        ranges = [("preset 1h (default)", {}), ("preset 24h", {"range": "24h"})]
+        for label, span_s in (("1h", 3600), ("24h", 86_400)):
+            lo, hi = _iso(END_NS - 3600 * NS - span_s * NS), _iso(END_NS - 3600 * NS)
+            ranges.append((f"a {label} range no one has viewed", {"from": lo, "to": hi}))
+        cluster = Cluster(args.gpus, args.hours, args.interval_s, END_NS)
+        ok = compare(
+            args.store, cluster, store, END_NS, ranges, time_callbacks, args.repeat, args.raw_repeat
+        )
+        store.close()
+        print("\nall targets met" if ok else "\nsome targets missed (see above)")
+        return
     app = create_app(store, now_ns=END_NS)
     ok = True
     for label, query in (("default (1h)", {}), ("24h", {"range": "24h"})):

@@ -134,7 +134,11 @@ class Flusher:
         max_backoff_s: float = 30.0,
         monotonic_s: Callable[[], float] = time.monotonic,
         dead_letter_dir: Path | None = None,
+        on_delivered: Callable[[list[str]], None] | None = None,
     ) -> None:
+        """``on_delivered``: called with each batch the store took, before the spool's cursor
+        moves past it (``rollup_writer.RollupWriter.delivered``)."""
+        self.on_delivered = on_delivered
         self.spool = spool
         self.store = store
         self.batch_lines = batch_lines
@@ -196,6 +200,8 @@ class Flusher:
             self._mark_down(exc)
             return False
         self.delivered_lines += outcome.delivered
+        if self.on_delivered is not None:
+            self.on_delivered(batch.lines)
         if outcome.refused:
             # The store refused these lines' data (not an outage): keep them aside with the
             # reason, never block the spool behind them, never lose them silently.

@@ -121,6 +121,8 @@ def _reference(samples: list[GpuSample], start_ns: int, end_ns: int, step_s: int
     ]
     df = pd.DataFrame(rows).astype({f: float for f in FIELDS})
     df["bucket"] = df["time_ns"] // (step_s * NS) * (step_s * NS)
+    # a bucket cut by the range's start is keyed at the start (docs/accounting.md, rule 4)
+    df["bucket"] = df["bucket"].clip(lower=start_ns)
     df = df.sort_values("time_ns")
     agg = {f: ("last" if f in LAST_VALUE_ATTRS else "mean") for f in FIELDS}
     return df.groupby(["bucket", "uuid"]).agg(agg)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatt.model import METRIC_FIELDS, GpuSample
-from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, open_store
+from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, engine_rollups, open_store
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -31,12 +31,17 @@ class Backend:
         "sqlite",
         pytest.param("influxdb1", marks=pytest.mark.servers),
         pytest.param("victoriametrics", marks=pytest.mark.servers),
+        pytest.param("influxdb1+rollups", marks=pytest.mark.servers),
+        pytest.param("victoriametrics+rollups", marks=pytest.mark.servers),
     ]
 )
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "victoriametrics":
+    """Each store; ``+rollups``: the engine also keeps its rollups of what was loaded
+    (``engine_rollups``), so that bucketed reads are served from them."""
+    rollups = request.param.endswith("+rollups")
+    if request.param.startswith("victoriametrics"):
         vm = request.getfixturevalue("victoria_metrics")
-        url = vm.url.replace("http://", "victoriametrics://")
+        url = vm.url.replace("http://", "victoriametrics://") + ("?rollups=on" if rollups else "")
         prom = open_store(url)
         # latest() looks back an hour by default; these tests' samples are from 2023.
         prom.latest_lookback_s = 10 * 365 * 86400.0  # type: ignore[attr-defined]
@@ -44,6 +49,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         def load(samples: Sequence[GpuSample]) -> None:
             prom.write_samples(samples)
             vm.force_flush()
+            if rollups and samples:
+                _roll(prom, samples)
+                vm.force_flush()
 
         try:
             yield Backend(prom, load)
@@ -58,7 +66,19 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     else:
         server, db = request.getfixturevalue("influx_db")
         with InfluxStore(server.url, "", db, timeout_s=10) as influx:
-            yield Backend(influx, lambda samples: server.write_samples(db, samples))
+
+            def load_influx(samples: Sequence[GpuSample]) -> None:
+                server.write_samples(db, samples)
+                if rollups and samples:
+                    _roll(influx, samples)
+
+            yield Backend(influx, load_influx)
+
+
+def _roll(store: Store, samples: Sequence[GpuSample]) -> None:
+    """Roll every minute and hour the samples touch, as collectors do for their own GPUs."""
+    times = [s.time_ns for s in samples]
+    engine_rollups.roll_range(store.rollups, min(times), max(times) + 1)  # type: ignore[attr-defined]
 
 
 def lost(t_ns: int, host: str = "node1", gpu_index: int = 0) -> GpuSample:

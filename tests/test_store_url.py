@@ -13,6 +13,7 @@ from gpuwatt.store.sqlite import SqliteStore
 from gpuwatt.store.url import (
     InfluxSettings,
     InfluxTarget,
+    PromTarget,
     SqliteTarget,
     influx_settings_from_env,
     parse_store_url,
@@ -95,7 +96,9 @@ def test_credentials_in_a_url_are_rejected_without_echoing_them(url: str) -> Non
     [
         ("postgres://db/x", "unknown store scheme"),
         ("/tmp/x.db", "unknown store scheme"),
-        ("influxdb://db/b?token=x", "use org=, timeout= and api="),
+        ("influxdb://db/b?token=x", "use org=, timeout=, api= and rollups="),
+        ("influxdb://db/b?rollups=maybe", "rollups='maybe': use on or off"),
+        ("victoriametrics://vm:8428?rollups=1", "rollups='1': use on or off"),
         ("influxdb://db/a/b", "just the bucket"),
         ("influxdb://db:notaport/b", "malformed"),
     ],
@@ -211,3 +214,19 @@ def test_influx_read_timeout_comes_from_the_url() -> None:
         assert isinstance(store, InfluxStore) and store.timeout_s == 45.0
     with pytest.raises(StoreUrlError, match="timeout='soon'"):
         parse_store_url("influxdb://influx:8086/gpuwatt?timeout=soon", {})
+
+
+def test_rollups_are_on_for_influxdb_and_off_for_victoriametrics_unless_the_url_says() -> None:
+    def rollups(url: str) -> bool:
+        target = parse_store_url(url, {})
+        assert isinstance(target, InfluxTarget | PromTarget)
+        return target.rollups
+
+    assert rollups("influxdb://db:8086/b") is True
+    assert rollups("influxdb://db:8086/b?rollups=off") is False
+    assert rollups("victoriametrics://vm:8428") is False
+    assert rollups("victoriametrics://vm:8428?rollups=on") is True
+    with open_store("victoriametrics://127.0.0.1:9?rollups=on", {}) as vm:  # type: ignore[attr-defined]
+        assert vm.rollups is not None
+    with open_store("prometheus://127.0.0.1:9?rollups=on", {}) as prom:  # type: ignore[attr-defined]
+        assert prom.rollups is None  # Prometheus takes no writes: nowhere to keep them

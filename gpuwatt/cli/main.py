@@ -447,6 +447,7 @@ def _run_collector(
     metrics_port: int | None = None,
     metrics_bind: str = "127.0.0.1",
 ) -> int:
+    from gpuwatt.collector.rollup_writer import open_rollup_writer
     from gpuwatt.collector.runtime import Flusher, Sampler, run, spool_for
     from gpuwatt.status import LiveSummary
 
@@ -476,10 +477,14 @@ def _run_collector(
         slow_interval_s=config.collector.slow_interval_s,
         on_samples=on_samples if hooks else None,
     )
-    flusher = Flusher(spool, store)  # type: ignore[arg-type]
+    rollups = open_rollup_writer(store, spool_dir)  # the engine's rollups of our GPUs
+    on_delivered = rollups.delivered if rollups else None
+    flusher = Flusher(spool, store, on_delivered=on_delivered)  # type: ignore[arg-type]
     try:
         run(sampler, flusher, interval_s=interval_s, stop=stop, duration_s=duration_s)
         pending = spool.pending_lines()
+        if rollups:
+            rollups.close()
     finally:
         if endpoint is not None:
             endpoint.close()

@@ -86,6 +86,7 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
         timeout_s=target.timeout_s,
         api=target.api,
         token_file=s.token_file,
+        use_rollups=target.rollups,
     )
 
 
@@ -108,6 +109,7 @@ def _open_prom(target: object) -> Store:
         left_open_windows=True if target.engine == "victoriametrics" else None,
         timeout_s=target.timeout_s,
         writer=writer,
+        use_rollups=target.rollups,
     )
 
 

@@ -40,7 +40,7 @@ from gpuwatt.schema import (
     TAG_UUID,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
-from gpuwatt.store.base import KEY_COLUMNS
+from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 from gpuwatt.telegraf import (
     MEASUREMENT_MIG,
@@ -62,6 +62,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from influxdb_client import InfluxDBClient
     from influxdb_client.client.write_api import WriteApi
+
+    from gpuwatt.store.influx_rollups import InfluxRollups
 
 __all__ = ["InfluxSettings", "InfluxStore", "influx_settings_from_env", "influxql_string"]
 
@@ -111,6 +113,7 @@ class InfluxStore:
         timeout_s: float = 10.0,
         api: str = "auto",
         token_file: str | None = None,
+        use_rollups: bool = True,
     ) -> None:
         if api not in ("auto", "v1", "v2"):
             raise ValueError(f"api={api!r}: use auto, v1 or v2")
@@ -125,6 +128,10 @@ class InfluxStore:
         #: per GPU uuid that more than one collector writes, the writers (``latest()`` sets it)
         self.shared_writers: dict[str, tuple[str, ...]] = {}
         self._telegraf_fields: tuple[float, frozenset[str] | None] | None = None
+        #: Serve bucketed reads from the rollups kept in the bucket (``engine_rollups``) when
+        #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
+        self.use_rollups = use_rollups
+        self._rollups: InfluxRollups | None = None
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
         self._http = urllib3.PoolManager(
@@ -290,6 +297,15 @@ class InfluxStore:
 
     # --- reads --------------------------------------------------------------------------------
 
+    @property
+    def rollups(self) -> InfluxRollups:
+        """The bucket's 1-minute and 1-hour rollups (``engine_rollups``)."""
+        if self._rollups is None:
+            from gpuwatt.store.influx_rollups import InfluxRollups
+
+            self._rollups = InfluxRollups(self)
+        return self._rollups
+
     def query(self, influxql: str) -> list[dict[str, Any]]:
         """Run one InfluxQL statement; the ``series`` of its result (empty when none)."""
         headers = {"Accept": "application/json"}
@@ -318,7 +334,8 @@ class InfluxStore:
             raise StoreRejected(message, resp.status)
         return list(result.get("series", []))
 
-    def _where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
+    def where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
+        """An InfluxQL ``WHERE`` condition: ``[start_ns, end_ns)`` and, given, these hosts."""
         where = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
         if hosts is not None:
             if not hosts:
@@ -344,10 +361,27 @@ class InfluxStore:
         keys = self._telegraf_fields[1]
         return keys is None or name in keys
 
+    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+        """``series`` for each read, in parallel: the engine answers them at once."""
+        if len(reads) <= 1:
+            return [self.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+                    for r in reads]  # fmt: skip
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
+            return list(
+                pool.map(
+                    lambda r: self.series(
+                        r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
+                    ),
+                    reads,
+                )
+            )
+
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         series = self.query(
             f'SELECT count("{FIELD_LOST}") FROM "{MEASUREMENT}" WHERE '
-            + self._where(start_ns, end_ns, None)
+            + self.where(start_ns, end_ns, None)
         )
         return int(sum(row[1] or 0 for s in series for row in s.get("values", [])))
 
@@ -370,7 +404,15 @@ class InfluxStore:
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
         attrs = _check_fields(fields)
-        where = self._where(start_ns, end_ns, hosts)
+        if step_s is not None and self.use_rollups and int(step_s) > 0:
+            from gpuwatt.store import engine_rollups
+
+            served = engine_rollups.read_levels(
+                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+            )
+            if served is not None:
+                return engine_rollups.frame(*served, attrs)
+        where = self.where(start_ns, end_ns, hosts)
         tg = [c for c in extra_columns(attrs) if self._has_telegraf_field(c[0])]
         if step_s is None:
             # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected

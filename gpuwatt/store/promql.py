@@ -38,7 +38,7 @@ from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
 from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
-from gpuwatt.store.base import KEY_COLUMNS
+from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -191,6 +191,7 @@ class PromStore:
         parallel: int = 8,
         writer: Any = None,
         latest_lookback_s: float = 3600.0,
+        use_rollups: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.dialect = dialect
@@ -205,6 +206,10 @@ class PromStore:
         #: How far back ``latest()`` looks for a GPU when not told (an engine has no cheap
         #: "newest sample ever"): GPUs silent for longer are not listed.
         self.latest_lookback_s = latest_lookback_s
+        #: Serve bucketed reads from the rollups gpuwatt keeps in the engine
+        #: (``engine_rollups``; ``source=influx`` only) when it holds any.
+        self.use_rollups = use_rollups
+        self._rollups: Any = None
 
     def __repr__(self) -> str:
         return f"PromStore({self.url!r}, source={self.dialect.name!r})"
@@ -241,6 +246,18 @@ class PromStore:
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self._require_writer().write_lines(lines)
+
+    @property
+    def rollups(self) -> Any:
+        """The rollups gpuwatt keeps in the engine (``promql_rollups.PromRollups``), or None
+        where it keeps none (Prometheus; series of other writers) or ``use_rollups`` is off."""
+        if not self.use_rollups or self._writer is None or self.dialect is not INFLUX:
+            return None
+        if self._rollups is None:
+            from gpuwatt.store.promql_rollups import PromRollups
+
+            self._rollups = PromRollups(self)
+        return self._rollups
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -342,6 +359,14 @@ class PromStore:
         reads.append((PRESENCE, self.dialect.presence))
         if end_ns <= start_ns:
             return _frame(self.dialect, attrs, [])
+        if step_s is not None and int(step_s) > 0 and self.rollups is not None:
+            from gpuwatt.store import engine_rollups
+
+            served = engine_rollups.read_levels(
+                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+            )
+            if served is not None:
+                return engine_rollups.frame(*served, attrs)
         if step_s is None:
             results = self._pool.map(
                 lambda r: (r[0], _points(self._raw(r[1], start_ns, end_ns, hosts))), reads
@@ -356,9 +381,12 @@ class PromStore:
                 ),
                 reads,
             )
-        if step_s is None:  # raw samples: exactly [start, end); buckets keep their start
+        if step_s is None:  # raw samples: exactly [start, end)
             return _frame(self.dialect, attrs, list(results), start_ns, end_ns)
-        return _frame(self.dialect, attrs, list(results))
+        frame = _frame(self.dialect, attrs, list(results))
+        if len(frame):  # a bucket cut by the range's start is keyed at the start (``Store``)
+            frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
+        return frame
 
     def _raw(
         self, metric: str, start_ns: int, end_ns: int, hosts: Sequence[str] | None
@@ -408,6 +436,23 @@ class PromStore:
         if start_ns <= whole_end < end_ns:  # the last bucket ends after the range
             out += partial(whole_end, end_ns, whole_end)
         return out
+
+    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+        """``series`` for each read, in parallel: the engine answers them at once."""
+        if len(reads) <= 1:
+            return [self.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+                    for r in reads]  # fmt: skip
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
+            return list(
+                pool.map(
+                    lambda r: self.series(
+                        r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
+                    ),
+                    reads,
+                )
+            )
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:

@@ -17,6 +17,11 @@ Store URLs:
   default), NVIDIA's dcgm-exporter (``dcgm``) or gpuwatt's line protocol written into
   VictoriaMetrics (``influx``, its default; VictoriaMetrics also takes the collector's writes).
 
+``rollups=on|off``: keep 1-minute and 1-hour rollups in the engine (the collector writes them)
+and serve bucketed reads from them (``engine_rollups``). On by default for InfluxDB; off by
+default for Prometheus-compatible engines, whose own ``avg_over_time`` answered as fast (see
+``PromTarget.rollups``); ``victoriametrics://...?rollups=on`` turns them on there.
+
 A token never comes from a URL: a URL with userinfo (``user:token@host``) is rejected, because a
 command line is visible to every user of the machine (``ps``) and lands in shell history. Tokens
 come from ``INFLUXDB_V2_TOKEN`` or from the file ``INFLUXDB_V2_TOKEN_FILE`` names.
@@ -68,6 +73,7 @@ class InfluxTarget:
     settings: InfluxSettings
     timeout_s: float = 10.0  # per request (``?timeout=30s``): long ranges need more
     api: str = "auto"  # the write endpoint (``?api=v1`` for InfluxDB 1.0-1.7, ``v2``, or probe)
+    rollups: bool = True  # serve bucketed reads from the engine's rollups (``?rollups=off``)
 
 
 PROM_SCHEMES: dict[str, tuple[str, str]] = {
@@ -88,6 +94,10 @@ class PromTarget:
     engine: str
     source: str
     timeout_s: float = 30.0
+    #: Serve bucketed reads from gpuwatt's rollups in the engine (``?rollups=on``). Off by
+    #: default: VictoriaMetrics' own ``avg_over_time`` answered as fast or faster in
+    #: ``bench/dashboard.py --store victoriametrics`` (1,024 GPUs x 6 h of 10-s samples).
+    rollups: bool = False
 
 
 def default_sqlite_path(environ: Mapping[str, str]) -> Path:
@@ -202,10 +212,12 @@ def _parse_prom(url: str, shown: str) -> PromTarget:
         raise StoreUrlError(shown, "the URL needs a host: prometheus://host:9090")
     engine, http = PROM_SCHEMES[parts.scheme.lower()]
     query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - {"source", "timeout"}
+    unknown = set(query) - {"source", "timeout", "rollups"}
     if unknown:
         raise StoreUrlError(
-            shown, f"unknown parameter(s) {', '.join(sorted(unknown))}; use source= and timeout="
+            shown,
+            f"unknown parameter(s) {', '.join(sorted(unknown))}; use source=, timeout= and "
+            "rollups=",
         )
     source = query.get("source", [PROM_DEFAULT_SOURCE[engine]])[-1]
     if source not in PROM_SOURCES:
@@ -213,7 +225,7 @@ def _parse_prom(url: str, shown: str) -> PromTarget:
     timeout_s = _timeout_s(query, shown, default_s=30.0)
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     base = f"{http}://{host}" + (f":{port}" if port else "") + parts.path.rstrip("/")
-    return PromTarget(base, engine, source, timeout_s)
+    return PromTarget(base, engine, source, timeout_s, _rollups(query, shown, default=False))
 
 
 def _parse_sqlite(url: str, shown: str) -> SqliteTarget:
@@ -239,12 +251,14 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
         url, shown, "InfluxDB ", f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}"
     )
     query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - {"org", "timeout", "api"}
+    unknown = set(query) - {"org", "timeout", "api", "rollups"}
     if unknown:
         raise StoreUrlError(
             shown,
-            f"unknown parameter(s) {', '.join(sorted(unknown))}; use org=, timeout= and api=",
+            f"unknown parameter(s) {', '.join(sorted(unknown))}; use org=, timeout=, api= and "
+            "rollups=",
         )
+    rollups = _rollups(query, shown, default=True)
     timeout_s = _timeout_s(query, shown, default_s=10.0)
     api = query.get("api", ["auto"])[-1]
     if api not in ("auto", "v1", "v2"):
@@ -261,6 +275,7 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
             ),
             timeout_s,
             api,
+            rollups,
         )
     http = "https" if parts.scheme.lower() == "influxdbs" else "http"
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -275,7 +290,18 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
         ),
         timeout_s,
         api,
+        rollups,
     )
+
+
+def _rollups(query: dict[str, list[str]], shown: str, *, default: bool) -> bool:
+    """``rollups=on|off``: whether bucketed reads are served from the engine's rollups."""
+    if "rollups" not in query:
+        return default
+    text = query["rollups"][-1].lower()
+    if text not in ("on", "off"):
+        raise StoreUrlError(shown, f"rollups={text!r}: use on or off")
+    return text == "on"
 
 
 def _timeout_s(query: dict[str, list[str]], shown: str, *, default_s: float) -> float:

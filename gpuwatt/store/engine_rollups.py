@@ -1,0 +1,363 @@
+"""1-minute and 1-hour rollups kept in an engine (InfluxDB 1.8/2.x/3.x, VictoriaMetrics).
+
+Where they are computed: by whoever delivers the raw samples of a GPU, for that GPU, once the
+bucket is closed in *data* time (``collector/rollup_writer.py``: each collector for its own
+hosts, after its spool delivered a later minute). ``roll`` reads the bucket's raw samples (for an
+hour: its minutes) back *from the engine*, aggregates them with ``rollup_rule.combine`` (the
+embedded store's rule) and writes one point per GPU. Computing from what the engine holds, not
+from what one process saw, makes a rollup complete whatever happened on the way: a collector
+restarted mid-minute, samples replayed from the spool after an outage, late data. Re-rolling a
+bucket is always safe; engines need no server-side tasks (InfluxDB 1.x continuous queries, 2.x
+tasks and 3.x processing engines all differ, and none exists in VictoriaMetrics).
+
+Points: measurement ``gpuwatt_rollup_1m`` / ``gpuwatt_rollup_1h`` (VictoriaMetrics names them
+``gpuwatt_rollup_1m_<field>``), the raw samples' tags, integer fields ``n``, ``n_ok`` and
+``t_last_ms`` (newest non-lost sample; absent when none), and one float field per metric under
+its model attribute name, in model units (absent: not measured). A point's timestamp is its
+bucket's start plus ``n`` milliseconds: a re-roll that saw more samples writes a *newer* point in
+the same bucket, and readers keep the newest point of each (bucket, GPU) (``newest_per_bucket``).
+This works alike where a point with the same series and time overwrites (InfluxDB) and where it
+does not (VictoriaMetrics keeps the largest value of duplicates, field by field).
+
+Reads (``read_levels``) mirror the embedded store's: whole buckets of the coarsest level that
+tiles the step from rollups, the parts a range starts or ends inside, and what is not rolled yet,
+from the level below (minutes from raw samples); then ``combine`` into the step asked for. The
+newest rollup bucket of a level is read from below too: collectors roll a bucket within seconds
+of each other, and one that has not yet must not lose its GPUs from the view.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from gpuwatt.errors import GpuwattError
+from gpuwatt.line_protocol import escape_tag
+from gpuwatt.schema import FIELDS, TAG_HOST, TAG_INDEX, TAG_NAME, TAG_UUID, Kind
+from gpuwatt.store import LAST_VALUE_ATTRS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS, NULL_TIME, combine
+
+HOUR_NS = 60 * MINUTE_NS
+NS_PER_MS = 1_000_000
+LEVELS: tuple[int, ...] = (MINUTE_NS, HOUR_NS)
+MEASUREMENTS: dict[int, str] = {MINUTE_NS: "gpuwatt_rollup_1m", HOUR_NS: "gpuwatt_rollup_1h"}
+FIELD_N = "n"
+FIELD_N_OK = "n_ok"
+FIELD_T_LAST = "t_last_ms"
+#: The metrics kept in rollups: every numeric field of the schema (as the embedded store's).
+ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Kind.STR)
+
+#: A GPU's identity as every store reports it: host, index, uuid, model name.
+Ident = tuple[str, int, str, str]
+
+
+class RollupsUnsupported(GpuwattError):
+    """The server answers, but not as the engine it was named (e.g. an ``influxdb://`` URL
+    pointing at VictoriaMetrics, whose ``/query`` is not InfluxQL): it can keep no rollups."""
+
+
+@dataclass
+class GpuIds:
+    """Small integer ids for GPU identities, shared by the parts of one read."""
+
+    idents: list[Ident] = field(default_factory=list)
+    _ids: dict[Ident, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def of(self, ident: Ident) -> int:
+        gid = self._ids.get(ident)
+        if gid is None:
+            with self._lock:  # the parts of one read are fetched in parallel
+                gid = self._ids.get(ident)
+                if gid is None:
+                    gid = self._ids[ident] = len(self.idents)
+                    self.idents.append(ident)
+        return gid
+
+
+class RollupSource(Protocol):
+    """What an engine offers to keep and read rollups (``influx_rollups``, ``promql_rollups``).
+
+    Column dicts follow ``rollup_rule``: ``time_ns``, ``gpu_id`` (from ``ids``), ``n``, ``n_ok``,
+    ``t_last_ns`` and one float64 column per attribute (NaN: not measured)."""
+
+    def raw_level(
+        self,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        hosts: Sequence[str] | None,
+        ids: GpuIds,
+    ) -> dict[str, np.ndarray]:
+        """Raw samples in ``[start_ns, end_ns)`` as level columns (``rollup_rule.as_level``)."""
+
+    def rollup_points(
+        self,
+        level_ns: int,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        hosts: Sequence[str] | None,
+        ids: GpuIds,
+    ) -> dict[str, np.ndarray]:
+        """Every rollup point of ``level_ns`` timed in ``[start_ns, end_ns)`` (stale ones too),
+        ``time_ns`` being the point's own time."""
+
+    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        """The times of the oldest and the newest rollup point of a level; None: none."""
+
+    def rollup_lines(
+        self, level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Ident]
+    ) -> list[str]:
+        """Level rows as the engine keeps them (``rollup_lines``, or InfluxDB's packed form)."""
+
+    def write_lines(self, lines: Sequence[str]) -> None: ...
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def rollup_lines(level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Ident]) -> list[str]:
+    """Level rows (bucket start ``time_ns``) as line-protocol points of ``MEASUREMENTS[level]``."""
+    measurement = MEASUREMENTS[level_ns]
+    attrs = [a for a in cols if a not in KEYS]
+    prefixes: dict[int, str] = {}
+    values = {a: cols[a].tolist() for a in attrs}
+    level_ms = level_ns // NS_PER_MS
+    out = []
+    for i, (t, gid, n, n_ok, t_last) in enumerate(
+        zip(
+            cols["time_ns"].tolist(),
+            cols["gpu_id"].tolist(),
+            cols["n"].tolist(),
+            cols["n_ok"].tolist(),
+            cols["t_last_ns"].tolist(),
+            strict=True,
+        )
+    ):
+        prefix = prefixes.get(gid)
+        if prefix is None:
+            host, index, uuid, name = idents[gid]
+            tags = [measurement]
+            for tag, value in ((TAG_HOST, host), (TAG_INDEX, str(index)), (TAG_UUID, uuid),
+                               (TAG_NAME, name)):  # fmt: skip
+                if value:
+                    tags.append(f"{tag}={escape_tag(value)}")
+            prefix = prefixes[gid] = ",".join(tags) + " "
+        fields = [f"{FIELD_N}={n}i", f"{FIELD_N_OK}={n_ok}i"]
+        if t_last != NULL_TIME:
+            fields.append(f"{FIELD_T_LAST}={t_last // NS_PER_MS}i")
+        for a in attrs:
+            v = values[a][i]
+            if math.isfinite(v):
+                fields.append(f"{a}={v!r}")
+        point_ns = t + min(int(n), level_ms - 1) * NS_PER_MS
+        out.append(f"{prefix}{','.join(fields)} {point_ns}")
+    return out
+
+
+def roll(
+    source: RollupSource,
+    level_ns: int,
+    bucket_ns: int,
+    hosts: Sequence[str] | None = None,
+    attrs: Sequence[str] = ROLLUP_ATTRS,
+) -> int:
+    """(Re)compute the ``level_ns`` bucket starting at ``bucket_ns`` for ``hosts`` (None: every
+    host) from what the engine holds, and write it; the number of GPU points written. An hour is
+    built from its minutes, which must have been rolled first."""
+    ids = GpuIds()
+    end_ns = bucket_ns + level_ns
+    if level_ns == MINUTE_NS:
+        rows = source.raw_level(bucket_ns, end_ns, attrs, hosts, ids)
+        below = 0
+    else:
+        rows = newest_per_bucket(
+            source.rollup_points(MINUTE_NS, bucket_ns, end_ns, attrs, hosts, ids), MINUTE_NS
+        )
+        below = MINUTE_NS
+    if not len(rows["time_ns"]):
+        return 0
+    out = combine(rows, level_ns, attrs, LAST_VALUE_ATTRS, level_ns=below)
+    source.write_lines(source.rollup_lines(level_ns, out, ids.idents))
+    return len(out["time_ns"])
+
+
+def roll_range(
+    source: RollupSource,
+    start_ns: int,
+    end_ns: int,
+    hosts: Sequence[str] | None = None,
+    attrs: Sequence[str] = ROLLUP_ATTRS,
+) -> int:
+    """Roll every minute, then every hour, that ``[start_ns, end_ns)`` covers (a backfill of
+    data written before rollups were kept, or loaded in bulk); the number of points written."""
+    written = 0
+    for bucket in range(_floor(start_ns, MINUTE_NS), end_ns, MINUTE_NS):
+        written += roll(source, MINUTE_NS, bucket, hosts, attrs)
+    for bucket in range(_floor(start_ns, HOUR_NS), end_ns, HOUR_NS):
+        written += roll(source, HOUR_NS, bucket, hosts, attrs)
+    return written
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def newest_per_bucket(cols: dict[str, np.ndarray], level_ns: int) -> dict[str, np.ndarray]:
+    """Rollup points reduced to the newest point of each (bucket, GPU), keyed at the bucket's
+    start: a bucket rolled again with more samples wrote a newer point."""
+    t = cols["time_ns"]
+    if not len(t):
+        return cols
+    bucket = t // level_ns * level_ns
+    order = np.lexsort((t, cols["gpu_id"], bucket))
+    b_s, g_s = bucket[order], cols["gpu_id"][order]
+    last = np.r_[(b_s[1:] != b_s[:-1]) | (g_s[1:] != g_s[:-1]), True]
+    keep = order[last]
+    out = {k: v[keep] for k, v in cols.items()}
+    out["time_ns"] = bucket[keep]
+    return out
+
+
+def level_for(step_ns: int) -> int:
+    """The coarsest rollup level whose buckets tile ``step_ns`` (0: none)."""
+    for level in (HOUR_NS, MINUTE_NS):
+        if step_ns % level == 0:
+            return level
+    return 0
+
+
+@dataclass
+class _Read:
+    source: RollupSource
+    attrs: tuple[str, ...]
+    hosts: Sequence[str] | None
+    ids: GpuIds
+    spans: dict[int, tuple[int, int] | None]
+
+
+def read_levels(
+    source: RollupSource,
+    start_ns: int,
+    end_ns: int,
+    step_ns: int,
+    attrs: Sequence[str],
+    hosts: Sequence[str] | None = None,
+) -> tuple[dict[str, np.ndarray], list[Ident]] | None:
+    """``step_ns`` buckets per GPU over ``[start_ns, end_ns)`` served from the engine's rollups
+    (level columns and the identity of each ``gpu_id``); None when the step is finer than a
+    minute or the engine keeps no minute rollups (the caller reads as it did without them)."""
+    level = level_for(step_ns)
+    if level == 0:
+        return None
+    spans = {lv: source.rollup_span(lv) for lv in LEVELS if lv <= level}
+    if spans[MINUTE_NS] is None:
+        return None
+    read = _Read(source, tuple(attrs), hosts, GpuIds(), spans)
+    cols = _level(read, level, start_ns, end_ns)
+    if step_ns != level:
+        cols = combine(cols, step_ns, read.attrs, LAST_VALUE_ATTRS, level_ns=level)
+    if len(cols["time_ns"]):  # a bucket cut by the range's start is keyed at the start
+        cols["time_ns"] = np.maximum(cols["time_ns"], start_ns)
+    return cols, read.ids.idents
+
+
+def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, np.ndarray]:
+    """Level rows over ``[start_ns, end_ns)``: whole rolled buckets from the engine's rollups,
+    the rest aggregated from the level below."""
+    span = read.spans.get(level_ns)
+    tasks: list[Callable[[], dict[str, np.ndarray]]] = []
+    below: list[tuple[int, int]] = [(start_ns, end_ns)]
+    if span is not None:
+        # rolled: from the oldest bucket to the newest, that one excluded (see the module doc)
+        first = max(_ceil(start_ns, level_ns), _floor(span[0], level_ns))
+        last = min(_floor(end_ns, level_ns), _floor(span[1], level_ns))
+        if first < last:
+            tasks.append(
+                lambda: newest_per_bucket(
+                    read.source.rollup_points(
+                        level_ns, first, last, read.attrs, read.hosts, read.ids
+                    ),
+                    level_ns,
+                )
+            )
+            below = [(start_ns, first), (last, end_ns)]
+    tasks += [functools.partial(_below, read, level_ns, lo, hi) for lo, hi in below if lo < hi]
+    if len(tasks) == 1:
+        parts = [tasks[0]()]
+    else:  # the parts are independent reads: in parallel (the engine serves them at once)
+        with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="rollups") as pool:
+            parts = list(pool.map(lambda task: task(), tasks))
+    return concat(parts, read.attrs)
+
+
+def _below(read: _Read, level_ns: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """``[lo, hi)`` as ``level_ns`` rows aggregated from the level below."""
+    if level_ns == MINUTE_NS:
+        raw = read.source.raw_level(lo, hi, read.attrs, read.hosts, read.ids)
+        return combine(raw, MINUTE_NS, read.attrs, LAST_VALUE_ATTRS, level_ns=0)
+    return combine(_level(read, MINUTE_NS, lo, hi), level_ns, read.attrs, LAST_VALUE_ATTRS)
+
+
+def concat(parts: Iterable[dict[str, np.ndarray]], attrs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Level columns of several parts as one (the empty columns when there are none)."""
+    parts = [p for p in parts if len(p["time_ns"])]
+    if not parts:
+        return empty_level(attrs)
+    return {k: np.concatenate([p[k] for p in parts]) for k in (*KEYS, *attrs)}
+
+
+def empty_level(attrs: Sequence[str]) -> dict[str, np.ndarray]:
+    return {k: np.zeros(0, np.int64) for k in KEYS} | {a: np.zeros(0) for a in attrs}
+
+
+def frame(
+    cols: dict[str, np.ndarray], idents: Sequence[Ident], attrs: Sequence[str]
+) -> pd.DataFrame:
+    """Level columns as the store's long frame (``KEY_COLUMNS`` + ``attrs``), sorted by time,
+    then host, index and uuid."""
+    import pandas as pd
+
+    from gpuwatt.store.base import KEY_COLUMNS
+
+    if not len(cols["time_ns"]):
+        dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
+        return pd.DataFrame(columns=[*KEY_COLUMNS, *attrs]).astype(dtypes)
+    order_ids = sorted(range(len(idents)), key=lambda g: idents[g][:3])
+    rank = np.empty(len(idents), dtype=np.int64)
+    rank[order_ids] = np.arange(len(idents))
+    gpu_rank = rank[cols["gpu_id"]]
+    order = np.lexsort((gpu_rank, cols["time_ns"]))
+    by_rank = [idents[g] for g in order_ids]
+    g = gpu_rank[order]
+    out = pd.DataFrame(
+        {
+            "time_ns": cols["time_ns"][order].astype(np.int64),
+            "host": np.array([i[0] for i in by_rank], dtype=object)[g],
+            "gpu_index": np.array([i[1] for i in by_rank], dtype=np.int64)[g],
+            "uuid": np.array([i[2] for i in by_rank], dtype=object)[g],
+            "name": np.array([i[3] for i in by_rank], dtype=object)[g],
+        }
+    )
+    for a in attrs:
+        out[a] = cols[a][order]
+    return out
+
+
+def _floor(t_ns: int, step_ns: int) -> int:
+    return t_ns // step_ns * step_ns
+
+
+def _ceil(t_ns: int, step_ns: int) -> int:
+    return -(-t_ns // step_ns) * step_ns

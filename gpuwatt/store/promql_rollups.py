@@ -1,0 +1,182 @@
+"""Engine rollups on VictoriaMetrics (``engine_rollups.RollupSource`` over PromQL).
+
+The rollup points are written as line protocol, like the samples, so VictoriaMetrics names them
+``gpuwatt_rollup_1m_<field>``. They are read back as raw points (``metric[window]``), which
+VictoriaMetrics answers as a matrix; the oldest and newest point of a level come from its
+``tfirst_over_time``/``tlast_over_time``. Only the ``influx`` dialect (gpuwatt's own writes)
+has rollups: Prometheus takes no writes, and dcgm-exporter's series are aggregated in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpuwatt.schema import FIELD_LOST, MEASUREMENT
+from gpuwatt.store.engine_rollups import (
+    FIELD_N,
+    FIELD_N_OK,
+    FIELD_T_LAST,
+    MEASUREMENTS,
+    NS_PER_MS,
+    GpuIds,
+    Ident,
+    empty_level,
+    rollup_lines,
+)
+from gpuwatt.store.promql import _ident as gpu_ident
+from gpuwatt.store.promql import _regex_alternatives, promql_string
+from gpuwatt.store.rollup_rule import NULL_TIME, as_level
+
+if TYPE_CHECKING:
+    from gpuwatt.store.promql import PromStore
+
+NEWEST_TTL_S = 5.0
+OLDEST_TTL_S = 600.0  # as influx_rollups: the oldest point moves only with retention
+_FAR_S = 50 * 365 * 86_400  # "any time" since 1976 (a window reaching before 1970 finds nothing)
+
+
+class PromRollups:
+    """The rollups a VictoriaMetrics holds beside gpuwatt's samples (``source=influx``)."""
+
+    def __init__(self, store: PromStore) -> None:
+        self.store = store
+        self._oldest: dict[int, tuple[float, int]] = {}
+        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        self.store.write_lines(lines)
+
+    def rollup_lines(
+        self, level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Ident]
+    ) -> list[str]:
+        """One point per bucket and GPU, a field per column: VictoriaMetrics keeps numbers."""
+        return rollup_lines(level_ns, cols, idents)
+
+    def _n_selector(self, level_ns: int) -> str:
+        return "{" + f"__name__={promql_string(MEASUREMENTS[level_ns] + '_' + FIELD_N)}" + "}"
+
+    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        """Kept ``NEWEST_TTL_S``: a span a few seconds old only ends earlier than the engine's
+        (a read then takes a little more from the level below), never later."""
+        cached = self._spans.get(level_ns)
+        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
+            return cached[1]
+        span = self._span(level_ns)
+        if span is not None:
+            self._spans[level_ns] = (time.monotonic(), span)
+        return span
+
+    def _span(self, level_ns: int) -> tuple[int, int] | None:
+        now = time.time_ns()
+        sel = self._n_selector(level_ns)
+        cached = self._oldest.get(level_ns)
+        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
+            oldest = self._time_of(f"min(tfirst_over_time({sel}[{_FAR_S}s]))", now)
+            if oldest is None:
+                return None
+            self._oldest[level_ns] = (time.monotonic(), oldest)
+        else:
+            oldest = cached[1]
+        newest = self._time_of(f"max(tlast_over_time({sel}[1d]))", now) or self._time_of(
+            f"max(tlast_over_time({sel}[{_FAR_S}s]))", now
+        )
+        if newest is None:
+            return None
+        return min(oldest, newest), newest
+
+    def _time_of(self, promql: str, at_ns: int) -> int | None:
+        for r in self.store.query(promql, at_ns):
+            return round(float(r["value"][1]) * 1000) * NS_PER_MS
+        return None
+
+    def raw_level(
+        self,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        hosts: Sequence[str] | None,
+        ids: GpuIds,
+    ) -> dict[str, np.ndarray]:
+        names = self.store.dialect.by_attr()
+        columns = [f"{MEASUREMENT}_{FIELD_LOST}", *(names[a].metric for a in attrs)]
+        answers = list(
+            self.store._pool.map(lambda m: self.store._raw(m, start_ns, end_ns, hosts), columns)
+        )
+        t, gid, data = self._pivot(answers, len(columns), ids)
+        inside = (t >= start_ns) & (t < end_ns)
+        t, gid, data = t[inside], gid[inside], data[inside]
+        values = {a: data[:, 1 + i] * names[a].scale for i, a in enumerate(attrs)}
+        return as_level(t, gid, data[:, 0] == 1.0, values)
+
+    def rollup_points(
+        self,
+        level_ns: int,
+        start_ns: int,
+        end_ns: int,
+        attrs: Sequence[str],
+        hosts: Sequence[str] | None,
+        ids: GpuIds,
+    ) -> dict[str, np.ndarray]:
+        prefix = MEASUREMENTS[level_ns] + "_"
+        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, *attrs]
+        host_matcher = ""
+        if hosts is not None:
+            pattern = _regex_alternatives(hosts) if hosts else "$^"
+            host_matcher = f", {self.store.dialect.host}=~{promql_string(pattern)}"
+        window_ms = (end_ns - start_ns) // NS_PER_MS
+        if window_ms <= 0:
+            return empty_level(attrs)
+
+        def read(field: str) -> list[dict[str, Any]]:
+            # (start - 1 ms, end - 1 ms] is [start, end) in the engine's milliseconds
+            selector = "{" + f"__name__={promql_string(prefix + field)}{host_matcher}" + "}"
+            return self.store.query(f"{selector}[{window_ms}ms]", end_ns - NS_PER_MS)
+
+        by_column = list(self.store._pool.map(read, fields))  # one query per column, in parallel
+        t, gid, data = self._pivot(by_column, len(fields), ids)
+        inside = (t >= start_ns) & (t < end_ns)
+        t, gid, data = t[inside], gid[inside], data[inside]
+        if not len(t):
+            return empty_level(attrs)
+        t_last = data[:, 2]
+        out = {
+            "time_ns": t,
+            "gpu_id": gid,
+            "n": np.nan_to_num(data[:, 0]).astype(np.int64),
+            "n_ok": np.nan_to_num(data[:, 1]).astype(np.int64),
+            "t_last_ns": np.where(
+                np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
+            ),
+        }
+        return out | {a: data[:, 3 + i] for i, a in enumerate(attrs)}
+
+    def _pivot(
+        self, answers: Sequence[list[dict[str, Any]]], width: int, ids: GpuIds
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Matrices, one per column, as times (ns), GPU ids and a ``width``-column float64
+        matrix with a row per (time, GPU) (NaN where a column has no point)."""
+        gid_parts, t_parts, v_parts, c_parts = [], [], [], []
+        for column, matrix in enumerate(answers):
+            for series in matrix:
+                points = series.get("values") or []
+                if not points:
+                    continue
+                gid = ids.of(gpu_ident(self.store.dialect, series["metric"]))
+                arr = np.array(points, dtype=np.float64).reshape(len(points), 2)
+                gid_parts.append(np.full(len(points), gid, dtype=np.int64))
+                t_parts.append(np.rint(arr[:, 0] * 1000).astype(np.int64) * NS_PER_MS)
+                v_parts.append(arr[:, 1])
+                c_parts.append(np.full(len(points), column, dtype=np.int64))
+        if not t_parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
+        gids, t_ns = np.concatenate(gid_parts), np.concatenate(t_parts)
+        times, t_index = np.unique(t_ns, return_inverse=True)
+        n_gpus = len(ids.idents)
+        codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
+        data = np.full((len(codes), width), np.nan)
+        data[row, np.concatenate(c_parts)] = np.concatenate(v_parts)
+        return times[codes // n_gpus], codes % n_gpus, data

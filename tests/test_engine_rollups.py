@@ -1,0 +1,309 @@
+"""Rollups kept in the engine (``gpuwatt.store.engine_rollups``), on Debian's InfluxDB 1.6.7 and
+VictoriaMetrics started by the fixtures: what they serve equals what the embedded store serves
+from the same samples, at every step and range edge; they stay complete and idempotent under
+late data, spool replays and a collector restarted mid-minute (``collector.rollup_writer``)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from servers import http
+
+from gpuwatt.collector.rollup_writer import STATE_FILE, RollupWriter, open_rollup_writer
+from gpuwatt.collector.runtime import Flusher
+from gpuwatt.collector.spool import Spool
+from gpuwatt.line_protocol import LineEncoder
+from gpuwatt.model import GpuSample
+from gpuwatt.store import engine_rollups, open_store
+from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, GpuIds
+from gpuwatt.store.influx import InfluxStore
+from gpuwatt.store.sqlite import SqliteStore
+
+pytestmark = pytest.mark.servers
+
+S = 1_000_000_000
+T0 = 1_699_999_200 * S  # a whole hour
+ATTRS = ("power_w", "utilization_gpu_pct", "energy_j", "temperature_gpu_c", "clock_event_reasons")
+GPUS = (("node1", 0), ("node1", 1), ("node-2 b", 0))  # a host name with a space
+
+
+class _Flushing:
+    """The engine's rollup source, with VictoriaMetrics' buffers flushed before each read (the
+    test server makes new samples searchable on a flush; a real one within about a second,
+    which ``RollupWriter.settle_s`` waits for)."""
+
+    def __init__(self, source: Any, flush: Callable[[], None]) -> None:
+        self.source = source
+        self.flush = flush
+
+    def raw_level(self, *args: Any) -> Any:
+        self.flush()
+        return self.source.raw_level(*args)
+
+    def rollup_points(self, *args: Any) -> Any:
+        self.flush()
+        return self.source.rollup_points(*args)
+
+    def rollup_span(self, level_ns: int) -> Any:
+        self.flush()
+        return self.source.rollup_span(level_ns)
+
+    def rollup_lines(self, *args: Any) -> Any:
+        return self.source.rollup_lines(*args)
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        self.source.write_lines(lines)
+
+
+@dataclass
+class Engine:
+    store: Any
+    source: Any
+    flush: Callable[[], None]
+    drop_raw_before: Callable[[int], None]
+
+    def count_points(self, level_ns: int) -> int:
+        """Rollup points of a level kept in the engine, stale ones too, one per GPU."""
+        points = self.source.rollup_points(level_ns, 0, 2**62, (), None, GpuIds())
+        return len(points["time_ns"])
+
+
+@pytest.fixture(params=["influxdb1", "victoriametrics"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    if request.param == "influxdb1":
+        server, db = request.getfixturevalue("influx_db")
+        store = InfluxStore(server.url, "", db, timeout_s=30)
+
+        def drop_influx(t_ns: int) -> None:
+            server.query(f'DELETE FROM "nvidia_smi" WHERE time < {t_ns}', db=db, method="POST")
+
+        try:
+            yield Engine(store, store.rollups, lambda: None, drop_influx)
+        finally:
+            store.close()
+        return
+    vm = request.getfixturevalue("victoria_metrics")
+    prom = open_store(vm.url.replace("http://", "victoriametrics://") + "?rollups=on")
+
+    def drop_vm(t_ns: int) -> None:
+        """Keep the rollups and the raw samples from ``t_ns`` on (VictoriaMetrics deletes
+        whole series only: export, delete, import what is kept)."""
+        kept = []
+        for s in vm.export():
+            if not s["metric"]["__name__"].startswith("gpuwatt_rollup"):
+                pairs = [(t, v) for t, v in zip(s["timestamps"], s["values"], strict=True)
+                         if t * 1_000_000 >= t_ns]  # fmt: skip
+                if not pairs:
+                    continue
+                s = {**s, "timestamps": [t for t, _ in pairs], "values": [v for _, v in pairs]}
+            kept.append(json.dumps(s))
+        vm.delete_all()
+        status, body = http("POST", f"{vm.url}/api/v1/import", data="\n".join(kept).encode())
+        assert status == 204, body
+        vm.force_flush()
+
+    try:
+        yield Engine(prom, _Flushing(prom.rollups, vm.force_flush), vm.force_flush, drop_vm)
+    finally:
+        prom.close()
+
+
+def samples(
+    make_sample: Callable[..., GpuSample], start_ns: int, end_ns: int, *, period_s: int = 10,
+    power_offset: float = 0.0,
+) -> list[GpuSample]:  # fmt: skip
+    """Three GPUs every ``period_s``; GPU 1 of node1 lost for minute 30 and for one sample at
+    each 7th minute; the reason bitmask changes each minute, the energy counter climbs."""
+    out = []
+    for t in range(start_ns, end_ns, period_s * S):
+        k = (t - T0) // S
+        for n, (host, index) in enumerate(GPUS):
+            minute = (t - T0) // MINUTE_NS
+            if (host, index) == ("node1", 1) and (
+                minute == 30 or (minute % 7 == 0 and k % 60 == 20)
+            ):
+                out.append(
+                    GpuSample(
+                        time_ns=t,
+                        host=host,
+                        gpu_index=index,
+                        uuid=f"GPU-{host}-{index}",
+                        name="NVIDIA H100 80GB HBM3",
+                        lost=True,
+                    )
+                )
+                continue
+            out.append(
+                make_sample(
+                    t,
+                    host=host,
+                    gpu_index=index,
+                    power_w=300.0 + 7.25 * n + (k % 97) * 1.5 + power_offset,
+                    utilization_gpu_pct=float((k // 10 + 13 * n) % 101),
+                    energy_j=1.0e6 + 400.0 * k + n,
+                    temperature_gpu_c=float(50 + (k // 60 + n) % 30),
+                    clock_event_reasons=[0, 4, 0x40, 4][(minute + n) % 4],
+                )
+            )
+    return out
+
+
+def write(engine: Engine, batch: Sequence[GpuSample]) -> None:
+    lines = LineEncoder().encode_many(batch)
+    for i in range(0, len(lines), 5000):
+        engine.store.write_lines(lines[i : i + 5000])
+    engine.flush()
+
+
+def embedded(tmp_path: Path, batch: Sequence[GpuSample]) -> SqliteStore:
+    store = SqliteStore(tmp_path / "ref.db")
+    store.write_samples(sorted(batch, key=lambda s: s.time_ns))
+    store.flush_rollups()
+    return store
+
+
+READS = [
+    (0, 127 * MINUTE_NS, 60),
+    (29 * S, 119 * MINUTE_NS + 31 * S, 60),
+    (17 * S, 127 * MINUTE_NS, 300),
+    (0, 127 * MINUTE_NS, 3600),
+    (90 * S, 126 * MINUTE_NS + 5 * S, 3600),
+    (0, 120 * MINUTE_NS, 7200),
+    (0, 127 * MINUTE_NS, 1800),
+]
+
+
+def assert_same(engine: Engine, ref: SqliteStore, reads: Sequence[tuple[int, int, int]]) -> None:
+    engine.flush()
+    for lo, hi, step in reads:
+        got = engine.store.series(T0 + lo, T0 + hi, ATTRS, step_s=step)
+        want = ref.series(T0 + lo, T0 + hi, ATTRS, step_s=step)
+        assert len(want), (lo, hi, step)
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=True),
+            want.reset_index(drop=True),
+            rtol=1e-9,
+            obj=f"{lo, hi, step}",
+        )
+
+
+def test_rollups_serve_what_the_embedded_store_serves(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    batch = samples(make_sample, T0, T0 + 127 * MINUTE_NS)
+    write(engine, batch)
+    ref = embedded(tmp_path, batch)
+    assert engine.source.rollup_span(MINUTE_NS) is None  # none yet: raw GROUP BY, as before
+    assert_same(engine, ref, READS)
+    written = engine_rollups.roll_range(engine.source, T0, T0 + 127 * MINUTE_NS)
+    assert written == 3 * 127 + 3 * 3
+    assert engine.count_points(MINUTE_NS) == 3 * 127
+    assert engine.count_points(HOUR_NS) == 3 * 3
+    assert_same(engine, ref, READS)
+    # Served from the rollups: with the raw samples of all but the newest minutes gone, reads
+    # of whole minutes still give the same rows.
+    engine.drop_raw_before(T0 + 124 * MINUTE_NS)
+    whole = [r for r in READS if r[0] % MINUTE_NS == 0]
+    assert_same(engine, ref, whole)
+    ref.close()
+
+
+def test_rollups_take_late_data_and_replays(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    batch = samples(make_sample, T0, T0 + 70 * MINUTE_NS)
+    write(engine, batch)
+    engine_rollups.roll_range(engine.source, T0, T0 + 70 * MINUTE_NS)
+    # Late samples in minute 5 (between the others), then the whole range replayed twice.
+    late = samples(make_sample, T0 + 5 * MINUTE_NS + 5 * S, T0 + 6 * MINUTE_NS, power_offset=99)
+    write(engine, late)
+    engine_rollups.roll(engine.source, MINUTE_NS, T0 + 5 * MINUTE_NS)
+    engine_rollups.roll(engine.source, HOUR_NS, T0)
+    for _ in range(2):
+        write(engine, batch)
+        engine_rollups.roll_range(engine.source, T0, T0 + 70 * MINUTE_NS)
+    ref = embedded(tmp_path, batch + late)
+    assert_same(engine, ref, [(0, 70 * MINUTE_NS, 60), (0, 70 * MINUTE_NS, 3600),
+                              (0, 60 * MINUTE_NS, 300)])  # fmt: skip
+    # The replays wrote nothing new; the late minute has its first, stale point besides.
+    assert engine.count_points(MINUTE_NS) == 3 * 70 + 3
+    assert engine.count_points(HOUR_NS) == 3 * 2 + 3
+    ref.close()
+
+
+@pytest.mark.parametrize("stop", ["clean", "killed"])
+def test_a_collector_restarted_mid_minute_leaves_complete_rollups(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path, stop: str
+) -> None:
+    batch = samples(make_sample, T0, T0 + 65 * MINUTE_NS)
+    lines = LineEncoder().encode_many(batch)
+    cut = next(i for i, s in enumerate(batch) if s.time_ns >= T0 + 62 * MINUTE_NS + 30 * S)
+
+    def run_collector(part: Sequence[str], *, close: bool) -> RollupWriter:
+        spool = Spool(tmp_path / "spool", fsync=False)
+        writer = RollupWriter(engine.source, spool.directory, settle_s=0.0)
+        flusher = Flusher(spool, engine.store, batch_lines=500, on_delivered=writer.delivered)
+        spool.append(part)
+        flusher.flush()
+        if close:
+            writer.close()
+        spool.close()
+        return writer
+
+    first = run_collector(lines[:cut], close=stop == "clean")
+    assert first.rolled >= 3 * 62  # the minutes before the cut, with the first hour
+    state = tmp_path / "spool" / STATE_FILE
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    run_collector(lines[cut:], close=True)
+    ref = embedded(tmp_path, batch)
+    assert_same(engine, ref, [(0, 65 * MINUTE_NS, 60), (0, 65 * MINUTE_NS, 3600)])
+    # and served from the rollups, the minute of the restart included
+    engine.drop_raw_before(T0 + 64 * MINUTE_NS)
+    assert_same(engine, ref, [(0, 63 * MINUTE_NS, 60), (0, 120 * MINUTE_NS, 3600)])
+    ref.close()
+
+
+def test_the_embedded_store_gets_no_rollup_writer(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "x.db")
+    assert open_rollup_writer(store, tmp_path) is None
+    store.close()
+
+
+def test_newest_point_of_a_bucket_wins() -> None:
+    ids = GpuIds()
+    g = ids.of(("h", 0, "u", "m"))
+    cols = {
+        "time_ns": np.array([T0 + 30 * 10**6, T0 + 60 * 10**6, T0 + MINUTE_NS + 60 * 10**6]),
+        "gpu_id": np.array([g, g, g]),
+        "n": np.array([30, 60, 60]),
+        "n_ok": np.array([30, 60, 60]),
+        "t_last_ns": np.array([T0, T0 + 59 * S, T0 + MINUTE_NS + 59 * S]),
+        "power_w": np.array([1.0, 2.0, 3.0]),
+    }
+    out = engine_rollups.newest_per_bucket(cols, MINUTE_NS)
+    assert out["time_ns"].tolist() == [T0, T0 + MINUTE_NS]
+    assert out["power_w"].tolist() == [2.0, 3.0]
+
+
+def test_rollups_turn_off_on_a_server_that_is_not_the_engine_named(
+    victoria_metrics: Any, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    """An ``influxdb://`` URL pointing at VictoriaMetrics takes the samples (its /api/v2/write)
+    but its /query is not InfluxQL: the collector's rollups turn off, quietly, once."""
+    store = InfluxStore(victoria_metrics.url, "gpuwatt", "gpuwatt")
+    assert open_rollup_writer(store, tmp_path) is not None
+    writer = RollupWriter(store.rollups, tmp_path, settle_s=0.0)
+    lines = LineEncoder().encode_many(samples(make_sample, T0, T0 + 3 * MINUTE_NS))
+    store.write_lines(lines)
+    victoria_metrics.force_flush()
+    writer.delivered(lines)
+    assert not writer.enabled and writer.rolled == 0
+    store.close()
