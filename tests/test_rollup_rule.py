@@ -22,8 +22,9 @@ def samples(draw: st.DrawFn) -> dict[str, np.ndarray]:
     util = np.array(
         draw(st.lists(st.one_of(st.just(np.nan), st.floats(0, 100)), min_size=n, max_size=n))
     )
-    # A counter: rising with time, so the newest sample holds the largest value.
-    energy = t.astype(np.float64) / 1e9
+    # A counter rising with time, not measured in some samples (a slow counter).
+    measured = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    energy = np.where(measured, t.astype(np.float64) / 1e9, np.nan)
     return rollup_rule.as_level(t, gid, lost, {"util": util, "energy": energy})
 
 
@@ -45,7 +46,9 @@ def _expected(cols: dict[str, np.ndarray], step_ns: int) -> dict[tuple[int, int]
                 num += float(u.mean()) * int(in_minute.sum())
                 den += int(in_minute.sum())
         mean = num / den if den else np.nan
-        newest = float(cols["energy"][ok][-1]) if ok.any() else np.nan
+        e = cols["energy"][ok]
+        e = e[~np.isnan(e)]
+        newest = float(e[-1]) if len(e) else np.nan
         out[key] = (int(sel.sum()), int(ok.sum()), mean, newest)
     return out
 

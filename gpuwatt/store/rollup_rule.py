@@ -14,8 +14,8 @@ Raw samples are level columns with ``n = 1`` (``as_level``).
   minutes where the metric is set. Coarser buckets are always built from minutes, so a figure is
   the same whether it is read from raw samples, minutes or hours (a minute's mean stands for all
   its non-lost samples, measured or not).
-- Counters and flags (``last_value_attrs``): the value in the row whose newest non-lost sample
-  is newest.
+- Counters and flags (``last_value_attrs``): the newest measured value, i.e. the value in the
+  newest row (by its newest non-lost sample) where it is set.
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ def _combine(
     t_s, g_s = t[order], gid[order]
     new = np.r_[True, (t_s[1:] != t_s[:-1]) | (g_s[1:] != g_s[:-1])]
     starts = np.flatnonzero(new)
-    last = np.r_[starts[1:], len(order)] - 1
     n_ok = cols["n_ok"][order]
     n = cols["n"][order] if "n" in cols else n_ok
     out = {
@@ -88,9 +87,10 @@ def _combine(
     for a in attrs:
         v = cols[a][order]
         if a in last_value_attrs:
-            # The newest row of the bucket, unless it holds no non-lost sample.
-            has = out["t_last_ns"] != NULL_TIME
-            out[a] = np.where(has, v[last], np.nan)
+            # The newest measured value: slow counters (ECC, remapped rows) are sampled once a
+            # minute, so the newest sample of a bucket usually does not hold them.
+            newest = np.maximum.reduceat(np.where(np.isfinite(v), np.arange(len(v)), -1), starts)
+            out[a] = np.where(newest >= starts, v[np.maximum(newest, 0)], np.nan)
             continue
         ok = np.isfinite(v) & (weight > 0)
         num = np.add.reduceat(np.where(ok, v * weight, 0.0), starts)
