@@ -10,7 +10,6 @@ import random
 import sqlite3
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from gpuwatt.model import GpuSample

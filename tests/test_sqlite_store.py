@@ -106,7 +106,12 @@ def test_minute_rollup_is_incremental_by_data_time(store: SqliteStore, make_samp
         store.write_samples(batch)
     # Newest data is at 170 s; with the 30 s grace minutes [0, 120) are rolled, minute 2 is not.
     rows = level_rows(store.path, 60)
-    assert [(t, n) for t, _, n, _, _ in rows] == [(T0, 6), (T0, 6), (T0 + 60 * S, 6), (T0 + 60 * S, 6)]
+    assert [(t, n) for t, _, n, _, _ in rows] == [
+        (T0, 6),
+        (T0, 6),
+        (T0 + 60 * S, 6),
+        (T0 + 60 * S, 6),
+    ]
     assert_matches_raw(store, T0, T0 + 180 * S, 60)  # rolled minutes + the open one from raw
     assert_matches_raw(store, T0, T0 + 180 * S, 120)
 

@@ -52,7 +52,7 @@ from gpuwatt.schema import (
     format_processes,
     parse_processes,
 )
-from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, chunks, format, rollups, rounds
+from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, chunks, codec, format, rollups, rounds
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.codec import Rows
 from gpuwatt.store.rollup_rule import as_level, combine
@@ -189,7 +189,7 @@ class SqliteStore:
         self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
         self._states: dict[str, _GpuState] = {}  # by UUID
         self._tail_ids: dict[tuple[Any, ...], int] = {}
-        self._cctx = zstandard.ZstdCompressor(level=3)
+        self._cctx = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
         self._closed = False
         self._writer = self._connect()
         with contextlib.suppress(sqlite3.OperationalError):
@@ -473,7 +473,7 @@ class SqliteStore:
         new_compacted = max(compacted, _floor(newest - self.rollup_grace_ns, BLOCK_NS))
         last_ret = meta.get("retention_at_ns")
         check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
-        if new_compacted > compacted or (check and t_min < compacted):
+        if new_compacted > compacted or (check and _head_has_before(con, compacted)):
             self._compact(con, new_compacted)
         if new_compacted != meta.get("compacted_until"):
             self._set_meta(con, "compacted_until", new_compacted)
@@ -857,6 +857,11 @@ def _head_overlaps_chunks(con: sqlite3.Connection, start_ns: int, end_ns: int) -
         "SELECT 1 FROM chunks AS c WHERE c.start_ns = h.time_ns / ?3 * ?3) LIMIT 1",
         (start_ns, end_ns, BLOCK_NS),
     )
+    return found.fetchone() is not None
+
+
+def _head_has_before(con: sqlite3.Connection, time_ns: int) -> bool:
+    found = con.execute("SELECT 1 FROM head WHERE time_ns < ? LIMIT 1", (time_ns,))
     return found.fetchone() is not None
 
 
