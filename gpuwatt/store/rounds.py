@@ -6,7 +6,8 @@ the GPU ids (little-endian int64) and their rows of values (little-endian float6
 one INSERT per collector round (bench/sqlite_ingest.py). Samples stay here, as written, until
 their block of time closes and ``compact`` moves them into compressed chunks (``codec``).
 
-A row of values is ``lost`` (0/1), the file's metric columns in id order (``format.Columns``:
+A round's rows are stored byte-shuffled and zstd-compressed (``pack_vals``). A row of values
+is ``lost`` (0/1), the file's metric columns in id order (``format.Columns``:
 ``ncols`` of them when the round was written; a column added since reads as NaN), then the
 sample's tail id. NaN is "not measured". Integers and booleans are stored as float64, exact below
 2**53. The tail is what a sample carries besides metrics (energy and TFLOPS methods, XIDs,
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from gpuwatt.model import GpuSample
 from gpuwatt.store.codec import Rows
@@ -158,13 +160,34 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
     return namespace["encode"]
 
 
+#: The first byte of a round's ``vals``: its float64 words byte-shuffled, then zstd (level 1).
+#: A round of 32 GPUs is ~11 kB raw; compressed it fits one page, which is what each collector
+#: round costs in writes (bench/store_write.py).
+VALS_SHUFFLED_ZSTD = 1
+_cctx = zstandard.ZstdCompressor(level=1)
+
+
+def pack_vals(raw: bytes) -> bytes:
+    """A round's rows (little-endian float64) as stored."""
+    shuffled = np.frombuffer(raw, np.uint8).reshape(-1, 8).T.tobytes()
+    return bytes((VALS_SHUFFLED_ZSTD,)) + _cctx.compress(shuffled)
+
+
+def unpack_vals(data: bytes, width: int) -> np.ndarray:
+    """A round's rows as stored by ``pack_vals``, as an array of ``width`` columns."""
+    if data[:1] != bytes((VALS_SHUFFLED_ZSTD,)):
+        raise ValueError(f"unknown head encoding {data[:1]!r}")
+    planes = np.frombuffer(zstandard.ZstdDecompressor().decompress(data[1:]), np.uint8)
+    return planes.reshape(8, -1).T.copy().view("<f8").reshape(-1, width)
+
+
 def insert(
     con: sqlite3.Connection, time_ns: int, gpu_ids: Sequence[int], vals: bytes, ncols: int
 ) -> None:
     """Store one round; a GPU already stored at ``time_ns`` is replaced (last write wins).
 
-    ``gpu_ids`` must be distinct and ``vals`` their packed rows (``ncols`` metric columns), in
-    the same order.
+    ``gpu_ids`` must be distinct and ``vals`` their rows (``ncols`` metric columns, as the
+    encoder packs them), in the same order.
     """
     ids = np.asarray(gpu_ids, dtype="<i8")
     for rid, old_ids, old_vals, old_ncols in con.execute(
@@ -177,14 +200,14 @@ def insert(
         if not keep.any():
             con.execute("DELETE FROM head WHERE id = ?", (rid,))
             continue
-        rows = np.frombuffer(old_vals, dtype="<f8").reshape(-1, old_ncols + 2)[keep]
+        rows = unpack_vals(old_vals, old_ncols + 2)[keep]
         con.execute(
             "UPDATE head SET gpu_ids = ?, vals = ? WHERE id = ?",
-            (old[keep].tobytes(), rows.tobytes(), rid),
+            (old[keep].tobytes(), pack_vals(rows.tobytes()), rid),
         )
     con.execute(
         "INSERT INTO head (time_ns, ncols, gpu_ids, vals) VALUES (?, ?, ?, ?)",
-        (time_ns, ncols, ids.tobytes(), vals),
+        (time_ns, ncols, ids.tobytes(), pack_vals(vals)),
     )
 
 
@@ -235,7 +258,7 @@ def _decode_rounds(
 ) -> tuple[np.ndarray, ...]:
     gid = np.frombuffer(b"".join(gpu_ids), dtype="<i8")
     tt = np.repeat(np.array(times, dtype=np.int64), [len(x) >> 3 for x in gpu_ids])
-    vv = np.frombuffer(b"".join(vals), dtype="<f8").reshape(-1, ncols + 2)
+    vv = np.concatenate([unpack_vals(v, ncols + 2) for v in vals])
     if only is not None:
         keep = np.isin(gid, only)
         gid, tt, vv = gid[keep], tt[keep], vv[keep]

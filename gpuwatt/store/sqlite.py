@@ -616,7 +616,7 @@ class SqliteStore:
                     f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
                     chunk,
                 ):
-                    rows = np.frombuffer(vals, dtype="<f8").reshape(-1, ncols + 2)
+                    rows = rounds.unpack_vals(vals, ncols + 2)
                     for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
                         if wanted.get(g) == t:
                             full = np.full(len(all_cols), np.nan)
