@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 _PAGE = re.compile(r"^\s+(\w+)\s+.*\(\s*(\d+) ms CPU\)")
-_SECTION = re.compile(r"^callbacks, (?:preset range (\S+)|a (\S+) range no one)")
+_SECTION = re.compile(r"^callbacks, (?:preset range (\w+)|a (\w+) range no one)")
 _READ = re.compile(
     r"^(read 1 h as 1-min rollups \+ latest\(\)|read the same hour raw):\s+([\d.]+) s"
 )
@@ -51,7 +51,8 @@ def dashboard_cpu_ms(text: str) -> dict[str, float]:
     for line in text.splitlines():
         m = _SECTION.match(line)
         if m:
-            section = ("preset " + (m.group(1) or "")) if m.group(1) else f"unviewed {m.group(2)}"
+            preset = {"default": "1h"}.get(m.group(1), m.group(1))
+            section = f"preset {preset}" if preset else f"unviewed {m.group(2)}"
             continue
         if line.startswith("background"):
             section = None
