@@ -43,18 +43,25 @@ import numpy as np
 import zstandard
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod, make_gpu_sample
+from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
     FIELDS,
-    Kind,
     decode_line,
     format_processes,
-    parse_processes,
 )
-from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, chunks, codec, format, rollups, rounds
+from gpuwatt.store import (
+    LAST_VALUE_ATTRS,
+    StoreRejected,
+    chunks,
+    codec,
+    format,
+    frames,
+    raw,
+    rollups,
+    rounds,
+)
 from gpuwatt.store.base import SeriesRead
-from gpuwatt.store.codec import Rows
 from gpuwatt.store.rollup_rule import as_level, combine
 
 if TYPE_CHECKING:
@@ -473,7 +480,7 @@ class SqliteStore:
         new_compacted = max(compacted, _floor(newest - self.rollup_grace_ns, BLOCK_NS))
         last_ret = meta.get("retention_at_ns")
         check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
-        if new_compacted > compacted or (check and _head_has_before(con, compacted)):
+        if new_compacted > compacted or (check and raw.head_has_before(con, compacted)):
             self._compact(con, new_compacted)
         if new_compacted != meta.get("compacted_until"):
             self._set_meta(con, "compacted_until", new_compacted)
@@ -507,7 +514,7 @@ class SqliteStore:
         # Minutes from raw samples, a block at a time, skipping time without samples.
         lo = start_ns
         while lo < end_ns:
-            first = _first_raw_time(con, lo, end_ns)
+            first = raw.first_raw_time(con, lo, end_ns)
             if first is None:
                 con.execute(
                     "DELETE FROM rollups WHERE level_ns = ? AND time_ns >= ? AND time_ns < ?",
@@ -515,17 +522,17 @@ class SqliteStore:
                 )
                 break
             hi = min(end_ns, _floor(first, MINUTE_NS) + BLOCK_NS)
-            raw = _read_raw(con, lo, hi, tuple(range(len(columns.attrs))))
+            samples = raw.read(con, lo, hi, tuple(range(len(columns.attrs))))
             level = as_level(
-                raw.time_ns,
-                raw.gpu_id,
-                raw.lost,
-                {a: raw.values[:, i] for i, a in enumerate(columns.attrs)},
+                samples.time_ns,
+                samples.gpu_id,
+                samples.lost,
+                {a: samples.values[:, i] for i, a in enumerate(columns.attrs)},
             )
             out = combine(level, MINUTE_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=0)
             rollups.write(con, MINUTE_NS, lo, hi, out, col_ids)
             # The tails these samples refer to are still in use (``_apply_retention``).
-            tails = np.unique(raw.tail).astype(np.int64).tolist()
+            tails = np.unique(samples.tail).astype(np.int64).tolist()
             con.execute(
                 "UPDATE tails SET last_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
                 "AND last_ns < ?1",
@@ -592,8 +599,8 @@ class SqliteStore:
     @_store_errors
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         with self._reader() as con:
-            if _head_overlaps_chunks(con, start_ns, end_ns):
-                return len(_read_raw(con, start_ns, end_ns, ()).time_ns)
+            if raw.head_overlaps_chunks(con, start_ns, end_ns):
+                return len(raw.read(con, start_ns, end_ns, ()).time_ns)
             return rounds.count(con, start_ns, end_ns) + chunks.count(con, start_ns, end_ns)
 
     @_store_errors
@@ -652,7 +659,9 @@ class SqliteStore:
             lost, tail_id, values = got_row
             tail = tails.get(int(tail_id), (None,) * len(rounds.TAIL_COLUMNS))
             metrics = dict(zip(columns.attrs, values.tolist(), strict=True))
-            out.append(_sample_from_row((t, host, gpu_index, uuid, name, lost), metrics, tail))
+            out.append(
+                frames.sample_from_row((t, host, gpu_index, uuid, name, lost), metrics, tail)
+            )
         return out
 
     @_store_errors
@@ -677,7 +686,7 @@ class SqliteStore:
             columns = [self._series_columns(con, memo, r) for r in reads]
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
         return [
-            _frame(_cut_first_bucket(c, r), attrs, gpus)
+            frames.frame(_cut_first_bucket(c, r), attrs, gpus)
             for (c, attrs), r in zip(columns, reads, strict=True)
         ]
 
@@ -694,9 +703,9 @@ class SqliteStore:
             gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
         scope = _Scope(attrs, _column_ids(con, attrs), gpu_ids, memo)
         if step_s is None:
-            raw = _read_raw(con, start_ns, end_ns, scope.col_ids, gpu_ids)
-            columns = {"time_ns": raw.time_ns, "gpu_id": raw.gpu_id}
-            return columns | {a: raw.values[:, j] for j, a in enumerate(attrs)}, attrs
+            samples = raw.read(con, start_ns, end_ns, scope.col_ids, gpu_ids)
+            columns = {"time_ns": samples.time_ns, "gpu_id": samples.gpu_id}
+            return columns | {a: samples.values[:, j] for j, a in enumerate(attrs)}, attrs
         step_ns = int(step_s) * NS_PER_S
         if step_ns <= 0:
             raise ValueError("step_s must be positive")
@@ -718,12 +727,12 @@ class SqliteStore:
         ids = None if scope.gpu_ids is None else tuple(scope.gpu_ids.tolist())
         key = (step_ns, start_ns, end_ns, scope.attrs, ids)
         if key not in scope.memo:
-            raw = _read_raw(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
+            samples = raw.read(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
             level = as_level(
-                raw.time_ns,
-                raw.gpu_id,
-                raw.lost,
-                {a: raw.values[:, j] for j, a in enumerate(scope.attrs)},
+                samples.time_ns,
+                samples.gpu_id,
+                samples.lost,
+                {a: samples.values[:, j] for j, a in enumerate(scope.attrs)},
             )
             scope.memo[key] = combine(level, step_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=0)
         return scope.memo[key]
@@ -833,53 +842,6 @@ def _column_ids(con: sqlite3.Connection, attrs: Sequence[str]) -> tuple[int, ...
     return tuple(index.get(a, _ABSENT) for a in attrs)
 
 
-def _read_raw(
-    con: sqlite3.Connection,
-    start_ns: int,
-    end_ns: int,
-    col_ids: Sequence[int],
-    gpu_ids: np.ndarray | None = None,
-) -> Rows:
-    """The raw samples in ``[start_ns, end_ns)``, from the chunks and the head (whose copy of a
-    sample wins: it was written later)."""
-    old = chunks.read(con, start_ns, end_ns, col_ids, gpu_ids)
-    new = rounds.read(con, start_ns, end_ns, col_ids, gpu_ids)
-    if len(old.time_ns) and len(new.time_ns) and _head_overlaps_chunks(con, start_ns, end_ns):
-        return chunks.dedupe(chunks.concat([old, new], col_ids))
-    return chunks.concat([old, new], col_ids)
-
-
-def _head_overlaps_chunks(con: sqlite3.Connection, start_ns: int, end_ns: int) -> bool:
-    """Whether the head holds samples of ``[start_ns, end_ns)`` in a block that has chunks
-    (samples that arrived late, not merged yet)."""
-    found = con.execute(
-        "SELECT 1 FROM head AS h WHERE h.time_ns >= ?1 AND h.time_ns < ?2 AND EXISTS ("
-        "SELECT 1 FROM chunks AS c WHERE c.start_ns = h.time_ns / ?3 * ?3) LIMIT 1",
-        (start_ns, end_ns, BLOCK_NS),
-    )
-    return found.fetchone() is not None
-
-
-def _head_has_before(con: sqlite3.Connection, time_ns: int) -> bool:
-    found = con.execute("SELECT 1 FROM head WHERE time_ns < ? LIMIT 1", (time_ns,))
-    return found.fetchone() is not None
-
-
-def _first_raw_time(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int | None:
-    """The time of the first raw sample in ``[start_ns, end_ns)`` (to within a block for the
-    chunks); None when there is none."""
-    (head,) = con.execute(
-        "SELECT min(time_ns) FROM head WHERE time_ns >= ? AND time_ns < ?", (start_ns, end_ns)
-    ).fetchone()
-    (chunk,) = con.execute(
-        "SELECT min(max(t_min_ns, ?1)) FROM chunks WHERE start_ns > ?1 - ?3 AND start_ns < ?2 "
-        "AND t_max_ns >= ?1",
-        (start_ns, end_ns, BLOCK_NS),
-    ).fetchone()
-    found = [t for t in (head, chunk) if t is not None]
-    return min(found) if found else None
-
-
 def _no_rows(attrs: Sequence[str]) -> dict[str, np.ndarray]:
     e = np.zeros(0, np.int64)
     return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e} | {
@@ -915,79 +877,3 @@ def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
     return tuple(fields)
-
-
-def _frame(
-    columns: dict[str, Any], attrs: Sequence[str], gpus: list[tuple[Any, ...]]
-) -> pd.DataFrame:
-    """Columns time_ns, gpu_id and attrs as the long frame, GPU identity joined in numpy.
-
-    Joining and sorting on the small gpus table in numpy, rather than in SQL on every row, keeps
-    an hour of 1,024 GPUs' rollups cheap: no per-row strings cross the sqlite3 boundary.
-    """
-    import numpy as np
-    import pandas as pd
-
-    ident = pd.DataFrame.from_records(gpus, columns=["gpu_id", "host", "gpu_index", "uuid", "name"])
-    ident = ident.sort_values(["host", "gpu_index", "uuid"], kind="stable").reset_index(drop=True)
-    rank = np.full(int(ident["gpu_id"].max()) + 1 if len(ident) else 1, -1, dtype=np.int64)
-    rank[ident["gpu_id"].to_numpy(dtype=np.int64)] = np.arange(len(ident))
-    gpu_rank = rank[columns["gpu_id"]]
-    time_ns = columns["time_ns"]
-    order = np.lexsort((gpu_rank, time_ns))
-    gpu_rank = gpu_rank[order]
-    out = pd.DataFrame(
-        {
-            "time_ns": time_ns[order],
-            "host": ident["host"].to_numpy(dtype=object)[gpu_rank],
-            "gpu_index": ident["gpu_index"].to_numpy(dtype=np.int64)[gpu_rank],
-            "uuid": ident["uuid"].to_numpy(dtype=object)[gpu_rank],
-            "name": ident["name"].to_numpy(dtype=object)[gpu_rank],
-        }
-    )
-    for a in attrs:
-        out[a] = columns[a][order]
-    return out
-
-
-#: How to convert a metric's stored float, per attribute of the schema.
-_CONVERTERS: dict[str, Callable[[float], Any]] = {
-    a: {Kind.BOOL: bool, Kind.FLOAT: float, Kind.INT: int}[FIELD_BY_ATTR[a].kind]
-    for a in METRIC_ATTRS
-}
-
-
-def _sample_from_row(
-    ident: Sequence[Any], metrics: dict[str, float], tail: Sequence[Any]
-) -> GpuSample:
-    """A sample from (time_ns, host, gpu_index, uuid, name, lost), its stored metrics by
-    attribute (NaN: not measured; a column the schema no longer has is ignored) and the
-    tail's columns."""
-    time_ns, host, gpu_index, uuid, name, lost = ident
-    kwargs: dict[str, Any] = {
-        attr: _CONVERTERS[attr](v)
-        for attr, v in metrics.items()
-        if v == v and attr in _CONVERTERS  # not NaN
-    }
-    em, tm, xid_last, _xid_count, procs, job_id = tail
-    if em is not None:
-        kwargs["energy_method"] = EnergyMethod(em)
-    if tm is not None:
-        kwargs["tflops_method"] = TflopsMethod(tm)
-    if xid_last is not None:
-        kwargs["xid_errors"] = (int(xid_last),)
-    if procs is not None:
-        kwargs["processes"] = parse_processes(procs)
-    if job_id is not None:
-        kwargs["job_id"] = job_id
-    # make_gpu_sample: the same GpuSample as the keyword constructor, ~10x cheaper (latest()
-    # builds one per GPU on every dashboard refresh).
-    return make_gpu_sample(
-        time_ns=time_ns,
-        host=host,
-        gpu_index=gpu_index,
-        uuid=uuid,
-        name=name,
-        lost=bool(lost),
-        **kwargs,
-    )
