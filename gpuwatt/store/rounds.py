@@ -13,8 +13,8 @@ sample's tail id. NaN is "not measured". Integers and booleans are stored as flo
 2**53. The tail is what a sample carries besides metrics (energy and TFLOPS methods, XIDs,
 processes, job): it changes rarely, so it is kept once in ``tails`` and rows refer to it by id.
 
-Invariant kept by ``insert``: a (time, GPU) pair is in at most one round (writing it again
-replaces it).
+Invariant kept by ``insert``: one row per time, and a (time, GPU) pair in it at most once
+(writing it again replaces it).
 """
 
 from __future__ import annotations
@@ -38,13 +38,11 @@ TAIL_COLUMNS = ("energy_method", "tflops_method", "xid_last", "xid_count", "proc
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS head (
-  id INTEGER PRIMARY KEY,
-  time_ns INTEGER NOT NULL,
+  time_ns INTEGER PRIMARY KEY,
   ncols INTEGER NOT NULL,
   gpu_ids BLOB NOT NULL,
   vals BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS head_time ON head (time_ns);
 CREATE TABLE IF NOT EXISTS tails (
   id INTEGER PRIMARY KEY,
   energy_method TEXT,
@@ -184,31 +182,38 @@ def unpack_vals(data: bytes, width: int) -> np.ndarray:
 def insert(
     con: sqlite3.Connection, time_ns: int, gpu_ids: Sequence[int], vals: bytes, ncols: int
 ) -> None:
-    """Store one round; a GPU already stored at ``time_ns`` is replaced (last write wins).
+    """Store one round; a GPU already stored at ``time_ns`` is replaced (last write wins), and
+    the others stored at that time are kept in the same row (one row per time: the time is the
+    row's key, so a round costs no index page).
 
     ``gpu_ids`` must be distinct and ``vals`` their rows (``ncols`` metric columns, as the
     encoder packs them), in the same order.
     """
     ids = np.asarray(gpu_ids, dtype="<i8")
-    for rid, old_ids, old_vals, old_ncols in con.execute(
-        "SELECT id, gpu_ids, vals, ncols FROM head WHERE time_ns = ?", (time_ns,)
-    ).fetchall():
-        old = np.frombuffer(old_ids, dtype="<i8")
-        keep = ~np.isin(old, ids)
-        if keep.all():
-            continue
-        if not keep.any():
-            con.execute("DELETE FROM head WHERE id = ?", (rid,))
-            continue
-        rows = unpack_vals(old_vals, old_ncols + 2)[keep]
-        con.execute(
-            "UPDATE head SET gpu_ids = ?, vals = ? WHERE id = ?",
-            (old[keep].tobytes(), pack_vals(rows.tobytes()), rid),
-        )
+    old = con.execute(
+        "SELECT gpu_ids, vals, ncols FROM head WHERE time_ns = ?", (time_ns,)
+    ).fetchone()
+    if old is not None:
+        old_ids = np.frombuffer(old[0], dtype="<i8")
+        keep = ~np.isin(old_ids, ids)
+        if keep.any():
+            rows = widen(unpack_vals(old[1], old[2] + 2)[keep], ncols)
+            new = np.frombuffer(vals, dtype="<f8").reshape(-1, ncols + 2)
+            ids = np.concatenate([old_ids[keep], ids])
+            vals = np.concatenate([rows, new]).tobytes()
     con.execute(
-        "INSERT INTO head (time_ns, ncols, gpu_ids, vals) VALUES (?, ?, ?, ?)",
+        "INSERT OR REPLACE INTO head (time_ns, ncols, gpu_ids, vals) VALUES (?, ?, ?, ?)",
         (time_ns, ncols, ids.tobytes(), pack_vals(vals)),
     )
+
+
+def widen(rows: np.ndarray, ncols: int) -> np.ndarray:
+    """Raw rows of fewer metric columns as rows of ``ncols`` (the columns added since: NaN)."""
+    missing = ncols + 2 - rows.shape[1]
+    if missing <= 0:
+        return rows
+    pad = np.full((len(rows), missing), np.nan)
+    return np.concatenate([rows[:, :-1], pad, rows[:, -1:]], axis=1)
 
 
 _CHUNK_ROUNDS = 256
@@ -226,7 +231,7 @@ def read(
     what is returned, not the width of what is stored."""
     cur = con.execute(
         "SELECT time_ns, ncols, gpu_ids, vals FROM head WHERE time_ns >= ? AND time_ns < ? "
-        "ORDER BY time_ns, id",
+        "ORDER BY time_ns",
         (start_ns, end_ns),
     )
     cols = list(col_ids)

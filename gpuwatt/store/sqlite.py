@@ -62,7 +62,7 @@ from gpuwatt.store import (
     rounds,
 )
 from gpuwatt.store.base import SeriesRead
-from gpuwatt.store.rollup_rule import as_level, combine
+from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -196,6 +196,8 @@ class SqliteStore:
         self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
         self._states: dict[str, _GpuState] = {}  # by UUID
         self._tail_ids: dict[tuple[Any, ...], int] = {}
+        self._newest_ns = NULL_TIME  # the newest data time written (``_maintain``)
+        self._last_times: dict[int, int] = {}  # GPU id -> newest sample not in ``gpus`` yet
         self._cctx = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
         self._closed = False
         self._writer = self._connect()
@@ -313,6 +315,8 @@ class SqliteStore:
                 raise
 
     def _forget_ids(self) -> None:
+        self._newest_ns = NULL_TIME
+        self._last_times.clear()
         self._gpu_ids.clear()
         self._tail_ids.clear()
         self._states.clear()
@@ -332,38 +336,31 @@ class SqliteStore:
                     rows = by_time[t]
                     vals = b"".join(parts[i] for i in rows.values())
                     rounds.insert(con, t, list(rows), vals, ncols)
-            self._update_last_times(con, gids, times, t_min, t_max)
+            last = self._last_times
+            if t_min == t_max:
+                for g in gids:
+                    last[g] = t_max if last.get(g, t_max) <= t_max else last[g]
+            else:
+                for g, t in zip(gids, times, strict=True):
+                    if last.get(g, t) <= t:
+                        last[g] = t
             self._maintain(con, times, t_min, t_max)
 
-    @staticmethod
-    def _update_last_times(
-        con: sqlite3.Connection, gids: list[int], times: list[int], t_min: int, t_max: int
-    ) -> None:
-        if t_min == t_max:
-            by_time = {t_max: set(gids)}
-        else:
-            last: dict[int, int] = {}
-            for g, t in zip(gids, times, strict=True):
-                if last.get(g, -1) < t:
-                    last[g] = t
-            by_time = {}
-            for g, t in last.items():
-                by_time.setdefault(t, set()).add(g)
+    def _flush_last_times(self, con: sqlite3.Connection) -> None:
+        """Record each GPU's newest sample in ``gpus`` (done once a minute of data time and
+        before a compaction, not every round: a page less to write per round). ``latest()``
+        finds what is newer in the head rows from ``last_times_until`` on."""
+        by_time: dict[int, list[int]] = {}
+        for g, t in self._last_times.items():
+            by_time.setdefault(t, []).append(g)
         for t, ids in by_time.items():
-            lo, hi = min(ids), max(ids)
-            if hi - lo + 1 == len(ids):  # a contiguous range of ids: no id list to parse
-                con.execute(
-                    "UPDATE gpus SET last_time_ns = ?1 WHERE id BETWEEN ?2 AND ?3 "
-                    "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                    (t, lo, hi),
-                )
-            else:
-                con.execute(
-                    "UPDATE gpus SET last_time_ns = ?1 "
-                    "WHERE id IN (SELECT value FROM json_each(?2)) "
-                    "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                    (t, json.dumps(sorted(ids))),
-                )
+            con.execute(
+                "UPDATE gpus SET last_time_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
+                "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                (t, json.dumps(sorted(ids))),
+            )
+        self._last_times.clear()
+        self._set_meta(con, "last_times_until", self._newest_ns)
 
     def _gpu_id(self, con: sqlite3.Connection, key: tuple[str, int, str, str]) -> int:
         gid = self._gpu_ids.get(key)
@@ -434,9 +431,13 @@ class SqliteStore:
         self, con: sqlite3.Connection, times: Sequence[int], t_min: int, t_max: int
     ) -> None:
         meta = self._meta(con)
-        newest = max(meta.get("max_time_ns", t_max), t_max)
-        if newest != meta.get("max_time_ns"):
+        newest = max(meta.get("max_time_ns", t_max), t_max, self._newest_ns)
+        self._newest_ns = newest
+        # Recorded once a minute of data time (a page less to write per round): what a new
+        # writer needs of it is which minutes and blocks are over, and those are recorded.
+        if newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
             self._set_meta(con, "max_time_ns", newest)
+            self._flush_last_times(con)
         up_m = meta.get("rolled_60")
         up_h = meta.get("rolled_3600")
         if up_m is None:
@@ -489,6 +490,7 @@ class SqliteStore:
             self._set_meta(con, "retention_at_ns", newest)
 
     def _compact(self, con: sqlite3.Connection, before_ns: int) -> None:
+        self._flush_last_times(con)  # head rows after last_times_until must stay in the head
         host_of = dict(con.execute("SELECT id, host FROM gpus").fetchall())
         chunks.compact(con, before_ns, len(self._columns.attrs), host_of, self._cctx)
 
@@ -608,11 +610,26 @@ class SqliteStore:
         with self._reader() as con:
             columns = format.read_columns(con)
             all_cols = tuple(range(len(columns.attrs)))
-            gpus = con.execute(
+            (until,) = con.execute(
+                "SELECT coalesce(max(value), ?) FROM meta WHERE key = 'last_times_until'",
+                (NULL_TIME,),
+            ).fetchone()
+            newest: dict[int, int] = {}  # newer than the gpus table says: in the head
+            for t, ids in con.execute(
+                "SELECT time_ns, gpu_ids FROM head WHERE time_ns >= ? ORDER BY time_ns DESC",
+                (until,),
+            ):
+                for g in np.frombuffer(ids, dtype="<i8").tolist():
+                    newest.setdefault(g, t)
+            since = NULL_TIME if since_ns is None else since_ns
+            gpus = []
+            for gid, host, gpu_index, uuid, name, t in con.execute(
                 "SELECT id, host, gpu_index, uuid, name, last_time_ns FROM gpus "
-                "WHERE last_time_ns >= ? ORDER BY host, gpu_index, uuid",
-                (-(2**63) if since_ns is None else since_ns,),
-            ).fetchall()
+                "ORDER BY host, gpu_index, uuid"
+            ):
+                t = max(newest.get(gid, NULL_TIME), NULL_TIME if t is None else t)
+                if t != NULL_TIME and t >= since:
+                    gpus.append((gid, host, gpu_index, uuid, name, t))
             wanted = {g[0]: g[5] for g in gpus}
             found: dict[int, tuple[float, float, np.ndarray]] = {}  # lost, tail, values
             times = sorted(set(wanted.values()))
