@@ -2,10 +2,10 @@
 
 The file's format is versioned and self-describing (``format``; docs/storage.md). Tables:
 
-- ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample,
-  so ``latest()`` is one point lookup per GPU.
-- ``head`` and ``tails``: the recent raw samples as written, one row per write and time with
-  every GPU's values packed (``rounds``). Model units and attribute names.
+- ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample
+  (recorded once a minute of data time; ``latest()`` finds newer ones in the head).
+- ``head`` and ``tails``: the recent raw samples as written, one row per time with every GPU's
+  values packed (``rounds``). Model units and attribute names.
 - ``chunks``: closed 10-minute blocks of raw samples, one compressed chunk per block and host
   (``chunks``, ``codec``); a block is compacted once data time has passed its end by
   ``rollup_grace_s``.
@@ -46,7 +46,6 @@ from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
-    FIELDS,
     decode_line,
     format_processes,
 )
@@ -75,9 +74,6 @@ HOUR_NS = 3600 * NS_PER_S
 DAY_S = 86_400
 BLOCK_NS = chunks.BLOCK_NS
 
-#: Every schema field, stored under its model attribute name.
-METRIC_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS)
-_LEVELS = (MINUTE_NS, HOUR_NS)
 _LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
 _RETENTION_CHECK_NS = MINUTE_NS
 #: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
