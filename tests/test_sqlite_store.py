@@ -220,6 +220,8 @@ def test_one_writer_process_and_a_reader_process(tmp_path: Path) -> None:
         assert seen == sorted(seen)  # readers see whole, growing snapshots
         assert all(n % 16 == 0 for n in seen)
         assert reader.count_samples(T0, T0 + 100 * S) == 640
+        # the newest round, though the gpus table records newest times once a minute only
+        assert {s.time_ns for s in reader.latest()} == {T0 + 39 * S}
         assert len(reader.latest()) == 16
     finally:
         reader.close()
