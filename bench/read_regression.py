@@ -80,10 +80,12 @@ def main() -> None:
     ap.add_argument("--interval-s", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--analysis-gpus", type=int, default=1024)
+    ap.add_argument("--dir", type=Path, help="keep (or reuse) the databases in this folder")
     args = ap.parse_args()
     trees = {"base": args.base.resolve(), "this": HERE}
     best: dict[str, dict[str, float]] = {name: {} for name in trees}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.dir or Path(scratch)
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(reversed(trees))
             for name in order:

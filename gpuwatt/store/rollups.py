@@ -17,6 +17,7 @@ a few bytes, while means with noisy mantissas stay raw and cost nothing to decod
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,7 +42,16 @@ CREATE TABLE IF NOT EXISTS rollups (
 );
 """
 
-_cctx = zstandard.ZstdCompressor(level=3)
+_cctx = zstandard.ZstdCompressor(level=3)  # used by the writer only, under the store's lock
+_local = threading.local()
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor (not safe to share; one per BLOB costs more than the BLOB)."""
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
 
 
 def _encode(words: np.ndarray) -> bytes:
@@ -57,7 +67,7 @@ def _decode(data: bytes, dtype: str) -> np.ndarray:
     if data[0] == RAW:
         return np.frombuffer(data, dtype=dtype, offset=1)
     if data[0] == SHUFFLED_ZSTD:
-        raw = zstandard.ZstdDecompressor().decompress(data[1:])
+        raw = _dctx().decompress(data[1:])
         return np.frombuffer(raw, np.uint8).reshape(8, -1).T.copy().view(dtype).ravel()
     raise ValueError(f"unknown rollup encoding {data[0]}")
 

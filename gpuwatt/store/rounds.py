@@ -6,7 +6,7 @@ the GPU ids (little-endian int64) and their rows of values (little-endian float6
 one INSERT per collector round (bench/sqlite_ingest.py). Samples stay here, as written, until
 their block of time closes and ``compact`` moves them into compressed chunks (``codec``).
 
-A round's rows are stored byte-shuffled and zstd-compressed (``pack_vals``). A row of values
+A round's rows are stored zstd-compressed, a frame per column (``pack_vals``). A row of values
 is ``lost`` (0/1), the file's metric columns in id order (``format.Columns``:
 ``ncols`` of them when the round was written; a column added since reads as NaN), then the
 sample's tail id. NaN is "not measured". Integers and booleans are stored as float64, exact below
@@ -24,6 +24,7 @@ import math
 import operator
 import sqlite3
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -158,25 +159,58 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
     return namespace["encode"]
 
 
-#: The first byte of a round's ``vals``: its float64 words byte-shuffled, then zstd (level 1).
-#: A round of 32 GPUs is ~11 kB raw; compressed it fits one page, which is what each collector
+#: The first byte of a round's ``vals``: one zstd frame per column of its rows (the column's
+#: float64 words byte-shuffled), after a table of where each frame ends. A read decompresses
+#: only the columns it asks for (bench/read_regression.py: the raw tail of a dashboard read).
+#: A round of 32 GPUs is ~11 kB raw and fits one page compressed, which is what each collector
 #: round costs in writes (bench/store_write.py).
-VALS_SHUFFLED_ZSTD = 1
-_cctx = zstandard.ZstdCompressor(level=1)
+VALS_COLUMN_FRAMES = 2
+_local = threading.local()
 
 
-def pack_vals(raw: bytes) -> bytes:
-    """A round's rows (little-endian float64) as stored."""
-    shuffled = np.frombuffer(raw, np.uint8).reshape(-1, 8).T.tobytes()
-    return bytes((VALS_SHUFFLED_ZSTD,)) + _cctx.compress(shuffled)
+def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    """This thread's zstd contexts (a context is not safe to share between threads; making one
+    per call costs more than decompressing a column)."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        ctx = _local.ctx = (
+            zstandard.ZstdCompressor(level=1, write_content_size=True),
+            zstandard.ZstdDecompressor(),
+        )
+    return ctx
+
+
+def pack_vals(raw: bytes, width: int) -> bytes:
+    """A round's rows (little-endian float64, ``width`` words each) as stored."""
+    cctx = _zstd()[0]
+    m = len(raw) // (8 * width)
+    planes = np.frombuffer(raw, np.uint8).reshape(m, width, 8).transpose(1, 2, 0).copy()
+    frames = [cctx.compress(planes[j].tobytes()) for j in range(width)]
+    ends = np.cumsum([len(f) for f in frames], dtype="<u4")
+    return bytes((VALS_COLUMN_FRAMES,)) + ends.tobytes() + b"".join(frames)
+
+
+def unpack_columns(data: bytes, width: int, cols: Sequence[int]) -> np.ndarray:
+    """The columns ``cols`` (positions in a row) of a round stored by ``pack_vals``."""
+    if data[:1] != bytes((VALS_COLUMN_FRAMES,)):
+        raise ValueError(f"unknown head encoding {data[:1]!r}")
+    dctx = _zstd()[1]
+    base = 1 + 4 * width
+    ends = np.frombuffer(data, dtype="<u4", count=width, offset=1).tolist()
+    view = memoryview(data)
+    out: np.ndarray | None = None
+    for k, j in enumerate(cols):
+        lo = base + (ends[j - 1] if j else 0)
+        planes = np.frombuffer(dctx.decompress(view[lo : base + ends[j]]), np.uint8)
+        if out is None:
+            out = np.empty((len(planes) // 8, len(cols)))
+        out[:, k] = planes.reshape(8, -1).T.copy().view("<f8").ravel()
+    return np.empty((0, 0)) if out is None else out
 
 
 def unpack_vals(data: bytes, width: int) -> np.ndarray:
-    """A round's rows as stored by ``pack_vals``, as an array of ``width`` columns."""
-    if data[:1] != bytes((VALS_SHUFFLED_ZSTD,)):
-        raise ValueError(f"unknown head encoding {data[:1]!r}")
-    planes = np.frombuffer(zstandard.ZstdDecompressor().decompress(data[1:]), np.uint8)
-    return planes.reshape(8, -1).T.copy().view("<f8").reshape(-1, width)
+    """A round's rows as stored by ``pack_vals``."""
+    return unpack_columns(data, width, range(width))
 
 
 def insert(
@@ -203,7 +237,7 @@ def insert(
             vals = np.concatenate([rows, new]).tobytes()
     con.execute(
         "INSERT OR REPLACE INTO head (time_ns, ncols, gpu_ids, vals) VALUES (?, ?, ?, ?)",
-        (time_ns, ncols, ids.tobytes(), pack_vals(vals)),
+        (time_ns, ncols, ids.tobytes(), pack_vals(vals, ncols + 2)),
     )
 
 
@@ -263,19 +297,22 @@ def _decode_rounds(
 ) -> tuple[np.ndarray, ...]:
     gid = np.frombuffer(b"".join(gpu_ids), dtype="<i8")
     tt = np.repeat(np.array(times, dtype=np.int64), [len(x) >> 3 for x in gpu_ids])
-    vv = np.concatenate([unpack_vals(v, ncols + 2) for v in vals])
+    stored = [c for c in cols if c < ncols]  # a column added after these rounds: not measured
+    wanted = [LOST, *(1 + c for c in stored), ncols + 1]
+    vv = np.concatenate([unpack_columns(v, ncols + 2, wanted) for v in vals])
     if only is not None:
         keep = np.isin(gid, only)
         gid, tt, vv = gid[keep], tt[keep], vv[keep]
-    stored = [c for c in cols if c < ncols]
     if len(stored) == len(cols):
-        values = vv[:, [1 + c for c in cols]]
-    else:  # columns added after these rounds were written: not measured
+        values = vv[:, 1:-1]
+    else:
         values = np.full((len(gid), len(cols)), np.nan)
+        k = 1
         for j, c in enumerate(cols):
             if c < ncols:
-                values[:, j] = vv[:, 1 + c]
-    return tt, gid, vv[:, LOST].copy(), vv[:, ncols + 1].copy(), values
+                values[:, j] = vv[:, k]
+                k += 1
+    return tt, gid, vv[:, 0].copy(), vv[:, -1].copy(), values
 
 
 def count(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int:

@@ -610,6 +610,10 @@ class SqliteStore:
                 "SELECT coalesce(max(value), ?) FROM meta WHERE key = 'last_times_until'",
                 (NULL_TIME,),
             ).fetchone()
+            rows = con.execute(
+                "SELECT id, host, gpu_index, uuid, name, last_time_ns FROM gpus "
+                "ORDER BY host, gpu_index, uuid"
+            ).fetchall()
             newest: dict[int, int] = {}  # newer than the gpus table says: in the head
             for t, ids in con.execute(
                 "SELECT time_ns, gpu_ids FROM head WHERE time_ns >= ? ORDER BY time_ns DESC",
@@ -617,12 +621,11 @@ class SqliteStore:
             ):
                 for g in np.frombuffer(ids, dtype="<i8").tolist():
                     newest.setdefault(g, t)
+                if len(newest) == len(rows):  # every GPU found (the newest round, mostly)
+                    break
             since = NULL_TIME if since_ns is None else since_ns
             gpus = []
-            for gid, host, gpu_index, uuid, name, t in con.execute(
-                "SELECT id, host, gpu_index, uuid, name, last_time_ns FROM gpus "
-                "ORDER BY host, gpu_index, uuid"
-            ):
+            for gid, host, gpu_index, uuid, name, t in rows:
                 t = max(newest.get(gid, NULL_TIME), NULL_TIME if t is None else t)
                 if t != NULL_TIME and t >= since:
                     gpus.append((gid, host, gpu_index, uuid, name, t))
@@ -636,12 +639,12 @@ class SqliteStore:
                     f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
                     chunk,
                 ):
-                    rows = rounds.unpack_vals(vals, ncols + 2)
+                    vv = rounds.unpack_vals(vals, ncols + 2)
                     for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
                         if wanted.get(g) == t:
                             full = np.full(len(all_cols), np.nan)
-                            full[:ncols] = rows[i, 1 : ncols + 1]
-                            found[g] = (rows[i, 0], rows[i, ncols + 1], full)
+                            full[:ncols] = vv[i, 1 : ncols + 1]
+                            found[g] = (vv[i, 0], vv[i, ncols + 1], full)
             # GPUs silent since their block was compacted: their newest sample is in a chunk.
             hosts = {g[0]: g[1] for g in gpus}
             by_chunk: dict[tuple[int, str], list[int]] = {}
