@@ -7,8 +7,8 @@ integrating power, tensor activity and an estimated TFLOPS from it; a thermal st
 
 88.5 M samples (1,024 GPUs x 24 h of 1-second samples) do not go through ``GpuSample`` objects
 and ``write_samples`` (building the objects alone would take longer than the writes): values are
-generated with numpy, a minute of rounds at a time, and inserted as rounds of the store's own raw
-table (``rounds.insert``); rollups, their packed copy and retention are then run by the store's
+generated with numpy, a minute of rounds at a time, and inserted as rounds of the store's own head
+(``rounds.insert``); rollups, compaction into chunks and retention are then run by the store's
 own maintenance, exactly as after a ``write_samples`` batch. The first and the last round go
 through ``write_samples`` (they register the GPUs and their tails, and set each GPU's newest
 sample).
@@ -125,11 +125,13 @@ def backfill(
     }
     gpu_ids = [ids[(h, i)] for h, i in zip(cluster.hosts, cluster.index, strict=True)]
     # The values that do not change, and each GPU's tail (its job) as the store recorded it.
-    base = np.full((cluster.gpus, rounds.WIDTH), np.nan)
+    layout = store._layout
+    column = {a: 1 + i for i, a in enumerate(layout.attrs)}  # a row: lost, metrics..., tail
+    base = np.full((cluster.gpus, layout.width), np.nan)
     base[:, rounds.LOST] = 0.0
-    base[:, rounds.COLUMN["sm_clock_max_mhz"]] = MAX_CLOCK_MHZ
-    base[:, rounds.COLUMN["memory_used_bytes"]] = 60 * 2**30
-    base[:, rounds.TAIL] = [store._states[u].tail for u in cluster.uuids]
+    base[:, column["sm_clock_max_mhz"]] = MAX_CLOCK_MHZ
+    base[:, column["memory_used_bytes"]] = 60 * 2**30
+    base[:, layout.tail] = [store._states[u].tail for u in cluster.uuids]
     written, last = cluster.gpus, cluster.steps - 1
     t0 = time.perf_counter()
     next_report = 0.0
@@ -140,9 +142,11 @@ def backfill(
         with store._lock, store._transaction(store._writer):
             for j in ks:
                 vals = base.copy()
-                for attr, column in cluster.round(j).items():
-                    vals[:, rounds.COLUMN[attr]] = column
-                rounds.insert(store._writer, cluster.time_ns(j), gpu_ids, vals.tobytes())
+                for attr, values in cluster.round(j).items():
+                    vals[:, column[attr]] = values
+                rounds.insert(
+                    store._writer, cluster.time_ns(j), gpu_ids, vals.tobytes(), len(layout.attrs)
+                )
             store._maintain(store._writer, (t_lo, t_hi), t_lo, t_hi)
         written += len(ks) * cluster.gpus
         k = ks[-1] + 1

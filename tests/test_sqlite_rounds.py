@@ -1,6 +1,6 @@
-"""Raw samples stored as rounds (``gpuwatt.store.rounds``): aggregates against a reference
-computed from the samples written, rewrites of part of a round, tails and their retention, the
-upgrade of a database with the old wide table, and a value that is not a number."""
+"""Raw samples in the head (``gpuwatt.store.rounds``) and in compressed chunks: aggregates
+against a reference computed from the samples written, rewrites of part of a round, tails and
+their retention, and a value that is not a number."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ import random
 import sqlite3
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from gpuwatt.line_protocol import format_processes
 from gpuwatt.model import GpuSample
-from gpuwatt.schema import FIELDS, Kind
 from gpuwatt.store import LAST_VALUE_ATTRS
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -82,16 +79,18 @@ def reference(
 @pytest.mark.parametrize("shuffle", [False, True], ids=["same-order", "shuffled"])
 @pytest.mark.parametrize("hosts", [None, ["node2"]])
 @pytest.mark.parametrize("step_s", [20, 60, 120])
+@pytest.mark.parametrize("seconds", [330, 700], ids=["head", "chunks"])
 def test_aggregates_equal_a_reference_from_the_samples_written(
-    tmp_path: Path, make_sample, shuffle: bool, hosts: list[str] | None, step_s: int
+    tmp_path: Path, make_sample, shuffle: bool, hosts: list[str] | None, step_s: int, seconds: int
 ) -> None:
-    """Rolled minutes and the raw tail (rounds in the same GPU order, aggregated without a sort,
-    and shuffled ones, sorted) give the means and last values computed from the samples."""
-    batches = cluster(make_sample, 330, shuffle=shuffle)
+    """Rolled minutes and the raw tail (rounds in the same GPU order and shuffled ones; in the
+    head, and past 10 minutes in compressed chunks) give the means and last values computed
+    from the samples."""
+    batches = cluster(make_sample, seconds, shuffle=shuffle)
     with SqliteStore(tmp_path / "r.db") as store:
         for b in batches:
             store.write_samples(b)
-        lo, hi = T0, T0 + 330 * S  # minutes rolled up to 4 min, the rest a raw tail
+        lo, hi = T0, T0 + seconds * S  # rolled minutes, then a raw tail
         got = store.series(lo, hi, ATTRS, step_s=step_s, hosts=hosts)
     want = reference(batches, lo, hi, step_s, hosts)
     assert len(got) == len(want) > 0
@@ -131,9 +130,10 @@ def test_a_tail_in_use_outlives_the_raw_retention_and_one_no_longer_used_goes(
     tmp_path: Path, make_sample
 ) -> None:
     """GPU 0 keeps job "a" from the first sample on, GPU 1 moves from job "b" to "c": after
-    ten minutes with a two-minute raw retention, "a" is still read back, "b" is gone."""
+    fifteen minutes with a two-minute raw retention (the chunk of the first ten minutes, and
+    its tails, go once the whole block is past it), "a" is still read back, "b" is gone."""
     with SqliteStore(tmp_path / "t.db", retention_raw_s=120, rollup_grace_s=5) as store:
-        for t in range(0, 600, 5):
+        for t in range(0, 900, 5):
             job = "b" if t < 120 else "c"
             store.write_samples(
                 [
@@ -142,12 +142,12 @@ def test_a_tail_in_use_outlives_the_raw_retention_and_one_no_longer_used_goes(
                 ]
             )
             assert [s.job_id for s in store.latest()] == ["a", job], t
-        assert store.latest()[0] == make_sample(T0 + 595 * S, "node1", 0, job_id="a")
+        assert store.latest()[0] == make_sample(T0 + 895 * S, "node1", 0, job_id="a")
         with contextlib.closing(sqlite3.connect(store.path)) as con:
             jobs = {j for (j,) in con.execute("SELECT job_id FROM tails")}
         assert jobs == {"a", "c"}
         # a GPU back after its tail was deleted gets it again
-        store.write_samples([make_sample(T0 + 600 * S, "node1", 1, job_id="b")])
+        store.write_samples([make_sample(T0 + 900 * S, "node1", 1, job_id="b")])
         assert [s.job_id for s in store.latest()] == ["a", "b"]
 
 
@@ -173,115 +173,3 @@ def test_a_value_that_is_not_a_number_is_refused_with_its_name(tmp_path: Path, m
         assert store.count_samples(0, 2**62) == 0
         store.write_samples([make_sample(T0)])  # the writer's state survives the refusal
         assert store.latest() == [make_sample(T0)]
-
-
-_SQL_TYPE = {Kind.INT: "INTEGER", Kind.FLOAT: "REAL", Kind.BOOL: "INTEGER", Kind.STR: "TEXT"}
-#: The raw table of gpuwatt before rounds (up to cfc3885), as it was created.
-_WIDE_SAMPLES_SQL = f"""
-CREATE TABLE samples (
-  time_ns INTEGER NOT NULL,
-  gpu_id INTEGER NOT NULL,
-  lost INTEGER NOT NULL,
-  {", ".join(f"{f.attr} {_SQL_TYPE[f.kind]}" for f in FIELDS)},
-  energy_method TEXT,
-  tflops_method TEXT,
-  xid_last INTEGER,
-  xid_count INTEGER,
-  processes TEXT,
-  job_id TEXT,
-  PRIMARY KEY (time_ns, gpu_id)
-) WITHOUT ROWID
-"""
-
-
-def _wide_row(s: GpuSample, gpu_id: int) -> tuple:
-    def plain(v):
-        return int(v) if isinstance(v, bool) else v
-
-    return (
-        s.time_ns,
-        gpu_id,
-        int(s.lost),
-        *(plain(getattr(s, f.attr)) for f in FIELDS),
-        None if s.energy_method is None else s.energy_method.value,
-        None if s.tflops_method is None else s.tflops_method.value,
-        s.xid_errors[-1] if s.xid_errors else None,
-        len(s.xid_errors) if s.xid_errors else None,
-        None if s.processes is None else format_processes(s.processes),
-        s.job_id,
-    )
-
-
-def _make_wide(path: Path, make_sample) -> tuple[list[list[GpuSample]], tuple]:
-    """A database as written before rounds; what it reads back (latest, raw, minutes)."""
-    batches = cluster(make_sample, 200, shuffle=True)
-    with SqliteStore(path) as store:  # the gpus table, rollups and meta, as before
-        for b in batches:
-            store.write_samples(b)
-        want = (
-            store.latest(),
-            store.series(T0, T0 + 200 * S, ATTRS),
-            store.series(T0, T0 + 200 * S, ATTRS, step_s=60),
-        )
-    with contextlib.closing(sqlite3.connect(path)) as con, con:
-        ids = {(h, g): i for i, h, g in con.execute("SELECT id, host, gpu_index FROM gpus")}
-        con.execute("DELETE FROM raw_rounds")
-        con.execute("DELETE FROM tails")
-        con.execute(_WIDE_SAMPLES_SQL)
-        rows = [_wide_row(s, ids[(s.host, s.gpu_index)]) for b in batches for s in b]
-        con.executemany(f"INSERT INTO samples VALUES ({', '.join('?' * len(rows[0]))})", rows)
-    return batches, want
-
-
-def _assert_reads(store: SqliteStore, batches: list[list[GpuSample]], want: tuple) -> None:
-    latest, raw, minutes = want
-    assert store.latest() == latest
-    assert store.count_samples(T0, T0 + 200 * S) == sum(map(len, batches))
-    pd.testing.assert_frame_equal(store.series(T0, T0 + 200 * S, ATTRS), raw)
-    got = store.series(T0, T0 + 200 * S, ATTRS, step_s=60)
-    pd.testing.assert_frame_equal(got, minutes, check_exact=False, rtol=1e-12)
-
-
-def _tables(path: Path) -> set[str]:
-    with contextlib.closing(sqlite3.connect(path)) as con:
-        return {n for (n,) in con.execute("SELECT name FROM sqlite_master")}
-
-
-def test_a_database_with_the_wide_samples_table_is_moved_to_rounds(
-    tmp_path: Path, make_sample
-) -> None:
-    """A database written before rounds opens with every raw sample read back as it was
-    (latest, raw series, counts, aggregates), and the old table gone."""
-    path = tmp_path / "old.db"
-    batches, want = _make_wide(path, make_sample)
-    with SqliteStore(path) as store:
-        _assert_reads(store, batches, want)
-    assert "samples" not in _tables(path)
-
-
-def test_a_move_interrupted_midway_resumes_without_losing_or_doubling_a_sample(
-    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from gpuwatt.store import legacy
-
-    path = tmp_path / "old.db"
-    batches, want = _make_wide(path, make_sample)
-    store_rounds = legacy._store_rounds
-    calls = []
-
-    def crash_on_the_third_minute(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # as a process stopped in the middle of the move
-        return store_rounds(*args)
-
-    monkeypatch.setattr(legacy, "_store_rounds", crash_on_the_third_minute)
-    with pytest.raises(KeyboardInterrupt):
-        SqliteStore(path)
-    monkeypatch.setattr(legacy, "_store_rounds", store_rounds)
-    with contextlib.closing(sqlite3.connect(path)) as con:
-        (moved,) = con.execute("SELECT count(*) FROM raw_rounds").fetchone()
-    assert moved == 60  # the first two minutes, one round per 2 s
-    with SqliteStore(path) as store:
-        _assert_reads(store, batches, want)
-    assert "samples" not in _tables(path)

@@ -17,6 +17,7 @@ import pytest
 
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample, TflopsMethod
+from gpuwatt.store import format, rollups
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000
@@ -33,6 +34,22 @@ def peek(path: Path, sql: str, params: tuple = ()) -> list[tuple]:
     """Read the file directly (what another process would see)."""
     with contextlib.closing(sqlite3.connect(path)) as con:
         return con.execute(sql, params).fetchall()
+
+
+def level_rows(path: Path, level_s: int, attrs: tuple[str, ...] = ("power_w",)) -> list[tuple]:
+    """The stored buckets of a rollup level as (time_ns, gpu_id, n, n_ok, *attrs) rows, read
+    from the file directly (the store's own decoding of its rollups)."""
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        index = format.read_columns(con).index
+        cols = rollups.read(con, level_s * S, -(2**62), 2**62, attrs, index)
+    keys = ("time_ns", "gpu_id", "n", "n_ok", *attrs)
+    return sorted(zip(*(cols[k].tolist() for k in keys), strict=True))
+
+
+def oldest_raw_ns(path: Path) -> int:
+    (head,) = peek(path, "SELECT min(time_ns) FROM head")[0]
+    (chunk,) = peek(path, "SELECT min(t_min_ns) FROM chunks")[0]
+    return min(t for t in (head, chunk) if t is not None)
 
 
 def rounds(make_sample, start_s: int, end_s: int, every_s: int, gpus: int = 2, **kw):
@@ -65,7 +82,7 @@ def assert_matches_raw(store: SqliteStore, start_ns: int, end_ns: int, step_s: i
 def test_wal_mode_and_tables(store: SqliteStore) -> None:
     assert peek(store.path, "PRAGMA journal_mode") == [("wal",)]
     tables = {r[0] for r in peek(store.path, "SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"gpus", "raw_rounds", "tails", "samples_1m", "samples_1h"} <= tables
+    assert {"gpus", "columns", "head", "tails", "chunks", "rollups", "meta"} <= tables
 
 
 def test_writing_the_same_samples_twice_stores_them_once(store: SqliteStore, make_sample) -> None:
@@ -88,8 +105,13 @@ def test_minute_rollup_is_incremental_by_data_time(store: SqliteStore, make_samp
     for batch in rounds(make_sample, 0, 180, 10):
         store.write_samples(batch)
     # Newest data is at 170 s; with the 30 s grace minutes [0, 120) are rolled, minute 2 is not.
-    rows = peek(store.path, "SELECT time_ns, gpu_id, n, n_ok FROM samples_1m ORDER BY 1, 2")
-    assert [(t, n) for t, _, n, _ in rows] == [(T0, 6), (T0, 6), (T0 + 60 * S, 6), (T0 + 60 * S, 6)]
+    rows = level_rows(store.path, 60)
+    assert [(t, n) for t, _, n, _, _ in rows] == [
+        (T0, 6),
+        (T0, 6),
+        (T0 + 60 * S, 6),
+        (T0 + 60 * S, 6),
+    ]
     assert_matches_raw(store, T0, T0 + 180 * S, 60)  # rolled minutes + the open one from raw
     assert_matches_raw(store, T0, T0 + 180 * S, 120)
 
@@ -104,11 +126,7 @@ def test_late_samples_recompute_their_bucket(store: SqliteStore, make_sample) ->
     # A write that has moved past minute 0 recomputes it once.
     store.write_samples(next(rounds(make_sample, 180, 190, 10)))
     assert peek(store.path, "SELECT count(*) FROM rollup_dirty") == [(0,)]
-    (n, power), *_ = peek(
-        store.path,
-        "SELECT n, power_w FROM samples_1m WHERE time_ns = ? ORDER BY gpu_id",
-        (T0,),
-    )
+    (_, _, n, _, power), *_ = [r for r in level_rows(store.path, 60) if r[0] == T0]
     assert n == 7
     assert power == pytest.approx((sum(100.0 + t for t in range(0, 60, 10)) + 1000.0) / 7)
     assert_matches_raw(store, T0, T0 + 190 * S, 60)
@@ -117,15 +135,15 @@ def test_late_samples_recompute_their_bucket(store: SqliteStore, make_sample) ->
 def test_hour_rollup_and_late_data(store: SqliteStore, make_sample) -> None:
     for batch in rounds(make_sample, 0, 2 * 3600 + 600, 60):
         store.write_samples(batch)
-    hours = peek(store.path, "SELECT DISTINCT time_ns FROM samples_1h ORDER BY 1")
-    assert hours == [(T0,), (T0 + 3600 * S,)]
+    hours = sorted({r[0] for r in level_rows(store.path, 3600)})
+    assert hours == [T0, T0 + 3600 * S]
     assert_matches_raw(store, T0, T0 + 3 * 3600 * S, 3600)
     assert_matches_raw(store, T0, T0 + 3 * 3600 * S, 7200)
     store.write_samples([make_sample(T0 + 30 * S, "node1", 1, power_w=5000.0, energy_j=1.0)])
     assert_matches_raw(store, T0, T0 + 3 * 3600 * S, 3600)
     store.write_samples(next(rounds(make_sample, 2 * 3600 + 600, 2 * 3600 + 660, 60)))
     assert peek(store.path, "SELECT count(*) FROM rollup_dirty") == [(0,)]
-    (n,) = peek(store.path, "SELECT n FROM samples_1h WHERE time_ns = ? AND gpu_id = 2", (T0,))[0]
+    (n,) = [r[2] for r in level_rows(store.path, 3600) if r[:2] == (T0, 2)]
     assert n == 61
     assert_matches_raw(store, T0, T0 + 3 * 3600 * S, 3600)
 
@@ -135,9 +153,9 @@ def test_retention_by_data_time(tmp_path: Path, make_sample) -> None:
         for batch in rounds(make_sample, 0, 900, 10):
             store.write_samples(batch)
         # Newest data 890 s: raw kept from >= ~770 s (checked once a minute of data time).
-        oldest_raw = peek(store.path, "SELECT min(time_ns) FROM raw_rounds")[0][0]
+        oldest_raw = oldest_raw_ns(store.path)
         assert T0 + 700 * S <= oldest_raw <= T0 + 780 * S
-        oldest_1m = peek(store.path, "SELECT min(time_ns) FROM samples_1m")[0][0]
+        oldest_1m = level_rows(store.path, 60)[0][0]
         assert T0 + 200 * S <= oldest_1m <= T0 + 300 * S
         # Minutes whose raw rows are gone are still served from the rollup.
         df = store.series(T0 + 360 * S, T0 + 420 * S, ["power_w"], step_s=60)
@@ -176,6 +194,7 @@ WRITER = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from conftest import _make_sample
+from gpuwatt.store import format, rollups
 from gpuwatt.store.sqlite import SqliteStore
 with SqliteStore({path!r}) as store:
     for i in range(40):
@@ -201,6 +220,8 @@ def test_one_writer_process_and_a_reader_process(tmp_path: Path) -> None:
         assert seen == sorted(seen)  # readers see whole, growing snapshots
         assert all(n % 16 == 0 for n in seen)
         assert reader.count_samples(T0, T0 + 100 * S) == 640
+        # the newest round, though the gpus table records newest times once a minute only
+        assert {s.time_ns for s in reader.latest()} == {T0 + 39 * S}
         assert len(reader.latest()) == 16
     finally:
         reader.close()
@@ -286,7 +307,7 @@ def test_latest_after_batches_of_several_times_and_id_gaps(store: SqliteStore, m
 def test_minute_rollup_across_a_gap_in_the_data(store: SqliteStore, make_sample) -> None:
     for batch in [*rounds(make_sample, 0, 120, 10), *rounds(make_sample, 1800, 1900, 10)]:
         store.write_samples(batch)
-    minutes = peek(store.path, "SELECT DISTINCT time_ns FROM samples_1m ORDER BY 1")
+    minutes = [(t,) for t in sorted({r[0] for r in level_rows(store.path, 60)})]
     assert minutes == [(T0,), (T0 + 60 * S,), (T0 + 1800 * S,)]
     assert_matches_raw(store, T0, T0 + 1900 * S, 60)
     store.write_samples([make_sample(T0 + 65 * S, "node1", 1, power_w=2000.0)])  # late

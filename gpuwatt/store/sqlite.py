@@ -1,15 +1,17 @@
 """The embedded store: SQLite (stdlib), WAL mode, one writer and many readers across processes.
 
-Tables:
+The file's format is versioned and self-describing (``format``; docs/storage.md). Tables:
 
-- ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample,
-  so ``latest()`` is one point lookup per GPU.
-- ``raw_rounds`` and ``tails``: the raw samples, one row per write and time with every GPU's
-  values packed (see ``rounds``: one INSERT per collector round, decoded with numpy). Model units
-  and attribute names (bytes, not Telegraf's MiB).
-- ``samples_1m``, ``samples_1h``: per-GPU buckets keyed by ``(time_ns, gpu_id)`` (bucket start):
-  the mean of gauges and the last value of ``LAST_VALUE_ATTRS`` (counters, booleans), the sample
-  count ``n``, the count of non-lost samples ``n_ok`` and the time of the last non-lost sample.
+- ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample
+  (recorded once a minute of data time; ``latest()`` finds newer ones in the head).
+- ``head`` and ``tails``: the recent raw samples as written, one row per time with every GPU's
+  values packed (``rounds``). Model units and attribute names.
+- ``chunks``: closed 10-minute blocks of raw samples, one compressed chunk per block and host
+  (``chunks``, ``codec``); a block is compacted once data time has passed its end by
+  ``rollup_grace_s``.
+- ``rollups``: 1-minute and 1-hour buckets per GPU as column arrays (``rollups``), computed by
+  the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from minutes for
+  hours. Every read that aggregates uses the same function.
 
 Rollups follow *data* time, never the wall clock. A 1-minute bucket is rolled once the newest data
 time has passed its end by ``rollup_grace_s``; hours are rolled from minutes. A sample that
@@ -18,12 +20,10 @@ buckets are recomputed once a later write has moved past them (a replay recomput
 once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
 bucket: they aggregate those from the level below, so a read is always exact.
 
-1-hour means are minute means weighted by the minute's count of non-lost samples: exact whenever
-a metric is present in every non-lost sample (it is for a given GPU and driver).
-
-Retention is by data time too: rows older than the newest data time minus the retention of their
-table are deleted (checked once per minute of data time). A host whose clock runs far ahead moves
-the newest data time with it; the collector stamps samples with a synchronised clock.
+Retention is by data time too: data older than the newest data time minus the retention of its
+level is deleted (checked once per minute of data time; raw chunks go a whole block at a time).
+A host whose clock runs far ahead moves the newest data time with it; the collector stamps
+samples with a synchronised clock.
 """
 
 from __future__ import annotations
@@ -40,13 +40,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import zstandard
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.line_protocol import decode_line, format_processes, parse_processes
-from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, TflopsMethod, make_gpu_sample
-from gpuwatt.schema import FIELD_BY_ATTR, Kind
-from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, legacy, packed, rounds
+from gpuwatt.line_protocol import decode_line, format_processes
+from gpuwatt.model import METRIC_FIELDS, GpuSample
+from gpuwatt.schema import FIELD_BY_ATTR
+from gpuwatt.store import (
+    LAST_VALUE_ATTRS,
+    StoreRejected,
+    chunks,
+    codec,
+    format,
+    frames,
+    raw,
+    rollups,
+    rounds,
+)
 from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,10 +69,8 @@ NS_PER_S = 1_000_000_000
 MINUTE_NS = 60 * NS_PER_S
 HOUR_NS = 3600 * NS_PER_S
 DAY_S = 86_400
+BLOCK_NS = chunks.BLOCK_NS
 
-#: Every schema field, stored under its model attribute name.
-METRIC_ATTRS: tuple[str, ...] = rounds.METRIC_ATTRS
-_ROLLUP_TABLES = {MINUTE_NS: "samples_1m", HOUR_NS: "samples_1h"}
 _LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
 _RETENTION_CHECK_NS = MINUTE_NS
 #: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
@@ -77,24 +87,8 @@ _KEY_ATTRS: tuple[str, ...] = (
     "processes",
     "job_id",
 )
-_encode = rounds.compile_encoder(_KEY_ATTRS)
 
-
-def _schema_sql() -> str:
-    rollup_cols = ",\n  ".join(f"{a} REAL" for a in METRIC_ATTRS)
-    rollups = "\n".join(
-        f"""CREATE TABLE IF NOT EXISTS {t} (
-  time_ns INTEGER NOT NULL,
-  gpu_id INTEGER NOT NULL,
-  n INTEGER NOT NULL,
-  n_ok INTEGER NOT NULL,
-  t_last_ns INTEGER,
-  {rollup_cols},
-  PRIMARY KEY (time_ns, gpu_id)
-) WITHOUT ROWID;"""
-        for t in _ROLLUP_TABLES.values()
-    )
-    return f"""
+_SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS gpus (
   id INTEGER PRIMARY KEY,
   host TEXT NOT NULL,
@@ -104,15 +98,17 @@ CREATE TABLE IF NOT EXISTS gpus (
   last_time_ns INTEGER,
   UNIQUE (host, gpu_index, uuid)
 );
+{format.COLUMNS_SQL}
 {rounds.SCHEMA_SQL}
-{rollups}
+{chunks.SCHEMA_SQL}
+{rollups.SCHEMA_SQL}
 CREATE TABLE IF NOT EXISTS rollup_dirty (
   level_ns INTEGER NOT NULL,
   bucket_ns INTEGER NOT NULL,
   PRIMARY KEY (level_ns, bucket_ns)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER);
-{packed.SCHEMA_SQL}"""
+"""
 
 
 def _tail_row(
@@ -145,32 +141,6 @@ class _GpuState:
         self.plan = plan
 
 
-def _floor(t_ns: int, step_ns: int) -> int:
-    return t_ns // step_ns * step_ns
-
-
-def _agg_sql(step_ns: int, src: str, attrs: Sequence[str]) -> str:
-    """Aggregate level rows (time_ns, gpu_id, n, n_ok, t_last_ns, attrs...) into step buckets.
-
-    Gauges: means weighted by n_ok. Last-value attributes: the value in the row with the newest
-    non-lost sample (SQLite's bare-column rule for a query with a single max()).
-    """
-    cols = []
-    for a in attrs:
-        if a in LAST_VALUE_ATTRS:
-            cols.append(a)
-        else:
-            cols.append(
-                f"sum({a} * n_ok) / CAST(sum(CASE WHEN {a} IS NOT NULL THEN n_ok END) AS REAL)"
-            )
-    return (
-        f"SELECT time_ns / {step_ns} * {step_ns} AS time_ns, gpu_id, sum(n) AS n, "
-        f"sum(n_ok) AS n_ok, max(t_last_ns) AS t_last_ns"
-        + "".join(f", {c} AS {a}" for c, a in zip(cols, attrs, strict=True))
-        + f" FROM ({src}) GROUP BY 1, gpu_id"
-    )
-
-
 def _store_errors(method: F) -> F:
     """SQLite's own errors as gpuwatt's: a locked, busy, full or unopenable database is an outage
     (``StoreUnavailable``: a writer's spool keeps the samples and retries, a reader says "not
@@ -189,6 +159,10 @@ def _store_errors(method: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
+def _floor(t_ns: int, step_ns: int) -> int:
+    return t_ns // step_ns * step_ns
+
+
 class SqliteStore:
     """SQLite store. Safe for one writer thread and many reader threads in one process, and for
     one writing process and many reading processes on one file (WAL)."""
@@ -200,7 +174,6 @@ class SqliteStore:
         retention_raw_s: int = 3 * DAY_S,
         retention_1m_s: int = 90 * DAY_S,
         retention_1h_s: int = 3 * 365 * DAY_S,
-        retention_packed_1m_s: int = 8 * DAY_S,
         rollup_grace_s: int = 30,
         busy_timeout_s: float = 30.0,
     ) -> None:
@@ -208,12 +181,6 @@ class SqliteStore:
         self.retention_raw_ns = int(retention_raw_s) * NS_PER_S
         self.retention_1m_ns = int(retention_1m_s) * NS_PER_S
         self.retention_1h_ns = int(retention_1h_s) * NS_PER_S
-        # The packed copy of the minutes (~330 kB per minute at 1,024 GPUs) is kept only as long
-        # as minute-resolution views need it; older minutes are read from samples_1m.
-        self._packed_retention_ns = {
-            MINUTE_NS: min(int(retention_packed_1m_s), int(retention_1m_s)) * NS_PER_S,
-            HOUR_NS: self.retention_1h_ns,
-        }
         self.rollup_grace_ns = int(rollup_grace_s) * NS_PER_S
         self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()  # guards the writer connection and the connection list
@@ -222,43 +189,44 @@ class SqliteStore:
         self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
         self._states: dict[str, _GpuState] = {}  # by UUID
         self._tail_ids: dict[tuple[Any, ...], int] = {}
+        self._newest_ns = NULL_TIME  # the newest data time written (``_maintain``)
+        self._last_times: dict[int, int] = {}  # GPU id -> newest sample not in ``gpus`` yet
+        self._cctx = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
         self._closed = False
         self._writer = self._connect()
-        # 16 KiB pages: a round (~330 B per GPU) spans fewer overflow pages, and the wide rollup
-        # rows insert at half the cost of 4 KiB pages.
-        # Only takes effect on a new, empty file.
-        self._writer.execute("PRAGMA page_size=16384").close()
         with contextlib.suppress(sqlite3.OperationalError):
             # Another process may hold the file; WAL is persistent, so it is set by whoever
             # created it first.
             self._writer.execute("PRAGMA journal_mode=WAL").close()
-        self._writer.executescript(f"BEGIN IMMEDIATE;\n{_schema_sql()}\nCOMMIT;")
-        with self._transaction(self._writer):
-            self._init_packed(self._writer)
-        if legacy.has_wide_samples(self._writer):
-            try:
-                legacy.migrate_wide_samples(
-                    self._writer, lambda: self._transaction(self._writer), self.path
-                )
-            except BaseException:
-                self.close()  # the move resumes at the next open
-                raise
+        try:
+            self._columns = self._open_format()
+        except BaseException:
+            self.close()
+            raise
+        self._layout = rounds.Layout(self._columns.attrs)
+        self._encode_rows = rounds.compile_encoder(_KEY_ATTRS, self._layout)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
 
-    def _init_packed(self, con: sqlite3.Connection) -> None:
-        """Record, per rollup level, from which bucket on the packed copy is complete: every
-        bucket of a new database; only buckets rolled from now on in one written by a version
-        without the packed copy (older buckets are read from the rollup table)."""
-        meta = self._meta(con)
-        for level, table in _ROLLUP_TABLES.items():
-            key = _packed_key(level)
-            if key in meta:
-                continue
-            (has_rows,) = con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()
-            rolled = meta.get(_rolled_key(level))
-            self._set_meta(con, key, rolled if has_rows and rolled is not None else -(2**62))
+    def _open_format(self) -> format.Columns:
+        """Check the file's format (a new file gets this one) and add the schema's new metric
+        columns to it."""
+        con = self._writer
+        try:
+            with self._transaction(con):
+                if not format.check(con, self.path):
+                    for statement in _SCHEMA_SQL.split(";"):
+                        if statement.strip():
+                            con.execute(statement)
+                    format.stamp(con)
+                return format.add_columns(con, format.read_columns(con))
+        except format.FormatError as exc:
+            raise StoreRejected(str(exc)) from exc
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"embedded store {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreRejected(f"embedded store {self.path} cannot be read: {exc}") from exc
 
     # --- connections --------------------------------------------------------------------------
 
@@ -340,55 +308,52 @@ class SqliteStore:
                 raise
 
     def _forget_ids(self) -> None:
+        self._newest_ns = NULL_TIME
+        self._last_times.clear()
         self._gpu_ids.clear()
         self._tail_ids.clear()
         self._states.clear()
 
     def _write(self, con: sqlite3.Connection, samples: Sequence[GpuSample]) -> None:
+        ncols = len(self._columns.attrs)
         with self._transaction(con):
             parts, gids, times = self._encode(con, samples)
             t_min, t_max = min(times), max(times)
             if t_min == t_max and len(set(gids)) == len(gids):  # a round: one time, GPUs once
-                rounds.insert(con, t_max, gids, b"".join(parts))
+                rounds.insert(con, t_max, gids, b"".join(parts), ncols)
             else:
                 by_time: dict[int, dict[int, int]] = {}
                 for i, (g, t) in enumerate(zip(gids, times, strict=True)):
                     by_time.setdefault(t, {})[g] = i  # the same GPU and time twice: keep the last
                 for t in sorted(by_time):
                     rows = by_time[t]
-                    rounds.insert(con, t, list(rows), b"".join(parts[i] for i in rows.values()))
-            self._update_last_times(con, gids, times, t_min, t_max)
+                    vals = b"".join(parts[i] for i in rows.values())
+                    rounds.insert(con, t, list(rows), vals, ncols)
+            last = self._last_times
+            if t_min == t_max:
+                for g in gids:
+                    last[g] = t_max if last.get(g, t_max) <= t_max else last[g]
+            else:
+                for g, t in zip(gids, times, strict=True):
+                    if last.get(g, t) <= t:
+                        last[g] = t
             self._maintain(con, times, t_min, t_max)
 
-    @staticmethod
-    def _update_last_times(
-        con: sqlite3.Connection, gids: list[int], times: list[int], t_min: int, t_max: int
-    ) -> None:
-        if t_min == t_max:
-            by_time = {t_max: set(gids)}
-        else:
-            last: dict[int, int] = {}
-            for g, t in zip(gids, times, strict=True):
-                if last.get(g, -1) < t:
-                    last[g] = t
-            by_time = {}
-            for g, t in last.items():
-                by_time.setdefault(t, set()).add(g)
+    def _flush_last_times(self, con: sqlite3.Connection) -> None:
+        """Record each GPU's newest sample in ``gpus`` (done once a minute of data time and
+        before a compaction, not every round: a page less to write per round). ``latest()``
+        finds what is newer in the head rows from ``last_times_until`` on."""
+        by_time: dict[int, list[int]] = {}
+        for g, t in self._last_times.items():
+            by_time.setdefault(t, []).append(g)
         for t, ids in by_time.items():
-            lo, hi = min(ids), max(ids)
-            if hi - lo + 1 == len(ids):  # a contiguous range of ids: no id list to parse
-                con.execute(
-                    "UPDATE gpus SET last_time_ns = ?1 WHERE id BETWEEN ?2 AND ?3 "
-                    "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                    (t, lo, hi),
-                )
-            else:
-                con.execute(
-                    "UPDATE gpus SET last_time_ns = ?1 "
-                    "WHERE id IN (SELECT value FROM json_each(?2)) "
-                    "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                    (t, json.dumps(sorted(ids))),
-                )
+            con.execute(
+                "UPDATE gpus SET last_time_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
+                "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                (t, json.dumps(sorted(ids))),
+            )
+        self._last_times.clear()
+        self._set_meta(con, "last_times_until", self._newest_ns)
 
     def _gpu_id(self, con: sqlite3.Connection, key: tuple[str, int, str, str]) -> int:
         gid = self._gpu_ids.get(key)
@@ -442,10 +407,10 @@ class SqliteStore:
         parts: list[bytes] = []
         gids: list[int] = []
         times: list[int] = []
-        _encode(samples, states.get, new_state, parts.append, gids.append, times.append)
+        self._encode_rows(samples, states.get, new_state, parts.append, gids.append, times.append)
         return parts, gids, times
 
-    # --- rollups and retention ----------------------------------------------------------------
+    # --- rollups, compaction and retention ----------------------------------------------------
 
     @staticmethod
     def _meta(con: sqlite3.Connection) -> dict[str, int]:
@@ -459,9 +424,13 @@ class SqliteStore:
         self, con: sqlite3.Connection, times: Sequence[int], t_min: int, t_max: int
     ) -> None:
         meta = self._meta(con)
-        newest = max(meta.get("max_time_ns", t_max), t_max)
-        if newest != meta.get("max_time_ns"):
+        newest = max(meta.get("max_time_ns", t_max), t_max, self._newest_ns)
+        self._newest_ns = newest
+        # Recorded once a minute of data time (a page less to write per round): what a new
+        # writer needs of it is which minutes and blocks are over, and those are recorded.
+        if newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
             self._set_meta(con, "max_time_ns", newest)
+            self._flush_last_times(con)
         up_m = meta.get("rolled_60")
         up_h = meta.get("rolled_3600")
         if up_m is None:
@@ -499,66 +468,72 @@ class SqliteStore:
                 (HOUR_NS, MINUTE_NS, up_h, new_up_h),
             )
         self._recompute_dirty(con, HOUR_NS, t_min)
+        # Compact the blocks the data has moved past (and, once a minute of data time, samples
+        # that arrived late for blocks compacted before).
+        compacted = meta.get("compacted_until", _floor(t_min, BLOCK_NS))
+        new_compacted = max(compacted, _floor(newest - self.rollup_grace_ns, BLOCK_NS))
         last_ret = meta.get("retention_at_ns")
-        if last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS:
+        check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
+        if new_compacted > compacted or (check and raw.head_has_before(con, compacted)):
+            self._compact(con, new_compacted)
+        if new_compacted != meta.get("compacted_until"):
+            self._set_meta(con, "compacted_until", new_compacted)
+        if check:
             self._apply_retention(con, newest)
             self._set_meta(con, "retention_at_ns", newest)
 
-    def _roll(self, con: sqlite3.Connection, level_ns: int, start_ns: int, end_ns: int) -> None:
-        """(Re)compute the ``level_ns`` buckets in ``[start_ns, end_ns)`` from the level below."""
-        table = _ROLLUP_TABLES[level_ns]
-        lower = _LOWER_LEVEL[level_ns]
-        con.execute(f"DELETE FROM {table} WHERE time_ns >= ? AND time_ns < ?", (start_ns, end_ns))
-        if lower == 0:
-            # One minute at a time, skipping minutes without samples.
-            bucket = start_ns
-            while bucket < end_ns:
-                (first,) = con.execute(
-                    "SELECT min(time_ns) FROM raw_rounds WHERE time_ns >= ? AND time_ns < ?",
-                    (bucket, end_ns),
-                ).fetchone()
-                if first is None:
-                    break
-                bucket = _floor(first, MINUTE_NS)
-                self._roll_minute(con, bucket)
-                bucket += MINUTE_NS
-        else:
-            src = (
-                f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns, {', '.join(METRIC_ATTRS)} "
-                f"FROM {_ROLLUP_TABLES[lower]} WHERE time_ns >= ? AND time_ns < ?"
-            )
-            select = _agg_sql(level_ns, src, METRIC_ATTRS)
-            cols = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
-            con.execute(f"INSERT INTO {table} ({cols}) {select}", (start_ns, end_ns))
-        packed.repack(con, level_ns, table, start_ns, end_ns, METRIC_ATTRS)
+    def _compact(self, con: sqlite3.Connection, before_ns: int) -> None:
+        self._flush_last_times(con)  # head rows after last_times_until must stay in the head
+        host_of = dict(con.execute("SELECT id, host FROM gpus").fetchall())
+        chunks.compact(con, before_ns, len(self._columns.attrs), host_of, self._cctx)
 
-    @staticmethod
-    def _roll_minute(con: sqlite3.Connection, bucket_ns: int) -> None:
-        """Roll the raw samples of one minute into ``samples_1m``, and note in ``tails`` that
-        the tails they refer to are still in use (see ``_apply_retention``)."""
-        raw = rounds.read_attrs(con, bucket_ns, bucket_ns + MINUTE_NS, METRIC_ATTRS, with_tail=True)
-        cols = rounds.aggregate(raw, MINUTE_NS, METRIC_ATTRS, LAST_VALUE_ATTRS)
-        t_last = [None if t == packed.NULL_TIME else t for t in cols["t_last_ns"].tolist()]
-        rows = zip(
-            cols["time_ns"].tolist(),
-            cols["gpu_id"].tolist(),
-            cols["n"].tolist(),
-            cols["n_ok"].tolist(),
-            t_last,
-            *(cols[a].tolist() for a in METRIC_ATTRS),  # NaN binds as NULL
-            strict=True,
-        )
-        names = ", ".join(("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", *METRIC_ATTRS))
-        con.executemany(
-            f"INSERT INTO samples_1m ({names}) VALUES ({', '.join('?' * (5 + len(METRIC_ATTRS)))})",
-            rows,
-        )
-        tails = np.unique(raw.values[:, -1]).astype(np.int64).tolist()
-        con.execute(
-            "UPDATE tails SET last_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
-            "AND last_ns < ?1",
-            (bucket_ns + MINUTE_NS - 1, json.dumps(tails)),
-        )
+    @_store_errors
+    def compact(self) -> None:
+        """Move every raw sample of the head into compressed chunks now, the open block
+        included (normally a block is compacted once data time has passed its end). For a
+        store at rest (``bench/storage.py``); samples written later for the same block wait
+        in the head and are merged into its chunk when the block closes."""
+        with self._lock, self._transaction(self._writer):
+            self._compact(self._writer, 2**62)
+
+    def _roll(self, con: sqlite3.Connection, level_ns: int, start_ns: int, end_ns: int) -> None:
+        """(Re)compute the ``level_ns`` buckets in ``[start_ns, end_ns)`` from the level below,
+        by the rollup rule."""
+        columns = self._columns
+        col_ids = columns.index
+        if level_ns == HOUR_NS:
+            cols = rollups.read(con, MINUTE_NS, start_ns, end_ns, columns.attrs, col_ids)
+            out = combine(cols, HOUR_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=MINUTE_NS)
+            rollups.write(con, HOUR_NS, start_ns, end_ns, out, col_ids)
+            return
+        # Minutes from raw samples, a block at a time, skipping time without samples.
+        lo = start_ns
+        while lo < end_ns:
+            first = raw.first_raw_time(con, lo, end_ns)
+            if first is None:
+                con.execute(
+                    "DELETE FROM rollups WHERE level_ns = ? AND time_ns >= ? AND time_ns < ?",
+                    (MINUTE_NS, lo, end_ns),
+                )
+                break
+            hi = min(end_ns, _floor(first, MINUTE_NS) + BLOCK_NS)
+            samples = raw.read(con, lo, hi, tuple(range(len(columns.attrs))))
+            level = as_level(
+                samples.time_ns,
+                samples.gpu_id,
+                samples.lost,
+                {a: samples.values[:, i] for i, a in enumerate(columns.attrs)},
+            )
+            out = combine(level, MINUTE_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=0)
+            rollups.write(con, MINUTE_NS, lo, hi, out, col_ids)
+            # The tails these samples refer to are still in use (``_apply_retention``).
+            tails = np.unique(samples.tail).astype(np.int64).tolist()
+            con.execute(
+                "UPDATE tails SET last_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
+                "AND last_ns < ?1",
+                (hi - 1, json.dumps(tails)),
+            )
+            lo = hi
 
     def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
         """Recompute the dirty buckets that end at or before ``before_ns``."""
@@ -582,30 +557,30 @@ class SqliteStore:
 
     def _apply_retention(self, con: sqlite3.Connection, newest_ns: int) -> None:
         raw_cut = newest_ns - self.retention_raw_ns
-        con.execute("DELETE FROM raw_rounds WHERE time_ns < ?", (raw_cut,))
+        con.execute("DELETE FROM head WHERE time_ns < ?", (raw_cut,))
+        chunks.delete_before(con, raw_cut)
         # A tail's last_ns is the newest of: its first sample, a GPU taking it up again
-        # (``_tail_id``), the last minute rolled with it (``_roll_minute``). Below the cut, no
-        # raw sample kept refers to it, unless it is a GPU's current tail (samples written now,
-        # after days without any): those stay.
+        # (``_tail_id``), the last minute rolled with it (``_roll``). A block before the cut
+        # is kept whole until it ends before the cut: its tails are kept a block longer.
+        # Those a GPU uses now (samples written after days without any) stay.
         current = json.dumps(sorted({int(st.tail) for st in self._states.values()}))
         deleted = con.execute(
             "DELETE FROM tails WHERE last_ns < ? AND id NOT IN (SELECT value FROM json_each(?))",
-            (raw_cut, current),
+            (raw_cut - BLOCK_NS, current),
         ).rowcount
         if deleted:
             self._tail_ids.clear()
         # A dirty minute whose raw rows are gone cannot be recomputed; keep the rollup as is.
         con.execute(
-            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?", (MINUTE_NS, raw_cut)
+            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
+            (MINUTE_NS, raw_cut),
         )
-        con.execute("DELETE FROM samples_1m WHERE time_ns < ?", (newest_ns - self.retention_1m_ns,))
-        packed.delete_before(con, MINUTE_NS, newest_ns - self._packed_retention_ns[MINUTE_NS])
+        rollups.delete_before(con, MINUTE_NS, newest_ns - self.retention_1m_ns)
         con.execute(
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
             (HOUR_NS, newest_ns - self.retention_1m_ns),
         )
-        con.execute("DELETE FROM samples_1h WHERE time_ns < ?", (newest_ns - self.retention_1h_ns,))
-        packed.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)
+        rollups.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)
 
     @_store_errors
     def flush_rollups(self) -> None:
@@ -619,36 +594,68 @@ class SqliteStore:
     @_store_errors
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         with self._reader() as con:
-            (n_bytes,) = con.execute(
-                "SELECT coalesce(sum(length(gpu_ids)), 0) FROM raw_rounds "
-                "WHERE time_ns >= ? AND time_ns < ?",
-                (start_ns, end_ns),
-            ).fetchone()
-        return int(n_bytes) // 8  # one int64 id per sample; no (time, GPU) twice (``rounds``)
+            if raw.head_overlaps_chunks(con, start_ns, end_ns):
+                return len(raw.read(con, start_ns, end_ns, ()).time_ns)
+            return rounds.count(con, start_ns, end_ns) + chunks.count(con, start_ns, end_ns)
 
     @_store_errors
     def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
         with self._reader() as con:
-            gpus = con.execute(
+            columns = format.read_columns(con)
+            all_cols = tuple(range(len(columns.attrs)))
+            (until,) = con.execute(
+                "SELECT coalesce(max(value), ?) FROM meta WHERE key = 'last_times_until'",
+                (NULL_TIME,),
+            ).fetchone()
+            rows = con.execute(
                 "SELECT id, host, gpu_index, uuid, name, last_time_ns FROM gpus "
-                "WHERE last_time_ns >= ? ORDER BY host, gpu_index, uuid",
-                (-(2**63) if since_ns is None else since_ns,),
+                "ORDER BY host, gpu_index, uuid"
             ).fetchall()
+            newest: dict[int, int] = {}  # newer than the gpus table says: in the head
+            for t, ids in con.execute(
+                "SELECT time_ns, gpu_ids FROM head WHERE time_ns >= ? ORDER BY time_ns DESC",
+                (until,),
+            ):
+                for g in np.frombuffer(ids, dtype="<i8").tolist():
+                    newest.setdefault(g, t)
+                if len(newest) == len(rows):  # every GPU found (the newest round, mostly)
+                    break
+            since = NULL_TIME if since_ns is None else since_ns
+            gpus = []
+            for gid, host, gpu_index, uuid, name, t in rows:
+                t = max(newest.get(gid, NULL_TIME), NULL_TIME if t is None else t)
+                if t != NULL_TIME and t >= since:
+                    gpus.append((gid, host, gpu_index, uuid, name, t))
             wanted = {g[0]: g[5] for g in gpus}
-            found: dict[int, list[float]] = {}
+            found: dict[int, tuple[float, float, np.ndarray]] = {}  # lost, tail, values
             times = sorted(set(wanted.values()))
             for lo in range(0, len(times), 500):
                 chunk = times[lo : lo + 500]
-                for t, ids, vals in con.execute(
-                    "SELECT time_ns, gpu_ids, vals FROM raw_rounds "
+                for t, ncols, ids, vals in con.execute(
+                    "SELECT time_ns, ncols, gpu_ids, vals FROM head "
                     f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
                     chunk,
                 ):
-                    rows = np.frombuffer(vals, dtype="<f8").reshape(-1, rounds.WIDTH)
+                    vv = rounds.unpack_vals(vals, ncols + 2)
                     for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
                         if wanted.get(g) == t:
-                            found[g] = rows[i].tolist()
-            tail_ids = sorted({int(v[rounds.TAIL]) for v in found.values()})
+                            full = np.full(len(all_cols), np.nan)
+                            full[:ncols] = vv[i, 1 : ncols + 1]
+                            found[g] = (vv[i, 0], vv[i, ncols + 1], full)
+            # GPUs silent since their block was compacted: their newest sample is in a chunk.
+            hosts = {g[0]: g[1] for g in gpus}
+            by_chunk: dict[tuple[int, str], list[int]] = {}
+            for g, t in wanted.items():
+                if g not in found:
+                    by_chunk.setdefault((_floor(t, BLOCK_NS), hosts[g]), []).append(g)
+            for (block, host), gids in by_chunk.items():
+                got = chunks.read(con, block, block + BLOCK_NS, all_cols, np.array(gids), [host])
+                for i, (g, t) in enumerate(
+                    zip(got.gpu_id.tolist(), got.time_ns.tolist(), strict=True)
+                ):
+                    if wanted[g] == t:
+                        found[g] = (got.lost[i], got.tail[i], got.values[i])
+            tail_ids = sorted({int(v[1]) for v in found.values()})
             tails = {
                 r[0]: r[1:]
                 for r in con.execute(
@@ -659,12 +666,15 @@ class SqliteStore:
             }
         out = []
         for gid, host, gpu_index, uuid, name, t in gpus:
-            vals = found.get(gid)
-            if vals is None:  # its newest sample is past the raw retention
+            got_row = found.get(gid)
+            if got_row is None:  # its newest sample is past the raw retention
                 continue
-            tail = tails.get(int(vals[rounds.TAIL]), (None,) * len(rounds.TAIL_COLUMNS))
-            row = (t, host, gpu_index, uuid, name, *vals[: rounds.TAIL], *tail)
-            out.append(_sample_from_row(row))
+            lost, tail_id, values = got_row
+            tail = tails.get(int(tail_id), (None,) * len(rounds.TAIL_COLUMNS))
+            metrics = dict(zip(columns.attrs, values.tolist(), strict=True))
+            out.append(
+                frames.sample_from_row((t, host, gpu_index, uuid, name, lost), metrics, tail)
+            )
         return out
 
     @_store_errors
@@ -689,7 +699,7 @@ class SqliteStore:
             columns = [self._series_columns(con, memo, r) for r in reads]
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
         return [
-            _frame(_cut_first_bucket(c, r), attrs, gpus)
+            frames.frame(_cut_first_bucket(c, r), attrs, gpus)
             for (c, attrs), r in zip(columns, reads, strict=True)
         ]
 
@@ -704,41 +714,41 @@ class SqliteStore:
                 f"SELECT id FROM gpus WHERE host IN ({', '.join('?' * len(hosts))})", list(hosts)
             )
             gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
+        scope = _Scope(attrs, _column_ids(con, attrs), gpu_ids, memo)
         if step_s is None:
-            raw = rounds.read_attrs(con, start_ns, end_ns, attrs, gpu_ids)
-            columns = {"time_ns": raw.time_ns, "gpu_id": raw.gpu_id}
-            return columns | {a: raw.values[:, 1 + j] for j, a in enumerate(attrs)}, attrs
+            samples = raw.read(con, start_ns, end_ns, scope.col_ids, gpu_ids)
+            columns = {"time_ns": samples.time_ns, "gpu_id": samples.gpu_id}
+            return columns | {a: samples.values[:, j] for j, a in enumerate(attrs)}, attrs
         step_ns = int(step_s) * NS_PER_S
         if step_ns <= 0:
             raise ValueError("step_s must be positive")
         level = _level_for(step_ns)
         if level == 0:
-            return self._raw_level(con, memo, step_ns, start_ns, end_ns, attrs, gpu_ids), attrs
-        scope = _Scope(attrs, gpu_ids, memo)
+            return self._raw_level(con, scope, step_ns, start_ns, end_ns), attrs
         columns = self._level_columns(con, self._meta(con), level, start_ns, end_ns, scope)
         if step_ns != level:
-            columns = packed.rebucket(columns, step_ns, attrs, LAST_VALUE_ATTRS)
+            columns = combine(columns, step_ns, attrs, LAST_VALUE_ATTRS, level_ns=level)
         return columns, attrs
 
     @staticmethod
     def _raw_level(
-        con: sqlite3.Connection,
-        memo: dict[tuple[Any, ...], dict[str, Any]],
-        step_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: tuple[str, ...],
-        gpu_ids: np.ndarray | None,
+        con: sqlite3.Connection, scope: _Scope, step_ns: int, start_ns: int, end_ns: int
     ) -> dict[str, Any]:
-        """Raw samples in ``[start_ns, end_ns)`` as level columns of ``step_ns`` buckets; kept in
-        ``memo`` (one read transaction) for the next read of the same samples."""
-        ids = None if gpu_ids is None else tuple(gpu_ids.tolist())
-        key = (step_ns, start_ns, end_ns, attrs, ids)
-        if key not in memo:
-            raw = rounds.read_attrs(con, start_ns, end_ns, attrs, gpu_ids)
-            cols = rounds.aggregate(raw, step_ns, attrs, LAST_VALUE_ATTRS)
-            memo[key] = {k: cols[k] for k in (*_LEVEL_KEYS, *attrs)}
-        return memo[key]
+        """Raw samples in ``[start_ns, end_ns)`` as level columns of ``step_ns`` buckets, by
+        the rollup rule; kept in the memo (one read transaction) for the next read of the same
+        samples."""
+        ids = None if scope.gpu_ids is None else tuple(scope.gpu_ids.tolist())
+        key = (step_ns, start_ns, end_ns, scope.attrs, ids)
+        if key not in scope.memo:
+            samples = raw.read(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
+            level = as_level(
+                samples.time_ns,
+                samples.gpu_id,
+                samples.lost,
+                {a: samples.values[:, j] for j, a in enumerate(scope.attrs)},
+            )
+            scope.memo[key] = combine(level, step_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=0)
+        return scope.memo[key]
 
     def _level_columns(
         self,
@@ -749,34 +759,32 @@ class SqliteStore:
         end_ns: int,
         scope: _Scope,
     ) -> dict[str, Any]:
-        """Level rows over ``[start_ns, end_ns)`` as columns (with ``n_ok`` and ``t_last_ns``):
-        clean rolled-up buckets from the packed copy (see ``packed``) or, where it does not
-        reach, the rollup table; the rest aggregated from the level below (raw samples, or
-        minutes) in numpy."""
+        """Level rows over ``[start_ns, end_ns)`` as columns: clean rolled-up buckets from the
+        rollups, the rest aggregated from the level below (raw samples, or minutes) by the
+        same rule."""
         clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
         parts = []
         if clean is not None:
-            since = meta.get(_packed_key(level_ns), 2**62)
-            if "max_time_ns" in meta:  # rows before the packed retention are gone
-                since = max(since, meta["max_time_ns"] - self._packed_retention_ns[level_ns])
-            part = None
-            if clean[0] >= since:
-                part = packed.read(
-                    con, level_ns, *clean, scope.attrs, exclude=dirty, gpu_ids=scope.gpu_ids
+            parts.append(
+                rollups.read(
+                    con,
+                    level_ns,
+                    *clean,
+                    scope.attrs,
+                    scope.col_index,
+                    exclude=dirty,
+                    gpu_ids=scope.gpu_ids,
                 )
-            if part is None:
-                part = _rollup_table_columns(con, level_ns, clean, dirty, scope)
-            parts.append(part)
+            )
         lower = _LOWER_LEVEL[level_ns]
         for lo, hi in below:
             if lower == 0:
-                sub = self._raw_level(con, scope.memo, level_ns, lo, hi, scope.attrs, scope.gpu_ids)
-                parts.append(sub)
+                parts.append(self._raw_level(con, scope, level_ns, lo, hi))
             else:
                 sub = self._level_columns(con, meta, lower, lo, hi, scope)
-                parts.append(packed.rebucket(sub, level_ns, scope.attrs, LAST_VALUE_ATTRS))
+                parts.append(combine(sub, level_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=lower))
         if not parts:
-            return _level_columns_of([], scope.attrs)
+            return combine(_no_rows(scope.attrs), level_ns, scope.attrs, LAST_VALUE_ATTRS)
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def _level_plan(
@@ -822,48 +830,41 @@ class SqliteStore:
         return clean, dirty, below
 
 
-#: The columns of level rows besides the attributes (``_level_columns``).
-_LEVEL_KEYS = ("time_ns", "gpu_id", "n_ok", "t_last_ns")
+#: The column id of an attribute the file does not store (reads as NaN everywhere).
+_ABSENT = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
 class _Scope:
-    """What one ``series`` read asks of every level it reads: the attributes, the GPUs (None:
-    all) and the memo of raw aggregates of its read transaction."""
+    """What one ``series`` read asks of every level it reads: the attributes and their column
+    ids in the file, the GPUs (None: all) and the memo of raw aggregates of its read
+    transaction."""
 
     attrs: tuple[str, ...]
+    col_ids: tuple[int, ...]
     gpu_ids: np.ndarray | None
     memo: dict[tuple[Any, ...], dict[str, Any]]
 
+    @property
+    def col_index(self) -> dict[str, int]:
+        return {a: c for a, c in zip(self.attrs, self.col_ids, strict=True) if c != _ABSENT}
 
-def _rollup_table_columns(
-    con: sqlite3.Connection,
-    level_ns: int,
-    clean: tuple[int, int],
-    dirty: Sequence[int],
-    scope: _Scope,
-) -> dict[str, Any]:
-    """The clean buckets of ``clean`` (not those in ``dirty``) read from the rollup table, for
-    buckets the packed copy does not reach (older than it, or a database that predates it)."""
-    sql = (
-        f"SELECT time_ns, gpu_id, n, n_ok, t_last_ns{''.join(f', {a}' for a in scope.attrs)} "
-        f"FROM {_ROLLUP_TABLES[level_ns]} WHERE time_ns >= ? AND time_ns < ?"
-    )
-    params: list[Any] = [*clean]
-    if dirty:
-        sql += " AND time_ns NOT IN (SELECT value FROM json_each(?))"
-        params.append(json.dumps(list(dirty)))
-    if scope.gpu_ids is not None:
-        sql += " AND gpu_id IN (SELECT value FROM json_each(?))"
-        params.append(json.dumps(scope.gpu_ids.tolist()))
-    return _level_columns_of(con.execute(sql, params).fetchall(), scope.attrs)
+
+def _column_ids(con: sqlite3.Connection, attrs: Sequence[str]) -> tuple[int, ...]:
+    index = format.read_columns(con).index
+    return tuple(index.get(a, _ABSENT) for a in attrs)
+
+
+def _no_rows(attrs: Sequence[str]) -> dict[str, np.ndarray]:
+    e = np.zeros(0, np.int64)
+    return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e} | {
+        a: np.zeros(0) for a in attrs
+    }
 
 
 def _cut_first_bucket(columns: dict[str, Any], read: SeriesRead) -> dict[str, Any]:
     """A bucket cut by the range's start is keyed at the start, so that every row lies in
     ``[start_ns, end_ns)`` (``Store.series``) and an analysis of the range keeps it."""
-    import numpy as np
-
     if read.step_s is None or not len(columns["time_ns"]):
         return columns
     return {**columns, "time_ns": np.maximum(columns["time_ns"], read.start_ns)}
@@ -872,11 +873,6 @@ def _cut_first_bucket(columns: dict[str, Any], read: SeriesRead) -> dict[str, An
 def _rolled_key(level_ns: int) -> str:
     """The meta key of the end of the rolled-up buckets of a level."""
     return f"rolled_{level_ns // NS_PER_S}"
-
-
-def _packed_key(level_ns: int) -> str:
-    """The meta key of the first bucket of a level whose packed copy is complete."""
-    return f"packed_{level_ns // NS_PER_S}"
 
 
 def _level_for(step_ns: int) -> int:
@@ -894,105 +890,3 @@ def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
     return tuple(fields)
-
-
-def _columns(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any]:
-    """Rows of (time_ns, gpu_id, attrs...) as numpy columns (None -> NaN)."""
-    import numpy as np
-
-    if not rows:
-        empty = {"time_ns": np.zeros(0, np.int64), "gpu_id": np.zeros(0, np.int64)}
-        return empty | {a: np.zeros(0) for a in attrs}
-    columns = list(zip(*rows, strict=True))
-    out = {
-        "time_ns": np.array(columns[0], dtype=np.int64),
-        "gpu_id": np.array(columns[1], dtype=np.int64),
-    }
-    for a, column in zip(attrs, columns[2:], strict=True):
-        out[a] = np.array(column, dtype=np.float64)
-    return out
-
-
-def _level_columns_of(rows: list[tuple[Any, ...]], attrs: Sequence[str]) -> dict[str, Any]:
-    """Level rows (time_ns, gpu_id, n, n_ok, t_last_ns, attrs...) as numpy columns."""
-    import numpy as np
-
-    out = _columns([(r[0], r[1], *r[5:]) for r in rows], attrs)
-    out["n_ok"] = np.array([r[3] for r in rows], dtype=np.int64)
-    out["t_last_ns"] = np.array(
-        [packed.NULL_TIME if r[4] is None else r[4] for r in rows], dtype=np.int64
-    )
-    return out
-
-
-def _frame(
-    columns: dict[str, Any], attrs: Sequence[str], gpus: list[tuple[Any, ...]]
-) -> pd.DataFrame:
-    """Columns time_ns, gpu_id and attrs as the long frame, GPU identity joined in numpy.
-
-    Joining and sorting on the small gpus table in numpy, rather than in SQL on every row, keeps
-    an hour of 1,024 GPUs' rollups cheap: no per-row strings cross the sqlite3 boundary.
-    """
-    import numpy as np
-    import pandas as pd
-
-    ident = pd.DataFrame.from_records(gpus, columns=["gpu_id", "host", "gpu_index", "uuid", "name"])
-    ident = ident.sort_values(["host", "gpu_index", "uuid"], kind="stable").reset_index(drop=True)
-    rank = np.full(int(ident["gpu_id"].max()) + 1 if len(ident) else 1, -1, dtype=np.int64)
-    rank[ident["gpu_id"].to_numpy(dtype=np.int64)] = np.arange(len(ident))
-    gpu_rank = rank[columns["gpu_id"]]
-    time_ns = columns["time_ns"]
-    order = np.lexsort((gpu_rank, time_ns))
-    gpu_rank = gpu_rank[order]
-    out = pd.DataFrame(
-        {
-            "time_ns": time_ns[order],
-            "host": ident["host"].to_numpy(dtype=object)[gpu_rank],
-            "gpu_index": ident["gpu_index"].to_numpy(dtype=np.int64)[gpu_rank],
-            "uuid": ident["uuid"].to_numpy(dtype=object)[gpu_rank],
-            "name": ident["name"].to_numpy(dtype=object)[gpu_rank],
-        }
-    )
-    for a in attrs:
-        out[a] = columns[a][order]
-    return out
-
-
-#: (attribute, how to convert its stored float) per metric, in METRIC_ATTRS order.
-_METRIC_CONVERTERS: tuple[tuple[str, Callable[[float], Any]], ...] = tuple(
-    (a, {Kind.BOOL: bool, Kind.FLOAT: float, Kind.INT: int}[FIELD_BY_ATTR[a].kind])
-    for a in METRIC_ATTRS
-)
-
-
-def _sample_from_row(row: Sequence[Any]) -> GpuSample:
-    """A sample from (time_ns, host, gpu_index, uuid, name, lost, metrics... (NaN: not
-    measured), then the tail's columns)."""
-    time_ns, host, gpu_index, uuid, name, lost = row[:6]
-    kwargs: dict[str, Any] = {
-        attr: convert(v)
-        for (attr, convert), v in zip(_METRIC_CONVERTERS, row[6:], strict=False)
-        if v == v  # not NaN
-    }
-    em, tm, xid_last, _xid_count, procs, job_id = row[6 + len(METRIC_ATTRS) :]
-    if em is not None:
-        kwargs["energy_method"] = EnergyMethod(em)
-    if tm is not None:
-        kwargs["tflops_method"] = TflopsMethod(tm)
-    if xid_last is not None:
-        kwargs["xid_errors"] = (int(xid_last),)
-    if procs is not None:
-        kwargs["processes"] = parse_processes(procs)
-    if job_id is not None:
-        kwargs["job_id"] = job_id
-    # make_gpu_sample: the same GpuSample as the keyword constructor, ~10x cheaper (latest()
-    # builds one per GPU on every dashboard refresh).
-    return make_gpu_sample(
-        time_ns=time_ns,
-        host=host,
-        gpu_index=gpu_index,
-        uuid=uuid,
-        name=name,
-        lost=bool(lost),
-        **kwargs,
-    )

@@ -1,6 +1,6 @@
-"""The SQLite store's packed copy of its rollups: reads through it equal reads of the rollup
-tables, through late data, host filters, missing metrics, retention and an upgrade from a
-database written without it."""
+"""The SQLite store's rollups (one stored form: column arrays per bucket): reads of them equal
+the rollup rule applied to the raw samples, through late data, host filters, missing metrics
+and retention; several reads in one snapshot aggregate the raw tail once."""
 
 from __future__ import annotations
 
@@ -47,11 +47,12 @@ def write_hours(store: SqliteStore, make_sample, start_s: int, end_s: int, every
         store.write_samples(batch)
 
 
-def sql_path(store: SqliteStore, *args, **kw) -> pd.DataFrame:
-    """The same read with the packed copy declared incomplete: served by the rollup tables."""
+def from_raw(store: SqliteStore, *args, **kw) -> pd.DataFrame:
+    """The same read with no bucket declared rolled: every bucket aggregated from the raw
+    samples (head and chunks) by the rollup rule, none read from the stored rollups."""
     with contextlib.closing(sqlite3.connect(store.path)) as con, con:
-        saved = con.execute("SELECT key, value FROM meta WHERE key LIKE 'packed_%'").fetchall()
-        con.execute("UPDATE meta SET value = ? WHERE key LIKE 'packed_%'", (2**62,))
+        saved = con.execute("SELECT key, value FROM meta WHERE key LIKE 'rolled_%'").fetchall()
+        con.execute("UPDATE meta SET value = ? WHERE key LIKE 'rolled_%'", (-(2**62),))
     try:
         return store.series(*args, **kw)
     finally:
@@ -59,25 +60,31 @@ def sql_path(store: SqliteStore, *args, **kw) -> pd.DataFrame:
             con.executemany("UPDATE meta SET value = ? WHERE key = ?", [(v, k) for k, v in saved])
 
 
-def packed_rows(store: SqliteStore) -> int:
+def stored_buckets(store: SqliteStore, level_s: int) -> list[int]:
     with contextlib.closing(sqlite3.connect(store.path)) as con:
-        return con.execute("SELECT count(*) FROM packed").fetchone()[0]
+        rows = con.execute(
+            "SELECT DISTINCT time_ns FROM rollups WHERE level_ns = ? ORDER BY 1", (level_s * S,)
+        )
+        return [t for (t,) in rows]
 
 
 @pytest.mark.parametrize("step_s", [60, 120, 300, 3600, 7200])
 @pytest.mark.parametrize("hosts", [None, ["node2"]])
-def test_packed_reads_equal_the_rollup_tables(
+def test_reads_of_stored_rollups_equal_the_rule_over_raw_samples(
     tmp_path: Path, make_sample, step_s: int, hosts: list[str] | None
 ) -> None:
+    """Minutes and hours as stored (rolled by the rule from raw samples, hours from minutes),
+    through late data, host filters and a missing metric, read the same as the rule applied to
+    the raw samples at read time."""
     with SqliteStore(tmp_path / "p.db") as store:
         write_hours(store, make_sample, 0, 2 * 3600 + 900)
         # late samples: a minute and an hour already rolled become dirty
         store.write_samples([make_sample(T0 + 45 * S, "node2", 1, power_w=5000.0)])
-        assert packed_rows(store) > 0
+        assert stored_buckets(store, 60) and stored_buckets(store, 3600) == [T0, T0 + 3600 * S]
         for start_s, end_s in ((0, 3 * 3600), (125, 3 * 3600), (3600, 2 * 3600 + 800)):
             args = (T0 + start_s * S, T0 + end_s * S, FIELDS)
             got = store.series(*args, step_s=step_s, hosts=hosts)
-            want = sql_path(store, *args, step_s=step_s, hosts=hosts)
+            want = from_raw(store, *args, step_s=step_s, hosts=hosts)
             assert not got.empty
             pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
             assert set(got["host"]) == set(hosts or ["node1", "node2"])
@@ -86,57 +93,13 @@ def test_packed_reads_equal_the_rollup_tables(
         assert got.loc[got["gpu_index"] != 2, "fan_speed_pct"].notna().all()
 
 
-def test_retention_removes_the_packed_copy_with_the_rollups(tmp_path: Path, make_sample) -> None:
+def test_retention_removes_old_rollups_by_level(tmp_path: Path, make_sample) -> None:
     with SqliteStore(tmp_path / "r.db", retention_1m_s=600) as store:
         write_hours(store, make_sample, 0, 1800)
-        with contextlib.closing(sqlite3.connect(store.path)) as con:
-            oldest_1m = con.execute("SELECT min(time_ns) FROM samples_1m").fetchone()[0]
-            oldest_packed = con.execute(
-                "SELECT min(time_ns) FROM packed WHERE level_ns = ?", (60 * S,)
-            ).fetchone()[0]
-        assert oldest_packed == oldest_1m >= T0 + 1100 * S
-
-
-def test_minutes_older_than_the_packed_copy_are_read_from_the_rollup_table(
-    tmp_path: Path, make_sample
-) -> None:
-    path = tmp_path / "r.db"
-    with SqliteStore(path, retention_1m_s=1200, retention_packed_1m_s=300) as store:
-        write_hours(store, make_sample, 0, 1800)
-        with contextlib.closing(sqlite3.connect(store.path)) as con:
-            oldest_1m = con.execute("SELECT min(time_ns) FROM samples_1m").fetchone()[0]
-            oldest_packed = con.execute(
-                "SELECT min(time_ns) FROM packed WHERE level_ns = ?", (60 * S,)
-            ).fetchone()[0]
-        assert oldest_1m <= T0 + 660 * S and oldest_packed >= T0 + 1380 * S
+        assert T0 + 1100 * S <= stored_buckets(store, 60)[0] <= T0 + 1200 * S
         got = store.series(T0, T0 + 1800 * S, FIELDS, step_s=60)
-        assert got["time_ns"].min() == oldest_1m  # every kept minute, packed or not
-        pd.testing.assert_frame_equal(
-            got, sql_path(store, T0, T0 + 1800 * S, FIELDS, step_s=60), rtol=1e-12
-        )
-
-
-def test_a_database_without_the_packed_copy_is_read_from_its_rollups(
-    tmp_path: Path, make_sample
-) -> None:
-    path = tmp_path / "old.db"
-    with SqliteStore(path) as store:
-        write_hours(store, make_sample, 0, 1800)
-        want = store.series(T0, T0 + 3600 * S, FIELDS, step_s=60)
-    with contextlib.closing(sqlite3.connect(path)) as con, con:  # as an older version left it
-        con.execute("DROP TABLE packed")
-        con.execute("DELETE FROM meta WHERE key LIKE 'packed_%'")
-    with SqliteStore(path) as store:
-        assert packed_rows(store) == 0
-        got = store.series(T0, T0 + 3600 * S, FIELDS, step_s=60)
-        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
-        write_hours(store, make_sample, 1800, 2400)
-        assert packed_rows(store) > 0  # minutes rolled from now on are packed
-        got = store.series(T0, T0 + 3600 * S, FIELDS, step_s=60)
-        assert got["time_ns"].nunique() == 40  # 40 minutes of data, old and new
-        pd.testing.assert_frame_equal(
-            got, sql_path(store, T0, T0 + 3600 * S, FIELDS, step_s=60), rtol=1e-12
-        )
+        # minutes past the retention are gone; what is left comes from the rollups
+        assert got["time_ns"].min() == stored_buckets(store, 60)[0]
 
 
 def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
@@ -145,7 +108,7 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
     """A range at 1 h and its last hour at 1 min (the dashboard's 24 h view) read together:
     the same frames as two ``series`` calls, with the not-yet-rolled raw samples aggregated
     once, not once per read."""
-    from gpuwatt.store import rounds
+    from gpuwatt.store import raw
     from gpuwatt.store.base import SeriesRead, series_many
 
     with SqliteStore(tmp_path / "m.db") as store:
@@ -157,13 +120,13 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
             SeriesRead(end - 3600 * S, end, FIELDS, 60, ["node1"]),
         ]
         raw_aggregations: list[tuple[int, int]] = []
-        aggregate = rounds.aggregate
+        read_raw = raw.read
 
-        def counted(raw: rounds.RawRange, *args: Any) -> dict[str, Any]:
-            raw_aggregations.append((len(raw.time_ns), args[0]))
-            return aggregate(raw, *args)
+        def counted(con: Any, start_ns: int, end_ns: int, *args: Any) -> Any:
+            raw_aggregations.append((start_ns, end_ns))
+            return read_raw(con, start_ns, end_ns, *args)
 
-        monkeypatch.setattr(rounds, "aggregate", counted)
+        monkeypatch.setattr(raw, "read", counted)
 
         def traced(read: Callable[[], object]) -> tuple[Any, int]:
             raw_aggregations.clear()

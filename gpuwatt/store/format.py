@@ -1,0 +1,104 @@
+"""The embedded store's file format: its version, and the stored columns with their types.
+
+SQLite's file header carries a 32-bit ``application_id`` (the file's magic number: gpuwatt's is
+``APPLICATION_ID``) and a 32-bit ``user_version`` (the format version). The ``columns`` table
+lists every metric column the file stores, with its id (its position in a raw row), the
+``GpuSample`` attribute it holds and its type; raw rows and chunks refer to columns by id. A
+column is only ever appended: a metric added to ``schema.FIELDS`` becomes a new column the next
+time a writer opens the file, and every sample written before it reads back with that metric not
+measured (NaN). See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuwatt.schema import FIELDS, FieldSpec
+
+APPLICATION_ID = 0x47505754  # "GPWT"
+FORMAT_VERSION = 2
+
+COLUMNS_SQL = """
+CREATE TABLE IF NOT EXISTS columns (
+  id INTEGER PRIMARY KEY,
+  attr TEXT NOT NULL UNIQUE,
+  kind TEXT NOT NULL
+);
+"""
+
+
+class FormatError(Exception):
+    """The file is not an embedded store this version can read (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The stored metric columns: ``attrs[i]`` is column id ``i``."""
+
+    attrs: tuple[str, ...]
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {a: i for i, a in enumerate(self.attrs)}
+
+
+def check(con: sqlite3.Connection, path: object) -> bool:
+    """Whether the file is a store of this format (False: a new, empty file). Raises
+    ``FormatError`` for any other file: another application's database, a newer format, or a
+    layout written before format 2 (development versions only; no release wrote one)."""
+    (app_id,) = con.execute("PRAGMA application_id").fetchone()
+    (version,) = con.execute("PRAGMA user_version").fetchone()
+    if app_id == APPLICATION_ID:
+        if version > FORMAT_VERSION:
+            raise FormatError(
+                f"{path} is embedded store format {version}, newer than this gpuwatt reads "
+                f"(format {FORMAT_VERSION}): upgrade gpuwatt to read it"
+            )
+        if version < FORMAT_VERSION:
+            raise FormatError(f"{path}: embedded store format {version} is not supported")
+        return True
+    (tables,) = con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    if app_id == 0 and tables == 0:
+        return False
+    if (
+        app_id == 0
+        and con.execute(
+            "SELECT 1 FROM sqlite_master WHERE name IN ('raw_rounds', 'samples')"
+        ).fetchone()
+    ):
+        raise FormatError(
+            f"{path} was written by a development version of gpuwatt (before embedded store "
+            f"format {FORMAT_VERSION}), which no release wrote: move it away and start a new one"
+        )
+    raise FormatError(f"{path} is not a gpuwatt embedded store")
+
+
+def stamp(con: sqlite3.Connection) -> None:
+    """Mark a new file as this format (inside the transaction that creates its tables)."""
+    con.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    con.execute(f"PRAGMA user_version={FORMAT_VERSION}")
+
+
+def read_columns(con: sqlite3.Connection) -> Columns:
+    rows = con.execute("SELECT id, attr FROM columns ORDER BY id").fetchall()
+    if [i for i, _ in rows] != list(range(len(rows))):
+        raise FormatError("the columns table is not numbered 0, 1, ...")
+    return Columns(tuple(a for _, a in rows))
+
+
+def add_columns(
+    con: sqlite3.Connection, known: Columns, fields: Sequence[FieldSpec] | None = None
+) -> Columns:
+    """Append the schema's fields (``schema.FIELDS``) the file does not store yet (in a
+    write transaction)."""
+    attrs = list(known.attrs)
+    for f in FIELDS if fields is None else fields:
+        if f.attr not in attrs:
+            con.execute(
+                "INSERT INTO columns (id, attr, kind) VALUES (?, ?, ?)",
+                (len(attrs), f.attr, f.kind.value),
+            )
+            attrs.append(f.attr)
+    return Columns(tuple(attrs))

@@ -1,0 +1,60 @@
+"""The embedded store's raw samples: the head (``rounds``, as written) and the chunks (closed
+blocks, compressed), read as one."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpuwatt.store import chunks, rounds
+from gpuwatt.store.chunks import BLOCK_NS
+from gpuwatt.store.codec import Rows
+
+
+def read(
+    con: sqlite3.Connection,
+    start_ns: int,
+    end_ns: int,
+    col_ids: Sequence[int],
+    gpu_ids: np.ndarray | None = None,
+) -> Rows:
+    """The raw samples in ``[start_ns, end_ns)``, from the chunks and the head (whose copy of a
+    sample wins: it was written later)."""
+    old = chunks.read(con, start_ns, end_ns, col_ids, gpu_ids)
+    new = rounds.read(con, start_ns, end_ns, col_ids, gpu_ids)
+    if len(old.time_ns) and len(new.time_ns) and head_overlaps_chunks(con, start_ns, end_ns):
+        return chunks.dedupe(chunks.concat([old, new], col_ids))
+    return chunks.concat([old, new], col_ids)
+
+
+def head_overlaps_chunks(con: sqlite3.Connection, start_ns: int, end_ns: int) -> bool:
+    """Whether the head holds samples of ``[start_ns, end_ns)`` in a block that has chunks
+    (samples that arrived late, not merged yet)."""
+    found = con.execute(
+        "SELECT 1 FROM head AS h WHERE h.time_ns >= ?1 AND h.time_ns < ?2 AND EXISTS ("
+        "SELECT 1 FROM chunks AS c WHERE c.start_ns = h.time_ns / ?3 * ?3) LIMIT 1",
+        (start_ns, end_ns, BLOCK_NS),
+    )
+    return found.fetchone() is not None
+
+
+def head_has_before(con: sqlite3.Connection, time_ns: int) -> bool:
+    found = con.execute("SELECT 1 FROM head WHERE time_ns < ? LIMIT 1", (time_ns,))
+    return found.fetchone() is not None
+
+
+def first_raw_time(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int | None:
+    """The time of the first raw sample in ``[start_ns, end_ns)`` (to within a block for the
+    chunks); None when there is none."""
+    (head,) = con.execute(
+        "SELECT min(time_ns) FROM head WHERE time_ns >= ? AND time_ns < ?", (start_ns, end_ns)
+    ).fetchone()
+    (chunk,) = con.execute(
+        "SELECT min(max(t_min_ns, ?1)) FROM chunks WHERE start_ns > ?1 - ?3 AND start_ns < ?2 "
+        "AND t_max_ns >= ?1",
+        (start_ns, end_ns, BLOCK_NS),
+    ).fetchone()
+    found = [t for t in (head, chunk) if t is not None]
+    return min(found) if found else None
