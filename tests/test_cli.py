@@ -131,7 +131,7 @@ def test_store_url_with_a_token_is_refused(tmp_path: Path) -> None:
 
 
 def test_demo_then_status_shows_every_gpu(tmp_path: Path) -> None:
-    demo = gpuwatt("demo", "--backfill", "60", "--duration", "2", home=tmp_path)
+    demo = gpuwatt("demo", "--backfill", "60", "--duration", "2", "--port", "0", home=tmp_path)
     assert demo.returncode == 0, demo.stderr
     assert "backfilled 60 s of history" in demo.stdout
     status = gpuwatt("status", home=tmp_path)
