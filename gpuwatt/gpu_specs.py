@@ -361,6 +361,11 @@ def pci_device(pci_device_id: int) -> int | None:
     return pci_device_id
 
 
+def nvml_pci_device_id(device: int) -> int:
+    """NVML's ``pciDeviceId`` of a 16-bit NVIDIA device id (``0x2330`` -> ``0x233010DE``)."""
+    return (device << 16) | NVIDIA_VENDOR_ID
+
+
 def by_name(device_name: str) -> GpuSpec | None:
     """The spec whose name pattern matches an NVML device name; None if none does."""
     if _MOBILE.search(device_name):

@@ -58,6 +58,7 @@ _FRIENDLY = _NV.nvmlFriendlyObject
 _ATTRIBUTES = _NV.c_nvmlDeviceAttributes
 _PROFILE_INFO_V1 = _NV.c_nvmlGpuInstanceProfileInfo_t
 _PROFILE_INFO_V2 = _NV.c_nvmlGpuInstanceProfileInfo_v2_t
+_PCI_INFO = _NV.nvmlPciInfo_t
 #: GPU instance profile id -> its compute slices (the plain profiles)
 _PROFILE_SLICES: dict[int, int] = {
     _NV.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1,
@@ -170,6 +171,17 @@ def _known(value: float) -> int:
     return round(value)
 
 
+def _pci_info(bus_id: str, pci_device_id: int) -> Any:
+    """``nvmlPciInfo_t`` for a bus id such as ``00000000:18:00.0`` (empty: all zero)."""
+    info = _PCI_INFO()
+    info.pciDeviceId = pci_device_id
+    if bus_id:
+        domain, bus, rest = bus_id.split(":")
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest[:2], 16)
+        info.busId = info.busIdLegacy = bus_id.encode()
+    return info
+
+
 def _fake_pointer(ptr_type: Any) -> Any:
     return ctypes.cast(_VOID_P(next(_ADDRESSES)), ptr_type)
 
@@ -272,6 +284,12 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return _gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        g = _gpu(handle, "nvmlDeviceGetPciInfo")
+        if g.pci_device_id is None:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        return _pci_info(g.pci_bus_id, g.pci_device_id)
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetMaxClockInfo")

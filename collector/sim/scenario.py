@@ -144,6 +144,7 @@ class GpuProfile:
     slowdown_temp_c: float
     shutdown_temp_c: float
     full_load_rise_c: float  # GPU temperature above inlet air at TDP with healthy cooling
+    pci_device: int | None = None  # 16-bit PCI device id; None: the spec's first
 
 
 _PROFILES: dict[str, GpuProfile] = {
@@ -161,7 +162,7 @@ _PROFILES: dict[str, GpuProfile] = {
     "GeForce RTX 4090": GpuProfile(
         "NVIDIA GeForce RTX 4090", 24564, 20, 150, 10501, 210, 87, 92, 40
     ),
-    "V100 SXM2": GpuProfile("Tesla V100-SXM2-32GB", 32768, 40, 150, 877, 135, 87, 92, 40),
+    "V100 SXM2": GpuProfile("Tesla V100-SXM2-32GB", 32768, 40, 150, 877, 135, 87, 92, 40, 0x1DB5),
 }
 
 

@@ -82,7 +82,7 @@ from gpuwatt.collector.sim.scenario import (
     gpu_profile,
 )
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState
-from gpuwatt.gpu_specs import SPECS
+from gpuwatt.gpu_specs import SPECS, GpuSpec, nvml_pci_device_id
 from gpuwatt.schema import (
     REASON_GPU_IDLE,
     REASON_HW_POWER_BRAKE,
@@ -319,6 +319,7 @@ class Simulator:
                     name=profile.nvml_name,
                     spec=spec,
                     pci_bus_id=_pci_bus_id(index),
+                    pci_device_id=_pci_device_id(spec, profile.pci_device),
                     memory_total_bytes=profile.memory_total_mib * MIB,
                     power_limit_w=float(limit),
                     power_min_w=float(profile.power_min_w),
@@ -779,6 +780,14 @@ def _quantise(mhz: np.ndarray) -> np.ndarray:
 def _uuid(rng: np.random.Generator) -> str:
     h = "".join(f"{b:02x}" for b in rng.integers(0, 256, 16).tolist())
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _pci_device_id(spec: GpuSpec, device: int | None) -> int | None:
+    """NVML's ``pciDeviceId`` of a simulated ``spec`` (its profile's device id, else the spec's
+    first); None for a model with no known id."""
+    if device is None and spec.pci_device_ids:
+        device = spec.pci_device_ids[0]
+    return None if device is None else nvml_pci_device_id(device)
 
 
 def _pci_bus_id(index: int) -> str:
