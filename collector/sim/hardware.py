@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuwatt.collector.sim.scenario import ClusterSpec, GpuRef, gpu_profile
+from gpuwatt.collector.sim.scenario_model import ClusterSpec, GpuRef, gpu_profile
 from gpuwatt.collector.sim.state import SimGpuState
 from gpuwatt.gpu_specs import SPECS, GpuSpec, nvml_pci_device_id
 

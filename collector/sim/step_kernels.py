@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuwatt.collector.sim.scenario import JobSpec
+from gpuwatt.collector.sim.scenario_model import JobSpec
 from gpuwatt.schema import (
     REASON_GPU_IDLE,
     REASON_HW_POWER_BRAKE,
