@@ -9,15 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuwatt import schema
 from gpuwatt.collector.sim.scenario_model import JobSpec
-from gpuwatt.schema import (
-    REASON_GPU_IDLE,
-    REASON_HW_POWER_BRAKE,
-    REASON_HW_SLOWDOWN,
-    REASON_HW_THERMAL,
-    REASON_SW_POWER_CAP,
-    REASON_SW_THERMAL,
-)
 
 REASON_APP_CLOCKS = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting
 CLOCK_STEP_MHZ = 15.0  # NVIDIA clocks move in 15 MHz bins
@@ -140,8 +133,8 @@ def serve_step(slots: Slots, r: np.ndarray, compute: np.ndarray) -> None:
 
 def extra_reasons(reg: Regime) -> np.ndarray:
     """Reason bits of the faults that only cap the clock."""
-    out = np.where(reg.hw_slow < 1.0, REASON_HW_SLOWDOWN, 0)
-    out = out | np.where(reg.sw_thermal < 1.0, REASON_SW_THERMAL, 0)
+    out = np.where(reg.hw_slow < 1.0, schema.REASON_HW_SLOWDOWN, 0)
+    out = out | np.where(reg.sw_thermal < 1.0, schema.REASON_SW_THERMAL, 0)
     out = out | np.where(reg.locked < 1.0, REASON_APP_CLOCKS, 0)
     return out.astype(np.int64)
 
@@ -161,10 +154,12 @@ def pcie_bytes_per_s(compute: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray,
 def clock_reasons(
     working: np.ndarray, power_capped: np.ndarray, hot: np.ndarray, braked: np.ndarray
 ) -> np.ndarray:
-    reasons = np.where(working, 0, REASON_GPU_IDLE)
-    reasons = reasons | np.where(power_capped & working, REASON_SW_POWER_CAP, 0)
-    reasons = reasons | np.where(hot, REASON_HW_SLOWDOWN | REASON_HW_THERMAL, 0)
-    reasons = reasons | np.where(braked, REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE, 0)
+    reasons = np.where(working, 0, schema.REASON_GPU_IDLE)
+    reasons = reasons | np.where(power_capped & working, schema.REASON_SW_POWER_CAP, 0)
+    reasons = reasons | np.where(hot, schema.REASON_HW_SLOWDOWN | schema.REASON_HW_THERMAL, 0)
+    reasons = reasons | np.where(
+        braked, schema.REASON_HW_SLOWDOWN | schema.REASON_HW_POWER_BRAKE, 0
+    )
     return reasons.astype(np.int64)
 
 
