@@ -10,9 +10,11 @@ peaks are with FP32 accumulate (what training uses), half their FP16-accumulate 
 A model is found by its NVML name (``nvmlDeviceGetName``) and, where the name is not one the
 table knows, by its PCI device id (NVML's ``pciDeviceId``, e.g. ``0x233010DE``: device id in the
 upper 16 bits, NVIDIA's vendor id 0x10DE in the lower). Device ids are those of the PCI ID
-database (pci-ids.ucw.cz). A model not in the table is logged once; every figure that does not
-need its peak (utilisation, power, energy, clocks, reasons) is kept, TFLOPS and TFLOPS/W are
-absent with that reason.
+database (pci-ids.ucw.cz): every id below was checked against its ``pci.ids``
+(github.com/pciutils/pciids, commit c1c12547d626, 2026-08-22; the lines are kept in
+``tests/data/pci_ids_nvidia.txt``). A model not in the table is logged once; every figure that
+does not need its peak (utilisation, power, energy, clocks, reasons) is kept, TFLOPS and
+TFLOPS/W are absent with that reason.
 """
 
 from __future__ import annotations
@@ -93,22 +95,29 @@ _HOPPER_NOTE = "sparse figures halved"
 _TABLE: tuple[tuple[str, GpuSpec], ...] = (
     # --- Blackwell ------------------------------------------------------------------------------
     (r"\bGB200\b", _spec(
-        "GB200", "Blackwell", 1200, 1965, fp64=45.0, fp64_tc=45.0, tf32=1250.0, bf16=2500.0,
-        fp8=5000.0, int8=5000.0, gpm=True, ids=(0x2941,),
-        source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (NVL72 figures / 72 GPUs, "
-        "sparse halved; clock not published: B200's)",
+        "GB200", "Blackwell", 1200, 1965, fp64=40.0, fp64_tc=40.0, fp32=80.0, tf32=1250.0,
+        bf16=2500.0, fp8=5000.0, int8=5000.0, gpm=True, ids=(0x2941,),
+        source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (per-GPU column, sparse "
+        "halved; clock not published: B200's); checked against "
+        "https://zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html (NVIDIA's "
+        "GB200 NVL72 / HGX B200 table: FP64 40, FP32 80; the first Blackwell datasheet's 45 "
+        "is superseded)",
     )),
     (r"\bB200\b", _spec(
-        "B200", "Blackwell", 1000, 1965, fp64=40.0, fp64_tc=40.0, fp32=80.0, tf32=1100.0,
+        "B200", "Blackwell", 1000, 1965, fp64=37.0, fp64_tc=37.0, fp32=75.0, tf32=1100.0,
         bf16=2250.0, fp8=4500.0, int8=4500.0, gpm=True, ids=(0x2901,),
-        source="https://www.nvidia.com/en-us/data-center/dgx-b200/ (DGX B200 per GPU, "
-        "sparse halved)",
+        source="https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 per GPU, sparse "
+        "halved); checked against https://zdszero.github.io/Computer/Artificial_Intelligence/"
+        "Hardware.html (NVIDIA's table: FP64 37, FP32 75, TF32 2.2 PF sparse, 1,000 W) and "
+        "https://hmc-tech.com/gpu/nvidia-b200-vs-nvidia-gb200",
     )),
     (r"\bB100\b", _spec(
         "B100", "Blackwell", 700, 1965, fp64=30.0, fp64_tc=30.0, tf32=900.0, bf16=1750.0,
         fp8=3500.0, int8=3500.0, gpm=True, ids=(0x29BC,),
         source="https://resources.nvidia.com/en-us-blackwell-architecture (HGX B100 per GPU, "
-        "sparse halved; clock not published: B200's)",
+        "sparse halved; clock not published: B200's); TDP checked against "
+        "https://glennklockwood.com/garden/processors/B200 (B100: 700 W); peaks not found in a "
+        "second source",
     )),
     # --- Hopper ---------------------------------------------------------------------------------
     (r"\bGH200\b", _spec(
@@ -120,12 +129,15 @@ _TABLE: tuple[tuple[str, GpuSpec], ...] = (
     (r"\bH200\b.*\bNVL\b", _spec(
         "H200 NVL", "Hopper", 600, 1785, fp64=30.0, fp64_tc=60.0, fp32=60.0, fp16=120.0,
         tf32=417.5, bf16=835.5, fp8=1670.5, int8=1670.5, gpm=True, ids=(0x233B,),
-        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 NVL, sparse halved)",
+        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 NVL, sparse halved); "
+        "TDP checked against https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html",
     )),
     (r"\bH200\b", _spec(
         "H200 SXM", "Hopper", 700, 1980, fp64=34.0, fp64_tc=67.0, fp32=67.0, fp16=133.8,
         tf32=494.7, bf16=989.4, fp8=1978.9, int8=1978.9, gpm=True, ids=(0x2335,),
-        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM, sparse halved)",
+        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM, sparse halved); "
+        "checked against https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html "
+        "(dense: BF16 989, FP8 1,979, FP64 34/67, 700 W)",
     )),
     (r"\bH100\b.*\bNVL\b", _spec(
         "H100 NVL", "Hopper", 400, 1785, fp64=30.0, fp64_tc=60.0, fp32=60.0, fp16=120.0,
@@ -136,13 +148,18 @@ _TABLE: tuple[tuple[str, GpuSpec], ...] = (
         "H100 PCIe", "Hopper", 350, 1755, fp64=25.6, fp64_tc=51.2, fp32=51.2, fp16=102.4,
         tf32=378.0, bf16=756.0, fp8=1513.0, int8=1513.0, gpm=True, ids=(0x2331,),
         source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet "
-        "(H100 PCIe 80GB, sparse halved)",
+        "(H100 PCIe 80GB, sparse halved); checked against "
+        "https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html (datasheet table, "
+        "sparse marked: TF32 756*, BF16 1,513*, FP8 3,026*; 350 W)",
     )),
     (r"\bH100\b", _spec(
         "H100 SXM", "Hopper", 700, 1980, fp64=34.0, fp64_tc=67.0, fp32=67.0, fp16=133.8,
         tf32=494.7, bf16=989.4, fp8=1978.9, int8=1978.9, gpm=True, ids=(0x2330,),
         source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet "
-        "(H100 SXM5 80GB, sparse halved)",
+        "(H100 SXM5 80GB, sparse halved); checked against "
+        "https://glennklockwood.com/garden/processors/h100 (dense matrix TF32 494.7, BF16 "
+        "989.4, FP8 1978.9; FP64 33.5/66.9) and "
+        "https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html (700 W)",
     )),
     (r"\bH800\b.*\bPCIe\b", _spec(
         "H800 PCIe", "Hopper", 350, 1755, fp64=0.8, fp64_tc=0.8, fp32=51.2, fp16=102.4,
@@ -158,23 +175,30 @@ _TABLE: tuple[tuple[str, GpuSpec], ...] = (
         "H20", "Hopper", 400, 1980, fp64=1.0, fp64_tc=1.0, fp32=44.0, tf32=74.0, bf16=148.0,
         fp8=296.0, int8=296.0, gpm=True, ids=(0x2329,),
         source="NVIDIA HGX H20 product brief (dense figures; no public datasheet URL; clock "
-        "not published: H100 SXM's)",
+        "not published: H100 SXM's); checked against "
+        "https://zangshuxian.com/new/674733024499207168 (dense: INT8 296, FP16 148, TF32 74, "
+        "FP32 44, FP64 1)",
     )),
     # --- Ada Lovelace ---------------------------------------------------------------------------
     (r"\bL40S\b", _spec(
         "L40S", "Ada Lovelace", 350, 2520, fp64=1.43, fp32=91.6, fp16=91.6, tf32=183.0,
         bf16=362.05, fp8=733.0, int8=733.0, ids=(0x26B9,),
-        source=f"{_DC}/l40s/l40s-datasheet-28413.pdf (sparse halved)",
+        source=f"{_DC}/l40s/l40s-datasheet-28413.pdf (sparse halved); checked against "
+        "https://www.mullet.se/product.html?product_id=355414 (NVIDIA's L40/L40S table, "
+        "sparse marked) and https://hmc-tech.com/gpu/nvidia-l40s-vs-nvidia-t40 (INT8 733 dense)",
     )),
     (r"\bL40\b", _spec(
         "L40", "Ada Lovelace", 300, 2490, fp32=90.5, tf32=90.5, bf16=181.0, fp8=362.0,
         int8=362.0, ids=(0x26B5,),
-        source=f"{_IMG}/Solutions/data-center/vgpu-L40-datasheet.pdf (sparse halved)",
+        source=f"{_IMG}/Solutions/data-center/vgpu-L40-datasheet.pdf (sparse halved); checked "
+        "against https://www.mullet.se/product.html?product_id=355414 (NVIDIA's L40/L40S "
+        "table, sparse marked; 300 W)",
     )),
     (r"\bL4\b", _spec(
         "L4", "Ada Lovelace", 72, 2040, fp64=0.47, fp32=30.3, fp16=30.3, tf32=60.0, bf16=121.0,
         fp8=242.5, int8=242.5, ids=(0x27B8,),
-        source=f"{_DC}/l4/pdf/l4-datasheet.pdf (sparse halved)",
+        source=f"{_DC}/l4/pdf/l4-datasheet.pdf (sparse halved); checked against "
+        "https://grokipedia.com/page/NVIDIA_L4_vs_L40S (FP16 242 and FP8 485 sparse, 72 W)",
     )),
     (r"RTX 6000 Ada", _spec(
         "RTX 6000 Ada", "Ada Lovelace", 300, 2505, fp32=91.1, tf32=182.1, bf16=364.3,
@@ -359,6 +383,11 @@ def pci_device(pci_device_id: int) -> int | None:
             return None
         return (pci_device_id >> 16) & 0xFFFF
     return pci_device_id
+
+
+def nvml_pci_device_id(device: int) -> int:
+    """NVML's ``pciDeviceId`` of a 16-bit NVIDIA device id (``0x2330`` -> ``0x233010DE``)."""
+    return (device << 16) | NVIDIA_VENDOR_ID
 
 
 def by_name(device_name: str) -> GpuSpec | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gpuwatt.collector.nvml import real_module
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState, SimMigState
-from gpuwatt.gpu_specs import SPECS
+from gpuwatt.gpu_specs import SPECS, nvml_pci_device_id
 
 NV = real_module()
 GIB = 1024**3
@@ -36,6 +36,7 @@ def make_gpu(host: str = "node-1", index: int = 0, model: str = "H100 SXM") -> S
         name=name,
         spec=spec,
         pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
+        pci_device_id=nvml_pci_device_id(spec.pci_device_ids[0]),
         memory_total_bytes=mem_gib * GIB,
         power_limit_w=spec.tdp_w,
         power_min_w=spec.tdp_w / 4,

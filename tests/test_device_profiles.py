@@ -19,6 +19,7 @@ from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.device_profile import DeviceProfile, load_dump, profile_state
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.state import SimCluster
+from gpuwatt.gpu_specs import by_pci_device_id
 from gpuwatt.line_protocol import LineEncoder, parse_line
 from gpuwatt.model import EnergyMethod, GpuSample
 from gpuwatt.schema import FIELD_BY_ATTR
@@ -44,6 +45,7 @@ FILLS: dict[str, tuple[str, ...]] = {
         "remapped_rows_failure",
     ),
     "nvmlDeviceGetMigMode": ("mig_enabled",),
+    "nvmlDeviceGetPciInfo": ("pci_device_id",),
 }
 
 
@@ -130,6 +132,19 @@ def test_the_collector_runs_against_the_device_and_refused_queries_are_absent(
         assert slow.memory_used_bytes is not None
     if profile.remapped_rows is not None:
         assert slow.remapped_rows_pending is profile.remapped_rows[2]
+    assert slow.pci_device_id == profile.pci_device_id
+
+
+def test_a_dumps_pci_device_id_is_read_and_names_its_model() -> None:
+    by_file = {p.name: load_dump(p)[0] for p in DUMPS}
+    a100 = by_file["a100-sxm4-v12.xml"]  # <pci_device_id>20B210DE</pci_device_id>
+    assert a100.pci_device_id == 0x20B210DE
+    spec = by_pci_device_id(a100.pci_device_id)
+    assert spec is not None and spec.model == "A100 SXM"
+    # Telegraf's a10g.xml has its device part zeroed ("000000DE"): refused, not zero
+    a10g = by_file["a10g.xml"]
+    assert a10g.pci_device_id is None
+    assert "nvmlDeviceGetPciInfo" in a10g.unsupported
 
 
 def test_static_facts_are_the_devices_limits_clocks_and_thresholds(

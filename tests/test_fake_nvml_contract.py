@@ -45,6 +45,7 @@ def test_fake_offers_the_functions_the_collector_calls(fake: FakeNvml) -> None:
         "nvmlEventSetWait",
         "nvmlEventSetFree",
         "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetPciInfo",  # pciDeviceId: the GPU table's second key
         # MIG (collector.nvml_mig)
         "nvmlDeviceGetMigMode",
         "nvmlDeviceGetMaxMigDeviceCount",

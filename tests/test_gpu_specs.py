@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +136,66 @@ def test_the_data_centre_and_workstation_gpus_of_telegrafs_testdata_are_known() 
         "NVIDIA GeForce RTX 3090": "GeForce RTX 3090",
         "NVIDIA RTX 4000 SFF Ada Generation": "RTX 4000 SFF Ada",
     }  # the others are desktop cards the table does not list (GTX 1070 Ti, Quadro P400...)
+
+
+# --- checked against sources ----------------------------------------------------------------------
+
+PCI_IDS = Path(__file__).parent / "data" / "pci_ids_nvidia.txt"
+#: pci.ids names no table pattern matches, and the model they are
+PCI_IDS_ALIASES: dict[int, str] = {0x2321: "H100 NVL"}  # pci.ids: "GH100 [H100L 94GB]"
+
+
+def _pci_ids_names() -> dict[int, str]:
+    """Device id -> the product name in brackets, from the pci.ids excerpt."""
+    names = {}
+    for line in PCI_IDS.read_text().splitlines():
+        match = re.match(r"^\t([0-9a-f]{4})  .*\[(.+)\]$", line)
+        if match:
+            names[int(match[1], 16)] = match[2]
+    return names
+
+
+def test_every_pci_device_id_is_pci_ids_name_for_that_model() -> None:
+    names = _pci_ids_names()
+    for device, spec in BY_PCI_DEVICE_ID.items():
+        assert device in names, f"{device:#06x} ({spec.model}) is not in pci.ids"
+        named = PCI_IDS_ALIASES.get(device) or getattr(by_name(names[device]), "model", None)
+        assert named == spec.model, (hex(device), names[device], spec.model)
+
+
+#: Sparse (2:4) tensor figures as the datasheets print them: the table holds half of each.
+SPARSE_AS_PRINTED: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bf16": 1979.0, "fp8": 3958.0, "tf32": 989.0},
+    "H100 PCIe": {"bf16": 1513.0},
+    "H200 SXM": {"fp8": 3958.0},
+    "A100 SXM": {"bf16": 624.0, "tf32": 312.0},
+    "A10": {"bf16": 250.0},
+    "L40S": {"fp8": 1466.0},
+    "L40": {"bf16": 362.1},
+    "L4": {"fp8": 485.0},
+    "B200": {"bf16": 4500.0},
+    "GB200": {"fp8": 10000.0},
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "precision", "sparse"),
+    [(m, p, v) for m, printed in SPARSE_AS_PRINTED.items() for p, v in printed.items()],
+)
+def test_tensor_peaks_are_dense_not_the_sparse_figure(
+    model: str, precision: str, sparse: float
+) -> None:
+    peak = SPECS[model].tensor_peak_tflops(precision)
+    assert peak == pytest.approx(sparse / 2, rel=0.01)
+    assert SPECS["H100 SXM"].bf16_tensor_tflops == pytest.approx(989.4)  # not 1,979
+
+
+def test_dense_peaks_keep_the_precisions_ratios() -> None:
+    """A sparse figure taken for one precision only breaks the 1 : 2 : 4 of TF32 : BF16 : FP8
+    that every tensor core here has (GeForce included, at FP32 accumulate)."""
+    for spec in SPECS.values():
+        tf32, bf16, fp8 = spec.tf32_tensor_tflops, spec.bf16_tensor_tflops, spec.fp8_tensor_tflops
+        if tf32 is not None and bf16 is not None:
+            assert bf16 == pytest.approx(2 * tf32, rel=0.03), spec.model
+        if bf16 is not None and fp8 is not None:
+            assert fp8 == pytest.approx(2 * bf16, rel=0.03), spec.model

@@ -9,10 +9,12 @@ import time
 
 import pytest
 
+from gpuwatt.collector.nvml_source import NvmlSampler
+from gpuwatt.collector.sim.fake_nvml import FakeNvml
 from gpuwatt.collector.sim.scenario import load_scenario, load_scenario_text
 from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.collector.sim.state import SimGpuState
-from gpuwatt.gpu_specs import lookup
+from gpuwatt.gpu_specs import by_pci_device_id, lookup
 from gpuwatt.schema import (
     REASON_GPU_IDLE,
     REASON_HW_POWER_BRAKE,
@@ -425,3 +427,24 @@ def test_backfilling_an_hour_of_the_demo_is_fast() -> None:
     assert all(isinstance(g, SimGpuState) and g.time_s == 3600.0 for g in sim.gpus)
     straggler = sim.gpu("node-2", 5)
     assert straggler.clock_event_reasons & REASON_HW_THERMAL
+
+
+@pytest.mark.parametrize("model", ["H100 SXM", "A100 SXM", "L4", "V100 SXM2", "GeForce RTX 4090"])
+def test_simulated_samples_carry_the_models_pci_device_id(model: str) -> None:
+    text = f"name: one\nseed: 1\ncluster: {{nodes: 1, gpus_per_node: 2, model: {model}}}\n"
+    sim = Simulator(load_scenario_text(text, "one.yaml"))
+    host = sim.cluster.hosts()[0]
+    with NvmlSampler(FakeNvml(sim.cluster, host), host, xid_events=False) as sampler:
+        samples = sampler.sample(include_slow=True)
+    assert len(samples) == 2
+    for s in samples:
+        assert s.pci_device_id is not None and s.pci_device_id & 0xFFFF == 0x10DE
+        spec = by_pci_device_id(s.pci_device_id)
+        assert spec is not None and spec.model == model
+    # the fake answers the bus id as the simulator set it, in NVML's struct
+    nv = FakeNvml(sim.cluster, host)
+    nv.nvmlInit()
+    info = nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(1))
+    assert info.busId == sim.cluster.on_host(host)[1].pci_bus_id
+    assert (info.domain, info.device) == (0, 0)
+    nv.nvmlShutdown()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gpuwatt.collector.sim.mig_scenario import architecture_profile_sms
 from gpuwatt.collector.sim.state import SimGpuState, SimMigState
-from gpuwatt.gpu_specs import GpuSpec, lookup
+from gpuwatt.gpu_specs import NVIDIA_VENDOR_ID, GpuSpec, lookup
 
 MIB = 1024 * 1024
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
@@ -92,6 +92,8 @@ class DeviceProfile:
     reasons_renamed: bool  # the dump says clocks_event_reasons (driver 530+), not throttle
     pcie_tx_kib_per_s: float | None
     pcie_rx_kib_per_s: float | None
+    pci_device_id: int | None  # NVML's pciDeviceId; None where the dump's is redacted or zero
+    pci_bus_id: str
     ecc_enabled: bool
     ecc_corrected: int | None
     ecc_uncorrected: int | None
@@ -256,6 +258,8 @@ def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
         reasons_renamed=renamed,
         pcie_tx_kib_per_s=_num(gpu, "pci/tx_util"),
         pcie_rx_kib_per_s=_num(gpu, "pci/rx_util"),
+        pci_device_id=_pci_device_id(_text(gpu, "pci/pci_device_id")),
+        pci_bus_id=_text(gpu, "pci/pci_bus_id") or "",
         ecc_enabled=ecc_text == "Enabled",
         ecc_corrected=_ecc(gpu, "correctable"),
         ecc_uncorrected=_ecc(gpu, "uncorrectable"),
@@ -266,6 +270,16 @@ def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
     )
     unsupported, failing = _refusals(p)
     return replace(p, unsupported=unsupported, failing=failing)
+
+
+def _pci_device_id(text: str | None) -> int | None:
+    """``221610DE`` as an int; None where the dump's id is redacted or has no device part
+    (Telegraf's a10g.xml says ``000000DE``)."""
+    try:
+        value = int(text or "", 16)
+    except ValueError:
+        return None
+    return value if value >> 16 and value & 0xFFFF == NVIDIA_VENDOR_ID else None
 
 
 def _ecc(gpu: ET.Element, kind: str) -> int | None:
@@ -297,6 +311,7 @@ def _refusals(p: DeviceProfile) -> tuple[frozenset[str], dict[str, int]]:
         ("nvmlDeviceGetPcieThroughput", p.pcie_tx_kib_per_s),
         ("nvmlDeviceGetRemappedRows", p.remapped_rows),
         ("nvmlDeviceGetMemoryInfo", p.memory_total_mib),
+        ("nvmlDeviceGetPciInfo", p.pci_device_id),
     ):
         if value is None:
             refused.add(fn)
@@ -371,7 +386,8 @@ def profile_state(p: DeviceProfile, host: str = "node-0", index: int = 0) -> Sim
         uuid=p.uuid,
         name=p.name,
         spec=profile_spec(p),
-        pci_bus_id="",
+        pci_bus_id=p.pci_bus_id,
+        pci_device_id=p.pci_device_id,
         memory_total_bytes=total,
         power_limit_w=_or_nan(p.power_limit_w),
         power_min_w=_or_nan(p.power_limit_min_w),

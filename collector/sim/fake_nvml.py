@@ -21,9 +21,9 @@ How a simulated GPU misbehaves (tests script these on ``SimGpuState``):
   processes and attributes and refuse the rest (``state.MIG_REFUSED``); their GPM is read
   through the parent's handle (``nvmlGpmMigSampleGet``).
 
-GPM is computed as real NVML computes it: each ``nvmlGpmSampleGet`` snapshots the cumulative
-activity counters, and ``nvmlGpmMetricsGet`` turns the difference of two snapshots into percent of
-the elapsed (simulated) time, or MiB/s for byte counters.
+GPM is computed as real NVML computes it (``collector.sim.fake_gpm``): each ``nvmlGpmSampleGet``
+snapshots the cumulative activity counters, and ``nvmlGpmMetricsGet`` turns the difference of two
+snapshots into percent of the elapsed (simulated) time, or MiB/s for byte counters.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from __future__ import annotations
 import ctypes
 import inspect
 import itertools
-import operator
 import struct
 import time
 from typing import Any
 
 from gpuwatt.collector.nvml import real_module
 from gpuwatt.collector.nvml_structs import gpm_codecs, struct_codec
+from gpuwatt.collector.sim.fake_gpm import gpm_results, read_gpm_counters
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState, SimMigState
 
 _NV = real_module()
@@ -58,6 +58,7 @@ _FRIENDLY = _NV.nvmlFriendlyObject
 _ATTRIBUTES = _NV.c_nvmlDeviceAttributes
 _PROFILE_INFO_V1 = _NV.c_nvmlGpuInstanceProfileInfo_t
 _PROFILE_INFO_V2 = _NV.c_nvmlGpuInstanceProfileInfo_v2_t
+_PCI_INFO = _NV.nvmlPciInfo_t
 #: GPU instance profile id -> its compute slices (the plain profiles)
 _PROFILE_SLICES: dict[int, int] = {
     _NV.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1,
@@ -85,45 +86,6 @@ _POINTER_VALUE = struct.Struct("P")  # a ctypes pointer's buffer is the address 
 # Fake addresses for handles, GPM samples and event sets: unique across FakeNvml instances.
 _ADDRESSES = itertools.count(0x10000, 0x10)
 
-# GPM snapshot layout: (time_s, then the counters in this order)
-_GPM_COUNTERS: tuple[str, ...] = (
-    "sm_active_s",
-    "sm_occupancy_s",
-    "tensor_any_active_s",
-    "tensor_hmma_active_s",
-    "tensor_imma_active_s",
-    "tensor_dfma_active_s",
-    "fp64_active_s",
-    "fp32_active_s",
-    "fp16_active_s",
-    "dram_active_s",
-    "nvlink_rx_bytes",
-    "nvlink_tx_bytes",
-    "pcie_tx_kib_per_s",
-    "pcie_rx_kib_per_s",
-    "graphics_active_s",  # None where not simulated: that metric is NotSupported
-)
-_READ_GPM_COUNTERS = operator.attrgetter("time_s", *_GPM_COUNTERS)
-_PCT, _BYTES_RATE, _KIB_RATE_MEAN, _PCT_IF_SIMULATED = 0, 1, 2, 3
-#: metric id -> (position in the snapshot, how to turn two snapshots into the value)
-_GPM_METRICS: dict[int, tuple[int, int]] = {
-    _NV.NVML_GPM_METRIC_SM_UTIL: (1, _PCT),
-    _NV.NVML_GPM_METRIC_SM_OCCUPANCY: (2, _PCT),
-    _NV.NVML_GPM_METRIC_ANY_TENSOR_UTIL: (3, _PCT),
-    _NV.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: (4, _PCT),
-    _NV.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: (5, _PCT),
-    _NV.NVML_GPM_METRIC_DFMA_TENSOR_UTIL: (6, _PCT),
-    _NV.NVML_GPM_METRIC_FP64_UTIL: (7, _PCT),
-    _NV.NVML_GPM_METRIC_FP32_UTIL: (8, _PCT),
-    _NV.NVML_GPM_METRIC_FP16_UTIL: (9, _PCT),
-    _NV.NVML_GPM_METRIC_DRAM_BW_UTIL: (10, _PCT),
-    _NV.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: (11, _BYTES_RATE),
-    _NV.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: (12, _BYTES_RATE),
-    _NV.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (13, _KIB_RATE_MEAN),
-    _NV.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (14, _KIB_RATE_MEAN),
-    _NV.NVML_GPM_METRIC_GRAPHICS_UTIL: (15, _PCT_IF_SIMULATED),
-}
-
 
 def _error(code: int) -> Exception:
     """The real module's exception for ``code`` (NVMLError maps it to its subclass)."""
@@ -136,38 +98,22 @@ def _address(ptr: Any) -> int:
     return ctypes.cast(ptr, _VOID_P).value or 0
 
 
-def _gpm_results(ids: tuple[int, ...], a: tuple[float, ...], b: tuple[float, ...]) -> list[Any]:
-    """What ``nvmlGpmMetricsGet`` computes for metric ``ids`` between snapshots ``a`` and ``b``:
-    the (metricId, nvmlReturn, value) of each metric, flat, in request order."""
-    dt_s = b[0] - a[0]
-    out: list[Any] = []
-    for metric_id in ids:
-        how = _GPM_METRICS.get(metric_id)
-        if how is None:
-            out += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
-            continue
-        pos, kind = how
-        if dt_s == 0:
-            out += (metric_id, _NV.NVML_ERROR_NO_DATA, 0.0)
-        elif kind == _PCT:
-            out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
-        elif kind == _PCT_IF_SIMULATED:
-            if a[pos] is None or b[pos] is None:
-                out += (metric_id, _NV.NVML_ERROR_NOT_SUPPORTED, 0.0)
-            else:
-                out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s * 100.0)
-        elif kind == _BYTES_RATE:
-            out += (metric_id, _NV.NVML_SUCCESS, (b[pos] - a[pos]) / dt_s / _MIB)
-        else:  # NVML reports PCIe throughput as the mean of the two samples, in MiB/s
-            out += (metric_id, _NV.NVML_SUCCESS, (b[pos] + a[pos]) / 2.0 / 1024.0)
-    return out
-
-
 def _known(value: float) -> int:
     """A static fact as NVML's integer; NaN (a device profile's N/A) is NotSupported."""
     if value != value:
         raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
     return round(value)
+
+
+def _pci_info(bus_id: str, pci_device_id: int) -> Any:
+    """``nvmlPciInfo_t`` for a bus id such as ``00000000:18:00.0`` (empty: all zero)."""
+    info = _PCI_INFO()
+    info.pciDeviceId = pci_device_id
+    if bus_id:
+        domain, bus, rest = bus_id.split(":")
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest[:2], 16)
+        info.busId = info.busIdLegacy = bus_id.encode()
+    return info
 
 
 def _fake_pointer(ptr_type: Any) -> Any:
@@ -272,6 +218,12 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return _gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        g = _gpu(handle, "nvmlDeviceGetPciInfo")
+        if g.pci_device_id is None:
+            raise _error(_NV.NVML_ERROR_NOT_SUPPORTED)
+        return _pci_info(g.pci_bus_id, g.pci_device_id)
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetMaxClockInfo")
@@ -530,7 +482,7 @@ class FakeNvml:
         key = _address(gpmSample)
         if key not in self._gpm_snapshots:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
-        self._gpm_snapshots[key] = _READ_GPM_COUNTERS(g)
+        self._gpm_snapshots[key] = read_gpm_counters(g)
         return gpmSample
 
     def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
@@ -543,7 +495,7 @@ class FakeNvml:
         key = _address(gpmSample)
         if mig is None or key not in self._gpm_snapshots:
             raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
-        self._gpm_snapshots[key] = _READ_GPM_COUNTERS(mig)
+        self._gpm_snapshots[key] = read_gpm_counters(mig)
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
@@ -561,7 +513,7 @@ class FakeNvml:
             full = gpm_codecs(_NV, count)
             codecs = _GPM_CODECS[count] = (full.ids, full.fill, full.metrics_offset)
         ids_codec, fill_codec, offset = codecs
-        results = _gpm_results(ids_codec.unpack_from(metricsGet), first, second)
+        results = gpm_results(ids_codec.unpack_from(metricsGet), first, second)
         fill_codec.pack_into(metricsGet, offset, *results)  # metricInfo left NULL
         return metricsGet
 

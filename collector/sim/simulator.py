@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuwatt.collector.sim.hardware import build_states
 from gpuwatt.collector.sim.mig_sim import MigSimulation
 from gpuwatt.collector.sim.scenario import (
     FaultSpec,
@@ -82,20 +83,19 @@ from gpuwatt.collector.sim.scenario import (
     gpu_profile,
 )
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState
-from gpuwatt.gpu_specs import SPECS
-from gpuwatt.schema import (
-    REASON_GPU_IDLE,
-    REASON_HW_POWER_BRAKE,
-    REASON_HW_SLOWDOWN,
-    REASON_HW_THERMAL,
-    REASON_SW_POWER_CAP,
-    REASON_SW_THERMAL,
+from gpuwatt.collector.sim.step_kernels import (
+    CompiledJob,
+    Regime,
+    Slots,
+    clock_reasons,
+    extra_reasons,
+    pcie_bytes_per_s,
+    quantise_mhz,
+    serve_step,
+    train_step,
 )
 
-REASON_APP_CLOCKS = 0x2  # nvmlClocksEventReasonApplicationsClocksSetting
-
 GIB = 1024**3
-MIB = 1024**2
 
 STEP_S = 1.0
 THERMAL_TAU_S = 25.0
@@ -105,90 +105,12 @@ THERMAL_FLOOR = 0.45
 POWER_CAP_FLOOR = 0.5
 BRAKE_DEFAULT_RATIO = 0.35
 LOCK_DEFAULT_RATIO = 0.6
-CLOCK_STEP_MHZ = 15.0  # NVIDIA clocks move in 15 MHz bins
 
 NVLINK_BYTES_PER_S = 270e9
-PCIE_TRAINING_BYTES_PER_S = 20e9
-PCIE_INFERENCE_RX_BYTES_PER_S = 0.5e9
-PCIE_INFERENCE_TX_BYTES_PER_S = 0.1e9
-
-# NVML clocks-event reason bits
-
-#: PCI bus numbers of the eight GPUs on an HGX H100 baseboard.
-_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
 # rows of the cumulative-counter matrix
 _C_ENERGY_J, _C_SM, _C_OCC, _C_HMMA, _C_FP32, _C_FP16, _C_DRAM, _C_NVL = range(8)
 _N_COUNTERS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    spec: JobSpec
-    idx: np.ndarray  # GPU positions in rank order
-    pids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Slots:
-    """The live (job, GPU) slots of one job kind in a regime, flattened so that a step is a few
-    numpy calls whatever the number of jobs (``reduceat`` over each job's run of slots)."""
-
-    jobs: tuple[JobSpec, ...]
-    gpus: np.ndarray  # GPU position of each slot
-    starts: np.ndarray  # first slot of each job
-    job_of_slot: np.ndarray
-    compute_s: np.ndarray  # per slot: healthy compute time per step (training)
-    allreduce_s: np.ndarray  # per job (training)
-    load: np.ndarray  # per slot (inference)
-    sizes: np.ndarray  # slots per job
-    spin: np.ndarray  # per slot: waiting at the all-reduce spins (training)
-    round_robin: np.ndarray  # per slot: the balancer ignores speed (inference)
-
-    @classmethod
-    def build(cls, jobs: list[_Job], out: np.ndarray) -> _Slots:
-        live = []
-        for j in jobs:
-            keep = ~out[j.idx]
-            if keep.any():
-                live.append((j.spec, j.idx[keep], np.asarray(j.spec.stage_factors())[keep]))
-        sizes = [gpus.size for _, gpus, _ in live]
-        specs = tuple(spec for spec, _, _ in live)
-        base = np.repeat([j.step_time_s * (1 - j.comm_fraction) for j in specs], sizes)
-        stage = np.concatenate([f for _, _, f in live]) if live else np.zeros(0)
-        return cls(
-            jobs=specs,
-            gpus=np.concatenate([g for _, g, _ in live]) if live else np.zeros(0, np.intp),
-            starts=np.cumsum([0, *sizes[:-1]]).astype(np.intp),
-            job_of_slot=np.repeat(np.arange(len(live)), sizes),
-            compute_s=base * stage,
-            allreduce_s=np.array([j.step_time_s * j.comm_fraction for j in specs]),
-            load=np.repeat([j.load for j in specs], sizes),
-            sizes=np.array(sizes, dtype=float),
-            spin=np.repeat([j.nccl_spin for j in specs], sizes).astype(bool),
-            round_robin=np.repeat([j.balancer == "round_robin" for j in specs], sizes).astype(bool),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Regime:
-    """Everything constant between two job or fault boundaries, computed once per interval."""
-
-    lost: np.ndarray
-    working: np.ndarray  # in a running training/inference job, neither lost nor idled
-    brake: np.ndarray  # clock ratio the power brake allows (1 = none)
-    hw_slow: np.ndarray  # clock ratio a HW slowdown alone allows (1 = none)
-    sw_thermal: np.ndarray  # clock ratio the driver's SW thermal slowdown allows
-    locked: np.ndarray  # clock ratio locked application clocks allow
-    host_wait: np.ndarray  # per GPU: input wait per step, as a fraction of its compute time
-    link: np.ndarray  # per GPU: all-reduce time multiplier (degraded NVLink/PCIe)
-    r_c_per_w: np.ndarray  # thermal resistance including any cooling fault
-    power_a: np.ndarray  # demand per unit of compute: 0.3 + 0.9 x intensity
-    rest_demand: np.ndarray  # demand of GPUs that are not working
-    coef_compute: np.ndarray  # (counters, GPUs): counter rate per unit of compute fraction
-    coef_comm: np.ndarray  # (counters, GPUs): counter rate per unit of all-reduce fraction
-    training: _Slots
-    inference: _Slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +143,7 @@ class Simulator:
         n = len(self._refs)
         static_rng = np.random.default_rng([scenario.seed, 0])
         self._rng = np.random.default_rng([scenario.seed, 1])
-        self.cluster = SimCluster(self._build_states(static_rng))
+        self.cluster = SimCluster(build_states(scenario.cluster, self._refs, static_rng))
         self._init_arrays(static_rng, n)
         self._mig: MigSimulation | None = None
         hidden: list[JobSpec] = []
@@ -239,7 +161,7 @@ class Simulator:
         self._boundaries = _boundaries(scenario)
         if self._mig is not None:
             self._boundaries = sorted({*self._boundaries, *self._mig.boundaries()})
-        self._regimes: dict[int, _Regime] = {}
+        self._regimes: dict[int, Regime] = {}
         self._resets = [f for f in scenario.faults if f.kind == "energy_counter_reset"]
         zeros = np.zeros(n)
         off = np.zeros(n, dtype=bool)
@@ -304,33 +226,6 @@ class Simulator:
         return None
 
     # --- construction -------------------------------------------------------------------------
-    def _build_states(self, rng: np.random.Generator) -> list[SimGpuState]:
-        cluster = self.scenario.cluster
-        states = []
-        for host, index in self._refs:
-            model = cluster.model_of(host)
-            spec, profile = SPECS[model], gpu_profile(model)
-            limit = cluster.power_limit_of((host, index))
-            states.append(
-                SimGpuState(
-                    host=host,
-                    index=index,
-                    uuid=_uuid(rng),
-                    name=profile.nvml_name,
-                    spec=spec,
-                    pci_bus_id=_pci_bus_id(index),
-                    memory_total_bytes=profile.memory_total_mib * MIB,
-                    power_limit_w=float(limit),
-                    power_min_w=float(profile.power_min_w),
-                    sm_clock_max_mhz=float(spec.peak_clock_mhz),
-                    memory_clock_max_mhz=float(profile.memory_clock_max_mhz),
-                    slowdown_temp_c=float(profile.slowdown_temp_c),
-                    shutdown_temp_c=float(profile.shutdown_temp_c),
-                    idle_power_w=float(profile.idle_power_w),
-                )
-            )
-        return states
-
     def _init_arrays(self, rng: np.random.Generator, n: int) -> None:
         cluster = self.scenario.cluster
         gpus = self.cluster.gpus
@@ -371,10 +266,10 @@ class Simulator:
         self._power_w = self._idle_w.copy()
         self._headroom_w = self._limit_w - self._idle_w
 
-    def _compile_job(self, job: JobSpec, rng: np.random.Generator) -> _Job:
+    def _compile_job(self, job: JobSpec, rng: np.random.Generator) -> CompiledJob:
         idx = np.array([self._pos[g] for g in job.gpus], dtype=np.intp)
         base = int(rng.integers(2000, 400000))
-        return _Job(job, idx, tuple(base + 3 * rank for rank in range(len(job.gpus))))
+        return CompiledJob(job, idx, tuple(base + 3 * rank for rank in range(len(job.gpus))))
 
     def _leak_rate_bytes_per_s(self, fault: FaultSpec) -> float:
         if fault.kind != "memory_leak":
@@ -404,8 +299,8 @@ class Simulator:
         compute = np.zeros(n)
         comm = np.zeros(n)
         spin = np.zeros(n)
-        step_s = _train(reg.training, r, noise[0], compute, comm, spin, reg)
-        _serve(reg.inference, r, compute)
+        step_s = train_step(reg.training, r, noise[0], compute, comm, spin, reg)
+        serve_step(reg.inference, r, compute)
         demand = compute * reg.power_a + comm * 0.3 + spin * 0.15
         demand = np.where(
             reg.working, np.maximum(demand * (1.0 + 0.03 * noise[1]), 0.0), reg.rest_demand
@@ -437,20 +332,20 @@ class Simulator:
             reg.training.jobs,
             step_s,
             spin,
-            _extra_reasons(reg),
+            extra_reasons(reg),
         )
         self._grid += 1
         if self._resets:
             self._record_energy_resets(t0, float(self._grid))
 
-    def _regime(self, t_s: float) -> _Regime:
+    def _regime(self, t_s: float) -> Regime:
         key = bisect.bisect_right(self._boundaries, t_s)
         reg = self._regimes.get(key)
         if reg is None:
             reg = self._regimes[key] = self._build_regime(t_s)
         return reg
 
-    def _build_regime(self, t_s: float) -> _Regime:
+    def _build_regime(self, t_s: float) -> Regime:
         n = len(self._refs)
         lost = np.zeros(n, dtype=bool)
         idle = np.zeros(n, dtype=bool)
@@ -490,8 +385,8 @@ class Simulator:
                 link[k] = 1.0 + sev * (f.params["factor"] - 1.0)
         out = lost | idle
         running = [j for j in self._jobs if j.spec.active_at(t_s)]
-        training = _Slots.build([j for j in running if j.spec.kind == "training"], out)
-        inference = _Slots.build([j for j in running if j.spec.kind == "inference"], out)
+        training = Slots.build([j for j in running if j.spec.kind == "training"], out)
+        inference = Slots.build([j for j in running if j.spec.kind == "inference"], out)
         intens = np.zeros(n)
         dram_k = np.zeros(n)
         working = np.zeros(n, dtype=bool)
@@ -510,7 +405,7 @@ class Simulator:
         coef_compute[_C_FP16] = 0.02
         coef_compute[_C_DRAM], coef_comm[_C_DRAM] = dram_k, 0.2
         coef_comm[_C_NVL] = NVLINK_BYTES_PER_S / link  # a degraded link: same bytes, longer
-        return _Regime(
+        return Regime(
             lost=lost,
             working=working,
             brake=brake,
@@ -573,12 +468,12 @@ class Simulator:
         util_mem = (100.0 * self._rate[_C_DRAM]).tolist()
         clock_mhz = self._max_clock * last.r
         idle_mhz = np.minimum(self._idle_clock, clock_mhz)
-        clock = np.where(last.working, _quantise(clock_mhz), idle_mhz).tolist()
-        reasons = _reasons(last.working, last.power_limited, last.hot, last.braked)
+        clock = np.where(last.working, quantise_mhz(clock_mhz), idle_mhz).tolist()
+        reasons = clock_reasons(last.working, last.power_limited, last.hot, last.braked)
         if last.extra_reasons is not None:
             reasons = reasons | np.where(last.working, last.extra_reasons, 0)
         reasons = reasons.tolist()
-        tx_b, rx_b = _pcie_bytes_per_s(last.compute, last.comm)
+        tx_b, rx_b = pcie_bytes_per_s(last.compute, last.comm)
         tx = (tx_b / 1024.0).tolist()
         rx = (rx_b / 1024.0).tolist()
         mem_temp_l = mem_temp.tolist()
@@ -681,68 +576,6 @@ class Simulator:
             self.cluster.gpus[k].energy_mj = round((energy_j[k] - zero_j) * 1000.0)
 
 
-def _train(
-    slots: _Slots,
-    r: np.ndarray,
-    jitter: np.ndarray,
-    compute: np.ndarray,
-    comm: np.ndarray,
-    spin: np.ndarray,
-    reg: _Regime,
-) -> np.ndarray | None:
-    """Synchronous data parallel: each job's step waits for its slowest rank's all-reduce.
-
-    A rank computes (longer when its clock is cut), may first wait for input from its host (slow
-    host: the GPU idles at normal clocks), then joins the all-reduce, which starts when the last
-    rank arrives and lasts as long as its slowest link. Ranks that arrive early or finish the
-    all-reduce early wait: blocked on the host, or spinning in NCCL kernels (``nccl_spin``).
-    Fills ``compute``/``comm``/``spin`` (fractions of the step); returns each job's step time."""
-    if slots.gpus.size == 0:
-        return None
-    gpus = slots.gpus
-    compute_s = slots.compute_s / r[gpus] * (1.0 + 0.01 * jitter[gpus])
-    ready_s = compute_s + reg.host_wait[gpus] * compute_s
-    comm_s = slots.allreduce_s[slots.job_of_slot] * reg.link[gpus]
-    step_s = np.maximum.reduceat(ready_s, slots.starts) + np.maximum.reduceat(comm_s, slots.starts)
-    per_slot = step_s[slots.job_of_slot]
-    compute[gpus] = compute_s / per_slot
-    comm[gpus] = comm_s / per_slot
-    waiting = np.maximum(per_slot - ready_s - comm_s, 0.0) / per_slot
-    spin[gpus] = np.where(slots.spin, waiting, 0.0)
-    return step_s
-
-
-def _serve(slots: _Slots, r: np.ndarray, compute: np.ndarray) -> None:
-    """Independent replicas. A latency-aware balancer sends traffic as r²; a round-robin one
-    gives every replica its share whatever its speed, so a slow replica saturates and queues."""
-    if slots.gpus.size == 0:
-        return
-    rr = r[slots.gpus]
-    share = np.where(slots.round_robin, 1.0, rr * rr)
-    mean = np.add.reduceat(share, slots.starts) / slots.sizes
-    compute[slots.gpus] = np.minimum(slots.load * share / mean[slots.job_of_slot] / rr, 1.0)
-
-
-def _extra_reasons(reg: _Regime) -> np.ndarray:
-    """Reason bits of the faults that only cap the clock."""
-    out = np.where(reg.hw_slow < 1.0, REASON_HW_SLOWDOWN, 0)
-    out = out | np.where(reg.sw_thermal < 1.0, REASON_SW_THERMAL, 0)
-    out = out | np.where(reg.locked < 1.0, REASON_APP_CLOCKS, 0)
-    return out.astype(np.int64)
-
-
-def _pcie_bytes_per_s(compute: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Training all-reduces through the NIC (GPUDirect); inference moves requests and replies."""
-    inference = (compute > 0) & (comm == 0)
-    tx = PCIE_TRAINING_BYTES_PER_S * comm + np.where(
-        inference, PCIE_INFERENCE_TX_BYTES_PER_S * compute, 0.0
-    )
-    rx = PCIE_TRAINING_BYTES_PER_S * comm + np.where(
-        inference, PCIE_INFERENCE_RX_BYTES_PER_S * compute, 0.0
-    )
-    return tx, rx
-
-
 #: how far ahead duty cycles and ramps are expanded into boundaries when a scenario has no duration
 BOUNDARY_HORIZON_S = 48 * 3600.0
 
@@ -760,27 +593,3 @@ def _boundaries(scenario: Scenario) -> list[float]:
     for f in scenario.faults:
         times.update(f.switch_times(horizon))
     return sorted(times)
-
-
-def _reasons(
-    working: np.ndarray, power_capped: np.ndarray, hot: np.ndarray, braked: np.ndarray
-) -> np.ndarray:
-    reasons = np.where(working, 0, REASON_GPU_IDLE)
-    reasons = reasons | np.where(power_capped & working, REASON_SW_POWER_CAP, 0)
-    reasons = reasons | np.where(hot, REASON_HW_SLOWDOWN | REASON_HW_THERMAL, 0)
-    reasons = reasons | np.where(braked, REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE, 0)
-    return reasons.astype(np.int64)
-
-
-def _quantise(mhz: np.ndarray) -> np.ndarray:
-    return np.floor(mhz / CLOCK_STEP_MHZ) * CLOCK_STEP_MHZ
-
-
-def _uuid(rng: np.random.Generator) -> str:
-    h = "".join(f"{b:02x}" for b in rng.integers(0, 256, 16).tolist())
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def _pci_bus_id(index: int) -> str:
-    bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + index * 0x10 & 0xFF
-    return f"00000000:{bus:02X}:00.0"

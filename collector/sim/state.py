@@ -32,6 +32,9 @@ class SimGpuState:
     slowdown_temp_c: float  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
     shutdown_temp_c: float  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
     idle_power_w: float
+    #: NVML's ``pciDeviceId`` (device id << 16 | vendor 0x10DE); None: nvmlDeviceGetPciInfo
+    #: answers NotSupported (a dump whose id is redacted)
+    pci_device_id: int | None = None
     # --- dynamic, written by the simulator at each step ----------------------------------------
     time_s: float = 0.0  # simulated seconds since the cluster started
     utilization_gpu_pct: float = 0.0
