@@ -142,7 +142,8 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
 
 
 def render(ctx: PageContext) -> list[Any]:
-    samples = sorted(ctx.win.latest, key=lambda s: (natural_key(s.host), s.gpu_index))
+    newest = ctx.data.latest_with_slow_fields()
+    samples = sorted(newest, key=lambda s: (natural_key(s.host), s.gpu_index))
     checked = [check(s, ctx.now_ns) for s in samples]
     count = {k: sum(1 for h in checked if h.severity == k) for k in (0, 1, 2)}
     kinds = {
