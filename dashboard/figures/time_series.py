@@ -180,7 +180,7 @@ def node_lines(
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": "throttle / XID",
+                "name": "throttle onset",
                 "x": fb.iso_dates(events["time_ns"].to_numpy()),
                 "y": [0.3] * len(events),
                 "yaxis": "y2",

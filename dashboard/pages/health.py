@@ -196,7 +196,8 @@ def render(ctx: PageContext) -> list[Any]:
         section(
             "GPUs",
             health_table(ctx, checked),
-            help_text="From each GPU's newest sample. Click a GPU for its fan, PCIe/NVLink, "
+            help_text="From each GPU's newest sample; ECC and remapped rows, sampled once a "
+            "minute, from its newest sample that has them. Click a GPU for its fan, PCIe/NVLink, "
             "ECC and throttle history.",
         ),
         section(
