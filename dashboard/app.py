@@ -409,7 +409,7 @@ def create_app(
     # Writes (silence, expire) only behind authentication: see gpuwatt.dashboard.alert_actions.
     can_act = credentials is not None and isinstance(alerts, AlertActions)
     _register_callbacks(app, data, alerts, work, can_act)
-    csv_export.register_routes(app.server, data)
+    csv_export.register_routes(app.server, data, work)
     if credentials is not None:
         install_basic_auth(app.server, credentials)
     app.server.config["GPUWATT_DATA"] = data

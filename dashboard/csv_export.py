@@ -28,8 +28,11 @@ from gpuwatt.analytics import Quality as Q
 from gpuwatt.analytics.by_model import by_model
 from gpuwatt.analytics.findings import Finding, findings
 from gpuwatt.analytics.quality import worst
-from gpuwatt.dashboard.data import DashboardData, DataError
+from gpuwatt.dashboard.data import DashboardData, DataError, WindowData
+from gpuwatt.dashboard.job_report import extra_columns, with_extra_columns
+from gpuwatt.dashboard.jobs import job_rows
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
+from gpuwatt.dashboard.work_data import JobWorkSource
 from gpuwatt.schema import FIELD_BY_ATTR
 
 GROUPINGS: tuple[str, ...] = ("gpu", "node", "job", "model")
@@ -160,6 +163,15 @@ def build_report(
     for column, quality in report_qualities(out, summary, cost_col).items():
         out[column] = quality
     return out[_columns(by, cost_col)].reset_index(drop=True)
+
+
+def report_by_job(win: WindowData, work: JobWorkSource | None = None) -> pd.DataFrame:
+    """The report by job with the jobs page's columns after its own (reported TFLOPS, MFU,
+    stragglers, idle GPU-hours, requests served, verdict): what ``gpuwatt report --by job``
+    writes and the dashboard's ``/download/report.csv?by=job`` serves."""
+    table = build_report(win.summary, "job")
+    rows = job_rows(win.summary, win.stragglers, work.work(win) if work else ())
+    return with_extra_columns(table, extra_columns(rows, work.served(win) if work else {}))
 
 
 #: Each figure column of a report and the column holding its quality label.
@@ -297,8 +309,9 @@ def filename(kind: str, tr: TimeRange) -> str:
     return f"gpuwatt-{kind}-{stamp(tr.start_ns)}-{stamp(tr.end_ns)}.csv"
 
 
-def register_routes(server: Any, data: DashboardData) -> None:
-    """``/download/report.csv?range=..&by=gpu|node|job`` and ``/download/series.csv?..&step=``."""
+def register_routes(server: Any, data: DashboardData, work: JobWorkSource | None = None) -> None:
+    """``/download/report.csv?range=..&by=gpu|node|job`` and ``/download/series.csv?..&step=``;
+    ``work``: the jobs' own reports, for the report by job."""
     from flask import Response, request, stream_with_context
 
     def bad(message: str, status: int = 400) -> Response:
@@ -324,7 +337,8 @@ def register_routes(server: Any, data: DashboardData) -> None:
         if by not in GROUPINGS:
             return bad(f"by must be one of {', '.join(GROUPINGS)}")
         try:
-            table = build_report(data.window(tr).summary, by)
+            win = data.window(tr)
+            table = report_by_job(win, work) if by == "job" else build_report(win.summary, by)
         except DataError as exc:
             return bad(exc.message, 503 if exc.unreachable else 500)
         return attachment(report_csv(table), filename(f"report-by-{by}", tr))

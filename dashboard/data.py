@@ -36,6 +36,12 @@ from gpuwatt.analytics import (
 )
 from gpuwatt.analytics.by_model import by_model
 from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
+from gpuwatt.dashboard.slow_fields import (
+    SLOW_FIELDS,
+    SLOW_LOOKBACK_S,
+    newest_measured,
+    with_slow_fields,
+)
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.mig import is_mig_device
@@ -290,6 +296,24 @@ class DashboardData:
 
     def latest(self) -> list[GpuSample]:
         return self._cached(("latest",), lambda: self._read("latest samples", self.store.latest))
+
+    def latest_with_slow_fields(self) -> list[GpuSample]:
+        """The newest sample of every GPU with its ECC and remapped-row figures filled in from
+        the last few slow intervals (``slow_fields``): what the health table shows."""
+
+        def compute() -> list[GpuSample]:
+            samples = self.latest()
+            if not samples:
+                return samples
+            end_ns = max(s.time_ns for s in samples) + 1
+            start_ns = end_ns - SLOW_LOOKBACK_S * NS_PER_S
+            frame = self._read(
+                "ECC and remapped rows",
+                lambda: self.store.series(start_ns, end_ns, SLOW_FIELDS),
+            )
+            return with_slow_fields(samples, newest_measured(frame))
+
+        return self._cached(("latest-slow",), compute)
 
     def window(self, tr: TimeRange) -> WindowData:
         """Rollups and the analytics summary for one range.

@@ -1,7 +1,8 @@
 """Numbers as people read them: SI prefixes and units ("15.9 kW", "549 PFLOPS"), never e-notation.
 
-The figures use the same convention through plotly's d3 format ``~s`` (see ``figures.si_axis``);
-this module formats the text of KPIs and tables. A missing or non-finite value reads "n/a".
+The figures use the same convention through plotly's d3 format ``~s`` (see
+``figures.base.value_axis``); this module formats the text of KPIs and tables. A missing or
+non-finite value reads "n/a".
 """
 
 from __future__ import annotations

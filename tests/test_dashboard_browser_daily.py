@@ -263,6 +263,15 @@ def test_node_page_health_panels_processes_and_gpu_picker(browser: Any, site: Si
         "clock-event reasons",
     ):
         assert panel in titles, (panel, titles)
+    # a constant memory value (the job's 68 GiB) reads among distinct ticks, not one label each
+    for plot in browser.find_elements(By.CSS_SELECTOR, "#node-content .js-plotly-plot"):
+        title = plot.find_elements(By.CSS_SELECTOR, ".gtitle")
+        if title and title[0].text == "memory used":
+            ticks = [t.text for t in plot.find_elements(By.CSS_SELECTOR, ".ytick text")]
+            assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+            break
+    else:
+        raise AssertionError("no memory chart on the node page")
     text = content(browser, "node").lower()
     assert "hardware health" in text and "processes now" in text
     procs = browser.find_element(By.ID, "processes").text
@@ -295,6 +304,8 @@ def test_health_page_lists_the_gpus_that_need_a_person(browser: Any, site: Site)
     host, idx = site.straggler
     assert f"{host} GPU {idx}" in text  # the straggler: hot and throttled, in the first rows
     assert "throttled: hardware thermal slowdown" in text.lower() or "hot (" in text
+    # the ECC GPU's slow counters (sampled once a minute), not "not measured"
+    assert "uncorrectable ECC errors: 1" in text and "row remapping pending" in text
     assert console_errors(browser) == []
 
 

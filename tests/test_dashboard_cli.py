@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from test_dashboard_support import build_demo_store
+from test_dashboard_support import DEMO_END_NS, build_demo_store
 
 from gpuwatt.cli.dashboard import (
     add_dashboard_parser,
@@ -106,6 +106,32 @@ def test_report_by_job_has_the_jobs_page_columns(steps_url: str, tmp_path: Path)
     per_k = float(serve["energy_kwh"]) * 1e6 / float(serve["requests"])
     assert float(serve["energy_per_1k_requests_wh"]) == pytest.approx(per_k, rel=1e-6)
     assert float(serve["latency_p50_s"]) <= float(serve["latency_p99_s"])
+
+
+def test_dashboard_download_by_job_is_the_cli_report_by_job(steps_url: str, tmp_path: Path) -> None:
+    """One function builds both: the same rows and columns, the jobs page's included."""
+    from gpuwatt.config import load_config
+    from gpuwatt.dashboard.app import create_app
+    from gpuwatt.store.job_steps import SqliteJobStepStore
+    from gpuwatt.store.sqlite import SqliteStore
+
+    cli = _report_by_job(steps_url, tmp_path)
+    path = steps_url.removeprefix("sqlite://")
+    store, steps = SqliteStore(path), SqliteJobStepStore(path)
+    try:
+        config = load_config(None)  # as the CLI loads it: the same tariff
+        app = create_app(store, now_ns=DEMO_END_NS, job_steps=steps, config=config)
+        query = "from=2026-01-01T00:10:00Z&to=2026-01-01T00:20:00Z&by=job"
+        resp = app.server.test_client().get(f"/download/report.csv?{query}")
+        assert resp.status_code == 200
+        text = resp.get_data(as_text=True)
+    finally:
+        steps.close()
+        store.close()
+    served = {r["job_id"]: r for r in csv.DictReader(text.splitlines())}
+    assert served == cli
+    assert float(served["llm-pretrain"]["mfu_pct"]) > 0
+    assert float(served["chat-serving"]["energy_per_1k_requests_wh"]) > 0
 
 
 def test_job_summary_for_a_ticket(

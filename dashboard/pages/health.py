@@ -142,7 +142,8 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
 
 
 def render(ctx: PageContext) -> list[Any]:
-    samples = sorted(ctx.win.latest, key=lambda s: (natural_key(s.host), s.gpu_index))
+    newest = ctx.data.latest_with_slow_fields()
+    samples = sorted(newest, key=lambda s: (natural_key(s.host), s.gpu_index))
     checked = [check(s, ctx.now_ns) for s in samples]
     count = {k: sum(1 for h in checked if h.severity == k) for k in (0, 1, 2)}
     kinds = {
@@ -195,7 +196,8 @@ def render(ctx: PageContext) -> list[Any]:
         section(
             "GPUs",
             health_table(ctx, checked),
-            help_text="From each GPU's newest sample. Click a GPU for its fan, PCIe/NVLink, "
+            help_text="From each GPU's newest sample; ECC and remapped rows, sampled once a "
+            "minute, from its newest sample that has them. Click a GPU for its fan, PCIe/NVLink, "
             "ECC and throttle history.",
         ),
         section(

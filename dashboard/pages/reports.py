@@ -12,7 +12,7 @@ from dash import html
 from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import data_table, page_frame, section
 from gpuwatt.dashboard.context import PageContext
-from gpuwatt.dashboard.csv_export import GROUPINGS, build_report
+from gpuwatt.dashboard.csv_export import GROUPINGS, build_report, report_by_job
 from gpuwatt.dashboard.timerange import to_search
 
 PAGE = "reports"
@@ -54,7 +54,8 @@ def _cell(value: Any) -> str:
 def render(ctx: PageContext) -> list[Any]:
     asked = ctx.query.get("by") or "gpu"
     by = asked if asked in GROUPINGS else "gpu"
-    table = build_report(ctx.win.summary, by)
+    # the preview is the download's table (by job: with the jobs page's columns)
+    table = report_by_job(ctx.win, ctx.work) if by == "job" else build_report(ctx.win.summary, by)
     shown, left_out = preview_frame(table.head(PREVIEW_ROWS))
     preview = data_table(
         shown.columns,

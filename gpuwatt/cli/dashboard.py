@@ -186,6 +186,20 @@ def _reported_windows(args: argparse.Namespace, config: Any, summary: Any) -> An
     return windows
 
 
+def _report_by_job(args: argparse.Namespace, config: Any, win: Any) -> Any:
+    """The report by job as the dashboard's download has it (``csv_export.report_by_job``)."""
+    from gpuwatt.dashboard.csv_export import report_by_job
+    from gpuwatt.dashboard.work_data import JobWorkSource
+    from gpuwatt.store.job_steps import open_job_step_store
+
+    steps = open_job_step_store(_store_url(args))
+    try:
+        precision = config.collector.tensor_precision if config is not None else "bf16"
+        return report_by_job(win, JobWorkSource(steps, tensor_precision=precision))
+    finally:
+        steps.close()
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from gpuwatt.dashboard.app import tariff_from
     from gpuwatt.dashboard.csv_export import build_report, report_csv
@@ -200,18 +214,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         data = DashboardData(store, clock_ns=lambda: now, tariff=tariff_from(config))
         try:
-            summary = data.window(tr).summary
-            jw = _reported_windows(args, config, summary) if args.by == "model" else None
-            table = build_report(summary, args.by, job_work_windows=jw)
+            win = data.window(tr)
+            if args.by == "job":  # the jobs page's columns after the report's own
+                table = _report_by_job(args, config, win)
+            else:
+                jw = _reported_windows(args, config, win.summary) if args.by == "model" else None
+                table = build_report(win.summary, args.by, job_work_windows=jw)
         except DataError as exc:
             raise GpuwattError(f"report: {exc.message}") from None
     finally:
         store.close()
-    if args.by == "job":  # the jobs page's columns after the report's own
-        from gpuwatt.dashboard.job_report import extra_columns, with_extra_columns
-
-        _, rows, served = _job_figures(args, now)
-        table = with_extra_columns(table, extra_columns(rows, served))
     chunks = report_csv(table)
     if args.out == "-":
         for chunk in chunks:
