@@ -113,6 +113,8 @@ def build_report(
     g = per_gpu.copy()
     key = _gpu_key(g)
     g["gpu_hours_h"] = key.map(seen).fillna(0).to_numpy() / 3600.0
+    if "gpu_share" in g.columns:  # a MIG device: its share of the GPU's time (accounting.md)
+        g["gpu_hours_h"] *= g["gpu_share"].fillna(1.0).to_numpy(dtype=float)
     g["straggler_minutes_min"] = key.map(flagged).fillna(0).to_numpy() / 60.0
     g["tf_power_w"] = np.where(g["tflops_mean"].notna(), g["power_mean_w"], np.nan)
     if by == "gpu":
@@ -130,6 +132,8 @@ def build_report(
         src = summary.energy_by_node if by == "node" else summary.energy_by_job
         if by == "job":
             g = g.loc[g["job_id"].notna()]
+        elif "mig" in g.columns:  # a node's GPU time is its whole GPUs': devices are inside
+            g = g.loc[~g["mig"].to_numpy(dtype=bool)]
         if g.empty or src.empty:
             return pd.DataFrame(columns=_columns(by, cost_col))
         grp = g.groupby(gkey, sort=True)
@@ -212,8 +216,8 @@ def report_qualities(
 def _columns(by: str, cost_col: str) -> list[str]:
     ident = {
         "gpu": ["host", "gpu_index", "uuid", "name", "job_id", "finding", "cause", "severity"],
-        "node": ["host", "gpus"],
-        "job": ["job_id", "gpus"],
+        "node": ["host", "gpus", "mig_devices"],
+        "job": ["job_id", "gpus", "mig_devices"],
     }[by]
     return [
         *ident,
