@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from gpuwatt.analytics import AnalysisSummary, Quality, analyze
+from gpuwatt.analytics.by_model import by_model
 from gpuwatt.analytics.inputs import read_analysis_input
 from gpuwatt.analytics.mig_energy import slice_share
 from gpuwatt.collector.sim.scenario import load_scenario
@@ -141,3 +142,11 @@ def test_a_frame_without_mig_devices_has_no_mig_columns_set() -> None:
     assert (s.gpus, s.mig_devices) == (2, 0)
     assert s.energy_by_node["mig_devices"].tolist() == [0]
     assert s.energy_by_gpu["unattributed_energy_j"].isna().all()
+
+
+def test_the_report_by_model_counts_a_partitioned_gpu_once(summary: AnalysisSummary) -> None:
+    out = by_model(summary)
+    assert out["gpus"].sum() == 8
+    whole = summary.energy_by_gpu.loc[~summary.energy_by_gpu["mig"]]
+    assert out["gpu_hours_h"].sum() == pytest.approx(whole["seen_s"].sum() / 3600)
+    assert out["energy_kwh"].sum() == pytest.approx(summary.cluster["energy_kwh"].value)
