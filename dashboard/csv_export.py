@@ -216,8 +216,8 @@ def report_qualities(
 def _columns(by: str, cost_col: str) -> list[str]:
     ident = {
         "gpu": ["host", "gpu_index", "uuid", "name", "job_id", "finding", "cause", "severity"],
-        "node": ["host", "gpus", "mig_devices"],
-        "job": ["job_id", "gpus", "mig_devices"],
+        "node": ["host", "gpus"],
+        "job": ["job_id", "gpus"],
     }[by]
     return [
         *ident,
@@ -239,6 +239,8 @@ def _columns(by: str, cost_col: str) -> list[str]:
         "straggler_minutes_quality",
         "alerts_count",
         "alerts_quality",
+        # last, so the columns before keep their places: MIG devices beside ``gpus`` (whole GPUs)
+        *([] if by == "gpu" else ["mig_devices"]),
     ]
 
 
