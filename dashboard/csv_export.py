@@ -116,6 +116,8 @@ def build_report(
     g = per_gpu.copy()
     key = _gpu_key(g)
     g["gpu_hours_h"] = key.map(seen).fillna(0).to_numpy() / 3600.0
+    if "gpu_share" in g.columns:  # a MIG device: its share of the GPU's time (accounting.md)
+        g["gpu_hours_h"] *= g["gpu_share"].fillna(1.0).to_numpy(dtype=float)
     g["straggler_minutes_min"] = key.map(flagged).fillna(0).to_numpy() / 60.0
     g["tf_power_w"] = np.where(g["tflops_mean"].notna(), g["power_mean_w"], np.nan)
     if by == "gpu":
@@ -133,6 +135,8 @@ def build_report(
         src = summary.energy_by_node if by == "node" else summary.energy_by_job
         if by == "job":
             g = g.loc[g["job_id"].notna()]
+        elif "mig" in g.columns:  # a node's GPU time is its whole GPUs': devices are inside
+            g = g.loc[~g["mig"].to_numpy(dtype=bool)]
         if g.empty or src.empty:
             return pd.DataFrame(columns=_columns(by, cost_col))
         grp = g.groupby(gkey, sort=True)
@@ -247,6 +251,8 @@ def _columns(by: str, cost_col: str) -> list[str]:
         "straggler_minutes_quality",
         "alerts_count",
         "alerts_quality",
+        # last, so the columns before keep their places: MIG devices beside ``gpus`` (whole GPUs)
+        *([] if by == "gpu" else ["mig_devices"]),
     ]
 
 

@@ -127,7 +127,7 @@ def test_per_gpu_identity_is_groupby_last() -> None:
     GPU (str: NaN; object: None), and GPU codes with gaps."""
     import numpy as np
 
-    from gpuwatt.analytics.summary import _per_gpu
+    from gpuwatt.analytics.group_figures import per_gpu_figures
 
     codes = np.array([0, 2, 5, 0, 2, 5, 0, 2, 5])  # by window, then GPU
     gw = pd.DataFrame(
@@ -150,7 +150,7 @@ def test_per_gpu_identity_is_groupby_last() -> None:
         }
     )
     ident = ["gpu", "host", "gpu_index", "uuid", "name", "job_id"]
-    got = _per_gpu(gw)
+    got = per_gpu_figures(gw)
     want = gw.groupby("gpu_code", sort=True)[ident].last()
     pd.testing.assert_frame_equal(got[ident], want, check_exact=True)
     assert [type(j) for j in got["job_id"]] == [type(j) for j in want["job_id"]]

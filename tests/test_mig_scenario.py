@@ -147,7 +147,7 @@ def test_dashboard_data_and_reports_show_mig_devices_as_devices_with_parents(
         "chat-replicas",
     }
     jobs = build_report(window.summary, "job").set_index("job_id")
-    assert jobs.loc["chat-replicas", "gpus"] == 6
+    assert jobs.loc["chat-replicas", ["gpus", "mig_devices"]].tolist() == [0, 6]
     assert jobs.loc["chat-replicas", "utilization_mean_pct"] == pytest.approx(70.0, abs=1.0)
     assert jobs.loc["llm-pretrain", "gpus"] == 5
 

@@ -79,7 +79,9 @@ def by_model(
         util_w=seen_s.where(util.notna(), 0.0),
         util_x=(util * seen_s).fillna(0.0),
     )
-    grp = gw.groupby("model", sort=True)
+    # a GPU split with MIG counts once: its devices are inside it (docs/accounting.md, "MIG")
+    whole = gw.loc[~gw["mig"].to_numpy(dtype=bool)] if "mig" in gw.columns else gw
+    grp = whole.groupby("model", sort=True)
     util_w = grp["util_w"].sum()
     out = pd.DataFrame(
         {
@@ -133,10 +135,16 @@ def most_work_per_watt(table: pd.DataFrame) -> str:
     )
 
 
+def _whole_gpus(eg: pd.DataFrame) -> pd.DataFrame:
+    """The whole GPUs of a per-GPU table: a MIG device's energy is inside its parent's."""
+    return eg.loc[~eg["mig"].to_numpy(dtype=bool)] if "mig" in eg.columns else eg
+
+
 def _energy_kwh(summary: AnalysisSummary, models: dict[str, str]) -> pd.Series:
     eg = summary.energy_by_gpu
     if eg is None or eg.empty:
         return pd.Series(dtype=float)
+    eg = _whole_gpus(eg)
     m = eg["name"].fillna("").astype(str).map(lambda n: models.get(n) or model_of(n))
     return eg.groupby(m)["energy_j"].sum(min_count=1) / 3.6e6
 
@@ -146,6 +154,7 @@ def _energy_quality(summary: AnalysisSummary, models: dict[str, str]) -> pd.Seri
     eg = summary.energy_by_gpu
     if eg is None or eg.empty or "energy_quality" not in eg.columns:
         return pd.Series(dtype=object)
+    eg = _whole_gpus(eg)
     m = eg["name"].fillna("").astype(str).map(lambda n: models.get(n) or model_of(n))
     return eg.groupby(m)["energy_quality"].agg(lambda s: worst([Quality(q) for q in s]).value)
 

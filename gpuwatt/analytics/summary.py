@@ -13,48 +13,39 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gpuwatt.analytics.accounting import (
-    add_row_seen,
-    keep_in_range,
-    measured,
-    slot_ends_ns,
-    slot_ns_of,
-)
 from gpuwatt.analytics.balance import (
     CLUSTER,
     DEFAULT_INDEX,
     IdleGpu,
     balance_over_time,
     idle_gpus,
-    mark_idle,
 )
-from gpuwatt.analytics.efficiency import add_row_tflops, efficiency_over_time, gpu_tflops_quality
+from gpuwatt.analytics.efficiency import efficiency_over_time, gpu_tflops_quality
 from gpuwatt.analytics.energy import (
     WRITERS_CONFLICTS,
     Tariff,
     add_cost_columns,
-    add_row_energy,
     energy_figures,
     gpu_energy_quality,
-    median_step_ns,
 )
+from gpuwatt.analytics.gpu_windows import (
+    LostGpu,
+    gpu_windows,
+    straggler_findings,
+)
+from gpuwatt.analytics.group_figures import by_group, per_gpu_figures
+from gpuwatt.analytics.mig_energy import add_mig_columns, split_parent_energy
 from gpuwatt.analytics.quality import Figure, Quality, not_available, worst
-from gpuwatt.analytics.reasons import add_bit_columns
 from gpuwatt.analytics.reported import JobWork, reported_work
-from gpuwatt.analytics.stragglers import Straggler, StragglerConfig, find_stragglers, score_windows
+from gpuwatt.analytics.stragglers import Straggler, StragglerConfig
 from gpuwatt.analytics.windows import (
     NS_PER_S,
     label_codes,
-    per_gpu_window,
-    prepare,
-    sorted_unique,
     window_list,
-    window_starts,
 )
 
 
@@ -85,6 +76,8 @@ class AnalysisSummary:
     job_work_windows: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: GPUs lost in the range and not seen since (their lost time is in no figure)
     lost: list[LostGpu] = field(default_factory=list)
+    #: MIG devices among ``energy_by_gpu``'s rows (``gpus`` counts whole GPUs only)
+    mig_devices: int = 0
 
     @property
     def idle_allocated(self) -> list[IdleGpu]:
@@ -114,314 +107,6 @@ def _empty(now_ns: int, window_s: float, tariff: Tariff, note: str) -> AnalysisS
         now_ns, now_ns, window_s, [], 0, 0, [], DEFAULT_INDEX, balance_over_time(e), [], [], e, e,
         e, e, e, e, {k: na for k in ("energy_kwh", "cost", "co2_kg")}, tariff, [note],
     )  # fmt: skip
-
-
-def _nanmean_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
-    ok = np.isfinite(v)
-    cnt = np.bincount(codes, weights=ok, minlength=n)
-    tot = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(cnt > 0, tot / cnt, np.nan)
-
-
-def _seen_mean_by(codes: np.ndarray, v: np.ndarray, seen_s: np.ndarray, n: int) -> np.ndarray:
-    """Means weighted by seen time (docs/accounting.md, "Utilisation")."""
-    ok = np.isfinite(v) & (seen_s > 0)
-    w = np.where(ok, seen_s, 0.0)
-    tot = np.bincount(codes, weights=np.where(ok, v * w, 0.0), minlength=n)
-    den = np.bincount(codes, weights=w, minlength=n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, tot / den, np.nan)
-
-
-def _nansum_by(codes: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
-    ok = np.isfinite(v)
-    cnt = np.bincount(codes, weights=ok, minlength=n)
-    tot = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=n)
-    return np.where(cnt > 0, tot, np.nan)
-
-
-def _by(gw: pd.DataFrame, key: str, per_gpu: pd.DataFrame, tariff: Tariff) -> pd.DataFrame:
-    """Energy, power and utilisation per node (``host``) or per job, from the GPU windows."""
-    all_codes, uniq = label_codes(gw, key)
-    keep = all_codes >= 0
-    if not keep.any():
-        return pd.DataFrame(columns=[key, "gpus", "energy_j", "idle_energy_j", "energy_quality"])
-    codes = all_codes[keep]
-    n = len(uniq)
-    gcode = gw["gpu_code"].to_numpy(dtype=np.int64)[keep]
-    n_gpu = int(gw["gpu_code"].max()) + 1
-    pairs, _ = sorted_unique(codes * n_gpu + gcode)
-
-    def values(c: str) -> np.ndarray:
-        return gw[c].to_numpy(dtype=float)[keep]
-
-    col = {c: values(c) for c in ("power_w", "utilization_gpu_pct") if c in gw}
-    out = pd.DataFrame(
-        {
-            key: np.asarray(uniq, dtype=object),
-            "gpus": np.bincount(pairs // n_gpu, minlength=n),
-            "energy_j": _nansum_by(codes, values("energy_delta_j"), n),
-            "idle_energy_j": _nansum_by(codes, values("idle_energy_j"), n),
-            "seen_s": np.bincount(codes, weights=values("seen_s"), minlength=n),
-            "idle_s": np.bincount(codes, weights=values("idle_s"), minlength=n),
-            "straggler_s": np.bincount(codes, weights=values("straggler_s"), minlength=n),
-            "power_mean_w": _nanmean_by(codes, col["power_w"], n) if "power_w" in col else np.nan,
-            "utilization_mean_pct": _seen_mean_by(
-                codes, col["utilization_gpu_pct"], values("seen_s"), n
-            )
-            if "utilization_gpu_pct" in col
-            else np.nan,
-        }
-    )
-    rank = {q: i for i, q in enumerate(_QUALITY_ORDER)}
-    gpu_rank = np.full(n_gpu, len(_QUALITY_ORDER) - 1, dtype=np.int64)
-    qualities = per_gpu["energy_quality"].to_numpy(dtype=object)  # iterating a Series is slow
-    gpu_rank[per_gpu["gpu_code"].to_numpy()] = [rank[q] for q in qualities]
-    worst_rank = np.full(n, len(_QUALITY_ORDER) - 1, dtype=np.int64)
-    np.minimum.at(worst_rank, pairs // n_gpu, gpu_rank[pairs % n_gpu])
-    out["energy_quality"] = [_QUALITY_ORDER[r] for r in worst_rank]
-    return add_cost_columns(out, tariff)
-
-
-def _per_gpu(gw: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU (indexed by ``gpu_code``, sorted): its identity and job as ``groupby.last()``
-    gives them, energy sums, idle windows and the means of power, utilisation and TFLOPS."""
-    codes = gw["gpu_code"].to_numpy(dtype=np.int64)
-    newest = _newest_rows(codes, np.ones(len(codes), dtype=bool))
-    present = np.flatnonzero(newest >= 0)
-    index = pd.Index(present, name="gpu_code")
-    cols: dict[str, object] = {"gpu_code": present}
-    for c in ("gpu", "host", "gpu_index", "uuid", "name", "job_id"):
-        values = _newest_valid(gw[c], codes, newest[present], present)
-        cols[c] = pd.Series(values, index=index, dtype=gw[c].dtype)  # object stays object
-    g = gw.groupby("gpu_code", sort=True)
-    sums = g[["energy_delta_j", "idle_energy_j"]].sum(min_count=1)
-    seen_cols = [c for c in ("seen_s", "idle_s", "straggler_s") if c in gw]
-    seen = g[seen_cols].sum() if seen_cols else pd.DataFrame(index=sums.index)
-    mean_of = {"power_w": "power_mean_w", "utilization_gpu_pct": "utilization_mean_pct"}
-    means = g[[c for c in (*mean_of, "tflops_gpm") if c in gw]].mean()
-    cols["energy_j"] = sums["energy_delta_j"].to_numpy()
-    cols["idle_energy_j"] = sums["idle_energy_j"].to_numpy()
-    cols["idle_windows"] = g["idle"].sum().to_numpy()
-    for c in ("seen_s", "idle_s", "straggler_s"):
-        cols[c] = seen[c].to_numpy() if c in seen else np.nan
-    for c, name in mean_of.items():
-        cols[name] = means[c].to_numpy() if c in means else np.nan
-    if "utilization_gpu_pct" in gw and "seen_s" in gw:
-        n = int(codes.max()) + 1
-        util = _seen_mean_by(codes, gw["utilization_gpu_pct"].to_numpy(dtype=float),
-                             gw["seen_s"].to_numpy(dtype=float), n)  # fmt: skip
-        cols["utilization_mean_pct"] = util[present]
-    cols["tflops_mean"] = means["tflops_gpm"].to_numpy()
-    return pd.DataFrame(cols, index=index)
-
-
-def _newest_rows(codes: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per GPU code: the position of its newest row where ``ok`` (rows in time order), or -1."""
-    newest = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
-    np.maximum.at(newest, codes[ok], np.flatnonzero(ok))
-    return newest
-
-
-def _newest_valid(col: pd.Series, codes: np.ndarray, rows: np.ndarray, present: np.ndarray) -> Any:
-    """``col``'s newest non-missing value per GPU, as ``groupby.last()``: the value of its newest
-    row (``rows``) unless missing; only then is the column searched for the newest value.
-    Taking one row per GPU avoids testing the strings of every row for missing values."""
-    values = col.array.take(rows)
-    if not pd.isna(values).any():
-        return values
-    at = _newest_rows(codes, col.notna().to_numpy())[present]
-    if col.dtype != object:
-        return col.array.take(at, allow_fill=True)
-    out = np.asarray(col.array.take(np.maximum(at, 0)), dtype=object)
-    out[at < 0] = None  # ``last()`` of object values all missing is None
-    return out
-
-
-#: Energy qualities, worst first: a node or job takes the worst of its GPUs.
-_QUALITY_ORDER: tuple[str, ...] = (
-    Quality.NOT_AVAILABLE.value,
-    Quality.INTEGRATED_POWER.value,
-    Quality.MEASURED_COUNTER.value,
-)
-
-
-@dataclass(frozen=True)
-class StragglerFindings:
-    """The straggler part of an analysis, as ``find_stragglers_in`` returns it: the same two
-    fields of the ``AnalysisSummary`` of the same call to ``analyze``."""
-
-    stragglers: list[Straggler]  # ranked: active first, then severity
-    straggler_windows: pd.DataFrame  # per (window, GPU) scores, peer medians, anomalous, flagged
-
-
-@dataclass(frozen=True)
-class LostGpu:
-    """A GPU reported lost (fallen off the bus) in the range and not seen since."""
-
-    host: str
-    gpu_index: int
-    uuid: str
-    name: str
-    last_seen_ns: int | None  # its newest measured row in the analysed rows (None: none)
-    lost_since_ns: int  # its first lost marker after that
-
-
-@dataclass(frozen=True)
-class _GpuWindows:
-    rows: pd.DataFrame  # the samples analysed (prepared, lost ones dropped, in the range)
-    gw: pd.DataFrame  # per (window, GPU), see ``per_gpu_window``
-    step_ns: int  # the samples' median step
-    #: per (window, GPU) of the range and the context rows before it: the straggler scores
-    scored: pd.DataFrame
-    lost: list[LostGpu]
-
-
-def _lost_gpus(rows: pd.DataFrame, ok: np.ndarray) -> list[LostGpu]:
-    """GPUs whose newest rows hold no measurement (lost-GPU markers, or buckets of only
-    markers: both stores keep them as rows), with when they were last seen and since when
-    they are lost."""
-    if rows.empty or ok.all():
-        return []
-    marker = ~ok
-    out: list[LostGpu] = []
-    t = rows["time_ns"].to_numpy(dtype=np.int64)
-    codes = rows["gpu_code"].to_numpy(dtype=np.int64)
-    for code in np.unique(codes[marker]):
-        mine = np.flatnonzero(codes == code)
-        if ok[mine[-1]]:
-            continue  # seen again after its markers: not lost now
-        seen = mine[ok[mine]]
-        last_seen = int(t[seen[-1]]) if len(seen) else None
-        first_marker = mine[marker[mine] & (t[mine] > (last_seen if last_seen is not None else -1))]
-        r = rows.iloc[int(mine[-1])]
-        out.append(
-            LostGpu(str(r["host"]), int(r["gpu_index"]), str(r["uuid"]), str(r["name"]),
-                    last_seen, int(t[first_marker[0]]))
-        )  # fmt: skip
-    return out
-
-
-def _gpu_windows(
-    frame: pd.DataFrame,
-    *,
-    now_ns: int,
-    window_s: float,
-    start_ns: int | None,
-    jobs: Mapping[str, str] | None,
-    job: str | None,
-    tensor_precision: str,
-    idle_util_pct: float,
-    step_s: float | None = None,
-    straggler_config: StragglerConfig | None = None,
-) -> _GpuWindows | str:
-    """The per (window, GPU) table every part of the analysis starts from, or why there is
-    none (a note for the empty summary). Rows before ``start_ns`` are context
-    (``analytics.accounting``): the newest one of each GPU starts its counter, and those within
-    the straggler persistence before the range let a straggler keep its true onset."""
-    rows = prepare(frame, now_ns=now_ns, window_s=window_s, start_ns=None, jobs=jobs, job=job)
-    if start_ns is None:
-        start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
-    t_all = rows["time_ns"].to_numpy(dtype=np.int64)
-    ok = measured(rows)
-    lost = _lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
-    if not ok.any():
-        return "every GPU was lost in the analysed range" if len(rows) else "no samples"
-    if not ok.all():
-        rows = rows.loc[ok].reset_index(drop=True)
-    step_ns = median_step_ns(rows)
-    slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
-    bucket_ns = round(step_s * NS_PER_S) if step_s else None
-    slot_end = slot_ends_ns(rows, end_ns=now_ns, slot_ns=slot, bucket_ns=bucket_ns)
-    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end)
-    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end)
-    add_row_tflops(rows, tensor_precision=tensor_precision)
-    add_bit_columns(rows)
-    t = rows["time_ns"].to_numpy(dtype=np.int64)
-    in_range = keep_in_range(rows, start_ns)
-    if not in_range.any():
-        return "every GPU was lost in the analysed range" if lost else "no samples in the range"
-    if rows["carried"].any():  # moved to the range's start: into its first window
-        rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
-    sums = ("energy_delta_j", "seen_s")
-    means = ("tflops", "tflops_gpm")
-    cfg = straggler_config or StragglerConfig()
-    if in_range.all():
-        full = per_gpu_window(rows, sums=sums, means=means)
-        mark_idle(full, idle_util_pct=idle_util_pct)
-        scored = score_windows(full, cfg)
-        rows_in = rows
-        gw = full
-    else:
-        lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
-        near = in_range | (t >= start_ns - lookback_ns)
-        # the context's energy is before the range: not in the peers' waiting energy either
-        rows.loc[~in_range, "energy_delta_j"] = 0.0
-        full = per_gpu_window(rows.loc[near].reset_index(drop=True), sums=sums, means=means)
-        mark_idle(full, idle_util_pct=idle_util_pct)
-        scored = score_windows(full, cfg)
-        rows_in = _dense(rows.loc[in_range].reset_index(drop=True))
-        gw = per_gpu_window(rows_in, sums=sums, means=means)
-        mark_idle(gw, idle_util_pct=idle_util_pct)
-    # straggler seconds: the seen time of the rows in a window where the GPU was flagged
-    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", "gpu"]]
-    flagged = pd.MultiIndex.from_frame(fl)
-    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
-    gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
-    # idle: decided per window (its mean utilisation), so raw samples and buckets agree
-    gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
-    gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
-    return _GpuWindows(rows_in, gw, step_ns, scored, lost)
-
-
-def _dense(rows: pd.DataFrame) -> pd.DataFrame:
-    """Renumber ``gpu_code`` densely after rows were dropped."""
-    _, codes = np.unique(rows["gpu_code"].to_numpy(dtype=np.int64), return_inverse=True)
-    rows["gpu_code"] = codes.astype(np.int64)
-    return rows
-
-
-def _stragglers(w: _GpuWindows, cfg: StragglerConfig) -> StragglerFindings:
-    sw = w.scored
-    found = find_stragglers(sw, cfg, reasons_sampled=w.step_ns >= 10 * NS_PER_S)
-    first_window = int(w.gw["window_start_ns"].min()) if len(w.gw) else 0
-    found = [s for s in found if s.last_ns >= first_window]  # not one that ended before
-    in_range = sw.loc[sw["window_start_ns"].to_numpy() >= first_window].reset_index(drop=True)
-    return StragglerFindings(found, in_range)
-
-
-def find_stragglers_in(
-    frame: pd.DataFrame,
-    *,
-    now_ns: int,
-    window_s: float = 60.0,
-    start_ns: int | None = None,
-    jobs: Mapping[str, str] | None = None,
-    job: str | None = None,
-    tensor_precision: str = "bf16",
-    idle_util_pct: float = 5.0,
-    straggler_config: StragglerConfig | None = None,
-    step_s: float | None = None,
-) -> StragglerFindings:
-    """``analyze``'s stragglers alone (the same arguments give the same result), without the
-    load balance, energy and efficiency parts: about half its cost at 1,000 GPUs. For a caller
-    that needs only them, such as the dashboard's look at the newest hour of a long range."""
-    w = _gpu_windows(
-        frame,
-        now_ns=now_ns,
-        window_s=window_s,
-        start_ns=start_ns,
-        jobs=jobs,
-        job=job,
-        tensor_precision=tensor_precision,
-        idle_util_pct=idle_util_pct,
-        step_s=step_s,
-        straggler_config=straggler_config,
-    )
-    if isinstance(w, str):
-        return StragglerFindings([], pd.DataFrame())
-    return _stragglers(w, straggler_config or StragglerConfig())
 
 
 def analyze(
@@ -457,7 +142,7 @@ def analyze(
     cfg = straggler_config or StragglerConfig()
     tariff = Tariff(price_per_kwh, carbon_g_per_kwh, currency)
     window_ns = round(window_s * NS_PER_S)
-    w = _gpu_windows(
+    w = gpu_windows(
         frame,
         now_ns=now_ns,
         window_s=window_s,
@@ -475,21 +160,23 @@ def analyze(
 
     balance = balance_over_time(gw)
     idle = idle_gpus(gw, min_windows=idle_windows, window_ns=window_ns)
-    found = _stragglers(w, cfg)
+    found = straggler_findings(w, cfg)
     stragglers, sw = found.stragglers, found.straggler_windows
 
     # --- per GPU -----------------------------------------------------------------------------
-    per_gpu = _per_gpu(gw)
+    split_parent_energy(gw)  # MIG devices: their share of the parent's measured energy
+    per_gpu = per_gpu_figures(gw)
     with np.errstate(divide="ignore", invalid="ignore"):
         per_gpu["tflops_per_w"] = per_gpu["tflops_mean"] / per_gpu["power_mean_w"].where(
             per_gpu["power_mean_w"] > 0
         )
     per_gpu = per_gpu.join(gpu_energy_quality(rows)).join(gpu_tflops_quality(rows))
+    per_gpu = add_mig_columns(per_gpu, gw)
     per_gpu.loc[per_gpu["energy_quality"] == Quality.NOT_AVAILABLE.value, "energy_j"] = np.nan
     per_gpu = add_cost_columns(per_gpu, tariff).reset_index(drop=True)
 
-    by_node = _by(gw, "host", per_gpu, tariff)
-    by_job = _by(gw, "job_id", per_gpu, tariff)
+    by_node = by_group(gw, "host", per_gpu, tariff)
+    by_job = by_group(gw, "job_id", per_gpu, tariff)
     waiting_by_job: dict[str, float] = {}
     for s in stragglers:
         if s.job_id is not None and s.peers_waiting_energy_j is not None:
@@ -499,25 +186,26 @@ def analyze(
 
     # --- cluster figures -----------------------------------------------------------------------
     notes: list[str] = []
-    quals = [Quality(q) for q in per_gpu["energy_quality"]]
-    have = per_gpu["energy_quality"] != Quality.NOT_AVAILABLE.value
+    gpus = per_gpu.loc[~per_gpu["mig"]]  # MIG devices' energy is already in their parent's
+    quals = [Quality(q) for q in gpus["energy_quality"]]
+    have = gpus["energy_quality"] != Quality.NOT_AVAILABLE.value
     e_quality = worst([q for q in quals if q is not Quality.NOT_AVAILABLE])
     e_reason = ""
     if e_quality is Quality.INTEGRATED_POWER:
-        n_int = int((per_gpu["energy_quality"] == Quality.INTEGRATED_POWER.value).sum())
-        e_reason = f"{n_int} of {len(per_gpu)} GPUs without an energy counter: power integrated"
+        n_int = int((gpus["energy_quality"] == Quality.INTEGRATED_POWER.value).sum())
+        e_reason = f"{n_int} of {len(gpus)} GPUs without an energy counter: power integrated"
     if not have.all():
         notes.append(f"{int((~have).sum())} GPUs have no energy data (no counter, no power)")
-    conflicts = per_gpu.get("energy_conflicts", pd.Series(dtype=float))
+    conflicts = gpus.get("energy_conflicts", pd.Series(dtype=float))
     if (writers := conflicts >= WRITERS_CONFLICTS).any():
         notes.append(
             f"{int(writers.sum())} GPUs have energy counters that went back and forth (two "
             "collectors writing the same GPU?): those steps were not counted as energy; power "
             "was integrated there"
         )
-    energy_j = float(per_gpu.loc[have, "energy_j"].sum()) if have.any() else None
+    energy_j = float(gpus.loc[have, "energy_j"].sum()) if have.any() else None
     cluster = energy_figures(energy_j, e_quality, e_reason, tariff)
-    idle_j = float(per_gpu.loc[have, "idle_energy_j"].sum()) if have.any() else None
+    idle_j = float(gpus.loc[have, "idle_energy_j"].sum()) if have.any() else None
     cluster["idle_energy_kwh"] = energy_figures(idle_j, e_quality, e_reason, tariff)["energy_kwh"]
     waiting = [s.peers_waiting_energy_j for s in stragglers if s.peers_waiting_energy_j is not None]
     cluster["peers_waiting_energy_kwh"] = (
@@ -554,7 +242,7 @@ def analyze(
             if pm.notna().any()
             else not_available("W", "no power readings")
         )
-    cluster.update(_time_figures(per_gpu, w.lost))
+    cluster.update(_time_figures(gpus, w.lost))
     if w.lost:
         notes.append(
             f"{len(w.lost)} GPUs lost in this range: their lost time is in no figure "
@@ -582,7 +270,8 @@ def analyze(
         start_ns=int(rows["time_ns"].min()) if start_ns is None else start_ns,
         window_s=window_s,
         windows=window_list(gw),
-        gpus=len(per_gpu),
+        gpus=len(gpus),
+        mig_devices=int(per_gpu["mig"].sum()),
         nodes=len(label_codes(gw, "host")[1]),
         jobs=jobs_seen,
         default_imbalance_index=DEFAULT_INDEX,

@@ -1,0 +1,202 @@
+"""The per (window, GPU) table every part of the analysis starts from (energy, seen time,
+TFLOPS and straggler scores added to the prepared samples), the GPUs lost in the range, and
+the straggler findings read from it (``find_stragglers_in``: stragglers without the rest)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gpuwatt.analytics.accounting import (
+    add_row_seen,
+    keep_in_range,
+    measured,
+    slot_ends_ns,
+    slot_ns_of,
+)
+from gpuwatt.analytics.balance import mark_idle
+from gpuwatt.analytics.efficiency import add_row_tflops
+from gpuwatt.analytics.energy import add_row_energy, median_step_ns
+from gpuwatt.analytics.reasons import add_bit_columns
+from gpuwatt.analytics.stragglers import Straggler, StragglerConfig, find_stragglers, score_windows
+from gpuwatt.analytics.windows import NS_PER_S, per_gpu_window, prepare, window_starts
+
+
+@dataclass(frozen=True)
+class StragglerFindings:
+    """The straggler part of an analysis, as ``find_stragglers_in`` returns it: the same two
+    fields of the ``AnalysisSummary`` of the same call to ``analyze``."""
+
+    stragglers: list[Straggler]  # ranked: active first, then severity
+    straggler_windows: pd.DataFrame  # per (window, GPU) scores, peer medians, anomalous, flagged
+
+
+@dataclass(frozen=True)
+class LostGpu:
+    """A GPU reported lost (fallen off the bus) in the range and not seen since."""
+
+    host: str
+    gpu_index: int
+    uuid: str
+    name: str
+    last_seen_ns: int | None  # its newest measured row in the analysed rows (None: none)
+    lost_since_ns: int  # its first lost marker after that
+
+
+@dataclass(frozen=True)
+class GpuWindows:
+    rows: pd.DataFrame  # the samples analysed (prepared, lost ones dropped, in the range)
+    gw: pd.DataFrame  # per (window, GPU), see ``per_gpu_window``
+    step_ns: int  # the samples' median step
+    #: per (window, GPU) of the range and the context rows before it: the straggler scores
+    scored: pd.DataFrame
+    lost: list[LostGpu]
+
+
+def lost_gpus(rows: pd.DataFrame, ok: np.ndarray) -> list[LostGpu]:
+    """GPUs whose newest rows hold no measurement (lost-GPU markers, or buckets of only
+    markers: both stores keep them as rows), with when they were last seen and since when
+    they are lost."""
+    if rows.empty or ok.all():
+        return []
+    marker = ~ok
+    out: list[LostGpu] = []
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    codes = rows["gpu_code"].to_numpy(dtype=np.int64)
+    for code in np.unique(codes[marker]):
+        mine = np.flatnonzero(codes == code)
+        if ok[mine[-1]]:
+            continue  # seen again after its markers: not lost now
+        seen = mine[ok[mine]]
+        last_seen = int(t[seen[-1]]) if len(seen) else None
+        first_marker = mine[marker[mine] & (t[mine] > (last_seen if last_seen is not None else -1))]
+        r = rows.iloc[int(mine[-1])]
+        out.append(
+            LostGpu(str(r["host"]), int(r["gpu_index"]), str(r["uuid"]), str(r["name"]),
+                    last_seen, int(t[first_marker[0]]))
+        )  # fmt: skip
+    return out
+
+
+def gpu_windows(
+    frame: pd.DataFrame,
+    *,
+    now_ns: int,
+    window_s: float,
+    start_ns: int | None,
+    jobs: Mapping[str, str] | None,
+    job: str | None,
+    tensor_precision: str,
+    idle_util_pct: float,
+    step_s: float | None = None,
+    straggler_config: StragglerConfig | None = None,
+) -> GpuWindows | str:
+    """The per (window, GPU) table every part of the analysis starts from, or why there is
+    none (a note for the empty summary). Rows before ``start_ns`` are context
+    (``analytics.accounting``): the newest one of each GPU starts its counter, and those within
+    the straggler persistence before the range let a straggler keep its true onset."""
+    rows = prepare(frame, now_ns=now_ns, window_s=window_s, start_ns=None, jobs=jobs, job=job)
+    if start_ns is None:
+        start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
+    t_all = rows["time_ns"].to_numpy(dtype=np.int64)
+    ok = measured(rows)
+    lost = lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
+    if not ok.any():
+        return "every GPU was lost in the analysed range" if len(rows) else "no samples"
+    if not ok.all():
+        rows = rows.loc[ok].reset_index(drop=True)
+    step_ns = median_step_ns(rows)
+    slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
+    bucket_ns = round(step_s * NS_PER_S) if step_s else None
+    slot_end = slot_ends_ns(rows, end_ns=now_ns, slot_ns=slot, bucket_ns=bucket_ns)
+    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end)
+    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end)
+    add_row_tflops(rows, tensor_precision=tensor_precision)
+    add_bit_columns(rows)
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    in_range = keep_in_range(rows, start_ns)
+    if not in_range.any():
+        return "every GPU was lost in the analysed range" if lost else "no samples in the range"
+    if rows["carried"].any():  # moved to the range's start: into its first window
+        rows["window_start_ns"] = window_starts(rows["time_ns"], window_s)
+    sums = ("energy_delta_j", "seen_s")
+    means = ("tflops", "tflops_gpm")
+    cfg = straggler_config or StragglerConfig()
+    if in_range.all():
+        full = per_gpu_window(rows, sums=sums, means=means)
+        mark_idle(full, idle_util_pct=idle_util_pct)
+        scored = score_windows(full, cfg)
+        rows_in = rows
+        gw = full
+    else:
+        lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
+        near = in_range | (t >= start_ns - lookback_ns)
+        # the context's energy is before the range: not in the peers' waiting energy either
+        rows.loc[~in_range, "energy_delta_j"] = 0.0
+        full = per_gpu_window(rows.loc[near].reset_index(drop=True), sums=sums, means=means)
+        mark_idle(full, idle_util_pct=idle_util_pct)
+        scored = score_windows(full, cfg)
+        rows_in = _dense(rows.loc[in_range].reset_index(drop=True))
+        gw = per_gpu_window(rows_in, sums=sums, means=means)
+        mark_idle(gw, idle_util_pct=idle_util_pct)
+    # straggler seconds: the seen time of the rows in a window where the GPU was flagged
+    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", "gpu"]]
+    flagged = pd.MultiIndex.from_frame(fl)
+    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
+    gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
+    # idle: decided per window (its mean utilisation), so raw samples and buckets agree
+    gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
+    gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
+    return GpuWindows(rows_in, gw, step_ns, scored, lost)
+
+
+def _dense(rows: pd.DataFrame) -> pd.DataFrame:
+    """Renumber ``gpu_code`` densely after rows were dropped."""
+    _, codes = np.unique(rows["gpu_code"].to_numpy(dtype=np.int64), return_inverse=True)
+    rows["gpu_code"] = codes.astype(np.int64)
+    return rows
+
+
+def straggler_findings(w: GpuWindows, cfg: StragglerConfig) -> StragglerFindings:
+    sw = w.scored
+    found = find_stragglers(sw, cfg, reasons_sampled=w.step_ns >= 10 * NS_PER_S)
+    first_window = int(w.gw["window_start_ns"].min()) if len(w.gw) else 0
+    found = [s for s in found if s.last_ns >= first_window]  # not one that ended before
+    in_range = sw.loc[sw["window_start_ns"].to_numpy() >= first_window].reset_index(drop=True)
+    return StragglerFindings(found, in_range)
+
+
+def find_stragglers_in(
+    frame: pd.DataFrame,
+    *,
+    now_ns: int,
+    window_s: float = 60.0,
+    start_ns: int | None = None,
+    jobs: Mapping[str, str] | None = None,
+    job: str | None = None,
+    tensor_precision: str = "bf16",
+    idle_util_pct: float = 5.0,
+    straggler_config: StragglerConfig | None = None,
+    step_s: float | None = None,
+) -> StragglerFindings:
+    """``analyze``'s stragglers alone (the same arguments give the same result), without the
+    load balance, energy and efficiency parts: about half its cost at 1,000 GPUs. For a caller
+    that needs only them, such as the dashboard's look at the newest hour of a long range."""
+    w = gpu_windows(
+        frame,
+        now_ns=now_ns,
+        window_s=window_s,
+        start_ns=start_ns,
+        jobs=jobs,
+        job=job,
+        tensor_precision=tensor_precision,
+        idle_util_pct=idle_util_pct,
+        step_s=step_s,
+        straggler_config=straggler_config,
+    )
+    if isinstance(w, str):
+        return StragglerFindings([], pd.DataFrame())
+    return straggler_findings(w, straggler_config or StragglerConfig())
