@@ -56,8 +56,16 @@ LAST_VALUE_ATTRS: frozenset[str] = frozenset(
 )
 
 
-def open_store(url: str | None = None, environ: Mapping[str, str] | None = None) -> Store:
+def open_store(
+    url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float | None = None,
+) -> Store:
     """Open the store a URL names (see ``gpuwatt.store.url``); None or "" opens the default.
+
+    ``timeout_s`` is the config file's read timeout for an engine, used where the URL sets no
+    ``timeout=``.
 
     Raises ``StoreUrlError`` (a ``ConfigError``) for a malformed URL, an unknown scheme or a URL
     that carries a token or password.
@@ -65,7 +73,7 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
     from gpuwatt.store.url import InfluxTarget, PromTarget, SqliteTarget, parse_store_url
 
     env = os.environ if environ is None else environ
-    target = parse_store_url(url or default_store_url(env), env)
+    target = parse_store_url(url or default_store_url(env), env, timeout_s=timeout_s)
     if isinstance(target, SqliteTarget):
         from gpuwatt.private_files import private_file
         from gpuwatt.store.sqlite import SqliteStore
