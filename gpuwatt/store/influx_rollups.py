@@ -34,6 +34,7 @@ from gpuwatt.schema import (
     TAG_NAME,
     TAG_UUID,
 )
+from gpuwatt.store import StoreRejected
 from gpuwatt.store.engine_rollups import (
     FIELD_N,
     FIELD_N_OK,
@@ -57,6 +58,9 @@ _GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NA
 #: retention); the newest is asked for on every read.
 NEWEST_TTL_S = 5.0
 OLDEST_TTL_S = 600.0
+#: How long the hosts that no rollups name are trusted from memory (a new Telegraf-only host
+#: is read raw at most this late; until then its GPUs are missing from bucketed reads).
+UNROLLED_TTL_S = 30.0
 
 
 def _ident(name: str) -> str:
@@ -70,6 +74,7 @@ class InfluxRollups:
         self.store = store
         self._oldest: dict[int, tuple[float, int]] = {}
         self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._unrolled: tuple[float, frozenset[str]] | None = None
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
@@ -84,6 +89,32 @@ class InfluxRollups:
         if span is not None:
             self._spans[level_ns] = (time.monotonic(), span)
         return span
+
+    def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
+        """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.
+
+        Collectors roll their own hosts, Telegraf's GPUs on them included; a host where only
+        Telegraf (or anything but a gpuwatt collector) writes has no rollups, and its GPUs must
+        be read raw. ``SHOW TAG VALUES`` answers from the index, without reading points.
+        """
+        cached = self._unrolled
+        if cached is None or time.monotonic() - cached[0] > UNROLLED_TTL_S:
+            try:
+                raw = self._hosts_of(MEASUREMENT)
+                rolled: set[str] = set()
+                for measurement in MEASUREMENTS.values():
+                    rolled |= self._hosts_of(measurement)
+            except StoreRejected:  # an engine without SHOW TAG VALUES: the rollups alone
+                raw = rolled = set()
+            cached = self._unrolled = (time.monotonic(), frozenset(raw - rolled))
+        unrolled = cached[1] if hosts is None else cached[1] & set(hosts)
+        return sorted(unrolled)
+
+    def _hosts_of(self, measurement: str) -> set[str]:
+        series = self.store.query(
+            f'SHOW TAG VALUES FROM {_ident(measurement)} WITH KEY = "{TAG_HOST}"'
+        )
+        return {decode_name(str(row[-1])) for s in series for row in s.get("values") or []}
 
     def _span(self, level_ns: int) -> tuple[int, int] | None:
         measurement = _ident(MEASUREMENTS[level_ns])
