@@ -8,7 +8,7 @@ imports pandas.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Container, Mapping, Sequence
 
 from gpuwatt.errors import ConfigError, GpuwattError
 from gpuwatt.schema import COUNTER_ATTRS, FIELDS, Kind
@@ -54,6 +54,19 @@ class StoreUrlError(ConfigError):
 LAST_VALUE_ATTRS: frozenset[str] = frozenset(
     COUNTER_ATTRS | {f.attr for f in FIELDS if f.kind is Kind.BOOL} | {"clock_event_reasons"}
 )
+
+
+def checked_fields(fields: Sequence[str] | None, known: Container[str]) -> tuple[str, ...]:
+    """The ``fields`` of a ``Store.series`` call (None: every metric); a name not in ``known``
+    raises ValueError."""
+    from gpuwatt.model import METRIC_FIELDS
+
+    if fields is None:
+        return METRIC_FIELDS
+    unknown = [f for f in fields if f not in known]
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
+    return tuple(fields)
 
 
 def open_store(

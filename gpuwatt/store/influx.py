@@ -357,7 +357,7 @@ class InfluxStore:
         step_s: int | None = None,
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
-        return influx_reads.series(self, start_ns, end_ns, fields, step_s=step_s, hosts=hosts)
+        return influx_reads.series(self, SeriesRead(start_ns, end_ns, fields, step_s, hosts))
 
 
 def _error_text(body: Any) -> str:

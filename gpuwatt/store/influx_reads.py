@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuwatt.line_protocol import decode_name, sample_from_fields
-from gpuwatt.model import METRIC_FIELDS, GpuSample
+from gpuwatt.model import GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
     FIELD_LOST,
@@ -24,8 +24,8 @@ from gpuwatt.schema import (
     TAG_NAME,
     TAG_UUID,
 )
-from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
-from gpuwatt.store.base import KEY_COLUMNS
+from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
+from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
 from gpuwatt.telegraf import (
     MEASUREMENT_MIG,
     MEASUREMENT_PROCESS,
@@ -47,12 +47,23 @@ if TYPE_CHECKING:
 
     from gpuwatt.store.influx import InfluxStore
 
-_GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
+GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
 _COUNT_ALIAS = "_n"
 
 
-def _ident(name: str) -> str:
+def ident(name: str) -> str:
+    """A double-quoted InfluxQL identifier."""
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def gpu_of_tags(tags: dict[str, str]) -> tuple[str, int, str, str]:
+    """A GPU's host, index, uuid and model name from its point's tags."""
+    return (
+        decode_name(tags.get(TAG_HOST, "")),
+        int(tags.get(TAG_INDEX) or -1),
+        decode_name(tags.get(TAG_UUID, "")),
+        decode_name(tags.get(TAG_NAME, "")),
+    )
 
 
 def has_telegraf_field(store: InfluxStore, name: str) -> bool:
@@ -94,17 +105,10 @@ def latest(
     return out, shared
 
 
-def series(
-    store: InfluxStore,
-    start_ns: int,
-    end_ns: int,
-    fields: Sequence[str] | None = None,
-    *,
-    step_s: int | None = None,
-    hosts: Sequence[str] | None = None,
-) -> pd.DataFrame:
+def series(store: InfluxStore, read: SeriesRead) -> pd.DataFrame:
     """``Store.series``: from the engine's rollups where they answer, else raw ``GROUP BY``."""
-    attrs = _check_fields(fields)
+    start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
+    attrs = checked_fields(read.fields, FIELD_BY_ATTR)
     if step_s is not None and store.use_rollups and int(step_s) > 0:
         from gpuwatt.store import engine_rollups
 
@@ -136,20 +140,20 @@ def raw_series(
     if step_s is None:
         # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
         # fields are all null), as SqliteStore returns them.
-        selects = [_ident(FIELD_LOST)]
-        selects += [f"{_ident(FIELD_BY_ATTR[a].field)} AS {_ident(a)}" for a in attrs]
-        selects += [f"{_ident(f)} AS {_ident(c)}" for f, c, _ in tg]
-        group = _GROUP_TAGS
+        selects = [ident(FIELD_LOST)]
+        selects += [f"{ident(FIELD_BY_ATTR[a].field)} AS {ident(a)}" for a in attrs]
+        selects += [f"{ident(f)} AS {ident(c)}" for f, c, _ in tg]
+        group = GROUP_TAGS
     else:
         if int(step_s) <= 0:
             raise ValueError("step_s must be positive")
-        selects = [f"count({_ident(FIELD_LOST)}) AS {_COUNT_ALIAS}"]
+        selects = [f"count({ident(FIELD_LOST)}) AS {_COUNT_ALIAS}"]
         for a in attrs:
             fn = "last" if a in LAST_VALUE_ATTRS else "mean"
-            selects.append(f"{fn}({_ident(FIELD_BY_ATTR[a].field)}) AS {_ident(a)}")
+            selects.append(f"{fn}({ident(FIELD_BY_ATTR[a].field)}) AS {ident(a)}")
         for f, c, last in tg:  # Telegraf's names for some of ``attrs``
-            selects.append(f"{'last' if last else 'mean'}({_ident(f)}) AS {_ident(c)}")
-        group = f"time({int(step_s)}s), {_GROUP_TAGS} fill(none)"
+            selects.append(f"{'last' if last else 'mean'}({ident(f)}) AS {ident(c)}")
+        group = f"time({int(step_s)}s), {GROUP_TAGS} fill(none)"
     series = store.query(
         f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
     )
@@ -216,15 +220,6 @@ def telegraf_mig_devices(store: InfluxStore, since_ns: int) -> list[TelegrafMigD
     return sorted(newest.values(), key=lambda d: (d.host, d.gpu_uuid, d.mig_index or 0))
 
 
-def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
-    if fields is None:
-        return METRIC_FIELDS
-    unknown = [f for f in fields if f not in FIELD_BY_ATTR]
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
-    return tuple(fields)
-
-
 def _one_per_gpu(
     series: list[dict[str, Any]],
 ) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
@@ -261,15 +256,10 @@ def _frame(
     values: list[list[Any]] = []
     for s in series:
         tags = s.get("tags", {})
-        ident = (
-            decode_name(tags.get(TAG_HOST, "")),
-            int(tags.get(TAG_INDEX) or -1),
-            decode_name(tags.get(TAG_UUID, "")),
-            decode_name(tags.get(TAG_NAME, "")),
-        )
+        gpu = gpu_of_tags(tags)
         pos = [s["columns"].index(a) for a in (*attrs, *extra)]
         for row in s.get("values", []):
-            keys.append((row[0], *ident))
+            keys.append((row[0], *gpu))
             values.append([row[i] for i in pos])
     columns = [*KEY_COLUMNS, *attrs, *extra]
     if not keys:
