@@ -30,6 +30,7 @@ from gpuwatt.dashboard.components import (
     DEFAULT_REFRESH,
     empty_state,
     error_state,
+    notice,
     range_line,
     straggler_banner,
 )
@@ -120,6 +121,8 @@ def render_page(
         else:
             win = None
         ctx = PageContext(data, win, tr, query, now, alerts_source, work, can_act)  # type: ignore[arg-type]
+        if win is not None and win.partial is not None:  # the engine was too slow for all
+            head.append(notice(win.partial.label, "yellow", title="Partial data", id_="partial"))
         if win is not None and getattr(page, "STRAGGLER_BANNER", True):
             banner = straggler_banner(win.active_stragglers, ctx.link)
             head += [banner] if banner is not None else []

@@ -42,6 +42,7 @@ from gpuwatt.dashboard.slow_fields import (
     newest_measured,
     with_slow_fields,
 )
+from gpuwatt.dashboard.partial_reads import Partial, read_in_parts
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.mig import is_mig_device
@@ -115,6 +116,9 @@ class WindowData:
     recent: AnalysisSummary | StragglerFindings | None = None
     #: ``recent`` is the whole range in 1-minute windows (its straggler windows: the newest hour)
     recent_is_range: bool = False
+    #: Set when the engine answered only some parts of the range in time (``partial_reads``):
+    #: the figures hold what arrived, and ``partial.label`` says what is missing.
+    partial: Partial | None = None
 
     @property
     def empty(self) -> bool:
@@ -396,7 +400,7 @@ class DashboardData:
         elif coarse and shared is None:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
-        frames = self._read("samples", lambda: series_many(self.store, reads))
+        frames, partial = self._read_frames(reads)
         frame = frames[1]
         summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
         self._log_conflicts(summary)
@@ -413,7 +417,26 @@ class DashboardData:
                 recent = shared.summary
             else:
                 recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
-        return WindowData(tr, frame, summary, latest, jobs, recent, accounting)
+        return WindowData(tr, frame, summary, latest, jobs, recent, accounting, partial)
+
+    def _read_frames(self, reads: list[SeriesRead]) -> tuple[list[pd.DataFrame], Partial | None]:
+        """The reads at once; when the engine does not answer them in time, the same reads in
+        parts (``partial_reads``): what arrives is shown, labelled partial, not a blank page."""
+
+        def whole() -> list[pd.DataFrame] | None:
+            try:
+                return series_many(self.store, reads)
+            except StoreUnavailable as exc:
+                log.warning("store too slow or gone for the whole range: %s", _describe(exc))
+                return None
+
+        first = self._read("samples", whole)
+        if first is not None:
+            return first, None
+        frames, partial = self._read("samples", lambda: read_in_parts(self.store, reads))
+        if partial.missing:
+            log.warning("%s", partial.label)
+        return frames, (partial if partial.missing else None)
 
     def _log_conflicts(self, summary: AnalysisSummary) -> None:
         """Energy counters of one GPU that go back and forth (two writers) are a notice on the

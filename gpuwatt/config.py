@@ -17,6 +17,8 @@ Example::
       proc_root: /proc        # where the host's /proc is (a container: its read-only mount)
     store:
       url: influxdb://influx.example.org:8086/gpuwatt?org=hpc
+      timeout: 30s            # an engine's read timeout (default 10 s InfluxDB, 30 s Prometheus);
+                              # a timeout= in the URL wins
     energy:
       price_per_kwh: 0.25
       currency: EUR
@@ -71,6 +73,8 @@ class Config:
     store_url: str | None = None
     energy: EnergyConfig = field(default_factory=EnergyConfig)
     source: str | None = None  # the file it came from
+    #: An engine's per-request timeout (``store: timeout:``); None: the URL's or the default.
+    store_timeout_s: float | None = None
 
 
 # ``alerts:`` belongs to the alert evaluator, which validates it (``gpuwatt.alerts.settings``).
@@ -85,7 +89,7 @@ _COLLECTOR = {
     "job_mapping_dir",
     "proc_root",
 }
-_STORE = {"url"}
+_STORE = {"url", "timeout"}
 _ENERGY = {"price_per_kwh", "currency", "carbon_g_per_kwh"}
 
 
@@ -118,11 +122,16 @@ def parse_config(doc: Located) -> Config:
                 "slow_interval must not be shorter than interval"
             )
     store_url = None
+    store_timeout_s = None
     if (s := doc.get("store")) is not None:
         s.check_keys(_STORE)
         if (v := s.get("url")) is not None:
             store_url = v.string()
             _reject_secret_in_url(v)
+        if (v := s.get("timeout")) is not None:
+            store_timeout_s = v.duration_s(minimum=0.001)
+            if store_timeout_s > 3600:
+                raise v.error("timeout must be at most 1h")
     energy = EnergyConfig()
     if (e := doc.get("energy")) is not None:
         e.check_keys(_ENERGY)
@@ -134,7 +143,13 @@ def parse_config(doc: Located) -> Config:
         if (v := e.get("carbon_g_per_kwh")) is not None:
             ekw["carbon_g_per_kwh"] = v.number(minimum=0.0)
         energy = EnergyConfig(**ekw)  # type: ignore[arg-type]
-    return Config(collector=collector, store_url=store_url, energy=energy, source=doc.path)
+    return Config(
+        collector=collector,
+        store_url=store_url,
+        store_timeout_s=store_timeout_s,
+        energy=energy,
+        source=doc.path,
+    )
 
 
 def _reject_secret_in_url(node: Located) -> None:
@@ -154,6 +169,7 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] = os.environ
         config = Config(
             collector=config.collector,
             store_url=environ[ENV_STORE_URL],
+            store_timeout_s=config.store_timeout_s,
             energy=config.energy,
             source=config.source,
         )

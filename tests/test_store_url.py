@@ -216,6 +216,27 @@ def test_influx_read_timeout_comes_from_the_url() -> None:
         parse_store_url("influxdb://influx:8086/gpuwatt?timeout=soon", {})
 
 
+def test_config_file_timeout_applies_where_the_url_sets_none(tmp_path: Path) -> None:
+    from gpuwatt.config import load_config
+    from gpuwatt.store.promql import PromStore
+
+    path = tmp_path / "gpuwatt.yaml"
+    path.write_text("store:\n  url: influxdb://127.0.0.1:9/gpuwatt?org=hpc\n  timeout: 90s\n")
+    config = load_config(path, environ={})
+    assert config.store_timeout_s == 90.0
+    with open_store(config.store_url, {}, timeout_s=config.store_timeout_s) as store:
+        assert isinstance(store, InfluxStore) and store.timeout_s == 90.0
+    # The URL is the more specific setting: its timeout= wins over the file's.
+    url = "influxdb://127.0.0.1:9/gpuwatt?org=hpc&timeout=5s"
+    with open_store(url, {}, timeout_s=config.store_timeout_s) as store:
+        assert isinstance(store, InfluxStore) and store.timeout_s == 5.0
+    with open_store("prometheus://127.0.0.1:9", {}, timeout_s=90.0) as store:
+        assert isinstance(store, PromStore) and store.timeout_s == 90.0
+    # GPUWATT_STORE replaces the file's URL, not its timeout.
+    env = {"GPUWATT_STORE": "victoriametrics://127.0.0.1:9"}
+    assert load_config(path, environ=env).store_timeout_s == 90.0
+
+
 def test_rollups_are_on_for_influxdb_and_off_for_victoriametrics_unless_the_url_says() -> None:
     def rollups(url: str) -> bool:
         target = parse_store_url(url, {})

@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from telegraf_data import CASES, gpu_metric, telegraf_line
 from test_cli import gpuwatt
@@ -225,3 +226,45 @@ def test_the_conflict_is_real(influx_db) -> None:
     line = f"nvidia_smi,host=y,index=0,uuid=GPU-1 remapped_rows_failure=false {T0_NS}"
     with pytest.raises(RuntimeError, match="field type conflict"):
         server.write_lines(db, [line])
+
+
+def test_telegraf_only_hosts_are_read_beside_the_rollups(influx_db) -> None:
+    """A bucketed read served from gpuwatt's rollups still shows the GPUs that only Telegraf
+    writes (hosts no gpuwatt collector rolls), with the values a raw ``GROUP BY`` gives."""
+    from gpuwatt.store import engine_rollups
+    from gpuwatt.store.engine_rollups import MINUTE_NS
+
+    server, db = influx_db
+    server.write_lines(db, _telegraf_lines())
+    end_ns = T0_NS + MINUTES * MINUTE_NS
+    ours = [
+        GpuSample(
+            time_ns=t_ns,
+            host="gw-node",
+            gpu_index=0,
+            uuid="GPU-gpuwatt-0",
+            name="NVIDIA H100 80GB HBM3",
+            utilization_gpu_pct=float(t_ns // NS % 89),
+            power_w=200.0 + t_ns // NS % 53,
+            energy_j=float(t_ns // NS - T0_NS // NS) * 250.0,
+        )
+        for t_ns in range(T0_NS, end_ns, 10 * NS)
+    ]
+    fields = ["power_w", "utilization_gpu_pct"]
+    with (
+        InfluxStore(server.url, "", db) as store,
+        InfluxStore(server.url, "", db, use_rollups=False) as raw,
+    ):
+        store.write_samples(ours)
+        # gw-node's collector rolls its own host; nothing rolls Telegraf's hosts
+        assert engine_rollups.roll_range(store.rollups, T0_NS, end_ns, hosts=["gw-node"]) > 0
+        assert store.rollups.rollup_span(MINUTE_NS) is not None
+        assert store.rollups.unrolled_hosts(None) == sorted({_host(c) for c in CASES})
+        for lo_ns, step_s in ((T0_NS, 60), (T0_NS + 25 * NS, 120), (T0_NS, 3600)):
+            got = store.series(lo_ns, end_ns, fields, step_s=step_s)
+            assert set(got["uuid"]) == _uuids() | {"GPU-gpuwatt-0"}
+            want = raw.series(lo_ns, end_ns, fields, step_s=step_s)
+            pd.testing.assert_frame_equal(got, want, rtol=1e-9, obj=f"{lo_ns, step_s}")
+        one = _host_of(SLOW)
+        only = store.series(T0_NS, end_ns, fields, step_s=60, hosts=[one, "gw-node"])
+        assert set(only["uuid"]) == {_uuid_of(SLOW), "GPU-gpuwatt-0"}

@@ -14,6 +14,7 @@ Wire into ``gpuwatt.cli`` with ``add_alerts_parser(sub)``; ``validate_rules_file
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -81,7 +82,7 @@ def load_settings(config_path: str | None, environ: dict[str, str] | None = None
     alerts_node = mapping.pop("alerts", None)
     config = parse_config(Located(mapping, doc.path, doc.line))
     if env.get("GPUWATT_STORE"):
-        config = Config(config.collector, env["GPUWATT_STORE"], config.energy, config.source)
+        config = dataclasses.replace(config, store_url=env["GPUWATT_STORE"])
     return config, parse_alert_settings(alerts_node, env)
 
 
@@ -96,7 +97,10 @@ def _build(args: argparse.Namespace, clock=None):
     config, settings = load_settings(getattr(args, "config", None))
     db_path = settings.state_db or gpuwatt_home(os.environ) / "alerts.db"
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    store = open_store(getattr(args, "store", None) or config.store_url or default_store_url())
+    store = open_store(
+        getattr(args, "store", None) or config.store_url or default_store_url(),
+        timeout_s=config.store_timeout_s,
+    )
     con = open_db(db_path)
     evaluator = Evaluator(
         rules, store, con, channels=settings.channels, routes=settings.routes,

@@ -48,7 +48,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             proc_root=config.collector.proc_root, mapping_dir=config.collector.job_mapping_dir
         )
         sources = [JobAttributingSource(sampler, resolver)]
-    store = open_store(store_url)
+    store = open_store(store_url, timeout_s=config.store_timeout_s)
     if getattr(store, "read_only", False):
         store.close()
         raise GpuwattError(
@@ -183,7 +183,7 @@ def cmd_spool(args: argparse.Namespace) -> int:
             return EXIT_OK
         from gpuwatt.store import open_store
 
-        store = open_store(store_url_of(args, config))
+        store = open_store(store_url_of(args, config), timeout_s=config.store_timeout_s)
         try:
             delivered, kept = aside.replay(store)
         finally:

@@ -125,7 +125,8 @@ def _open(args: argparse.Namespace):
     from gpuwatt.store import default_store_url, open_store
 
     config = load_config(args.config)
-    return open_store(args.store or config.store_url or default_store_url()), config
+    url = args.store or config.store_url or default_store_url()
+    return open_store(url, timeout_s=config.store_timeout_s), config
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     interval_s = config.collector.interval_s
     now_ns = time.time_ns()
-    store = open_store(store_url)
+    store = open_store(store_url, timeout_s=config.store_timeout_s)
     start_ns = now_ns - round(args.backfill * 1e9)
     # A store that already holds recent data (a demo stopped and started again) is carried on
     # from its newest sample: backfilling over it would store two histories of the same GPUs.

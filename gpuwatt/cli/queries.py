@@ -17,7 +17,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpuwatt.status import render_status, select_samples, watch
     from gpuwatt.store import open_store
 
-    store = open_store(store_url_of(args, config))
+    store = open_store(store_url_of(args, config), timeout_s=config.store_timeout_s)
 
     def frame() -> str:
         samples = store.latest()
@@ -51,7 +51,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from gpuwatt.analytics.inputs import read_analysis_input
     from gpuwatt.store import open_store
 
-    store = open_store(store_url_of(args, config))
+    store = open_store(store_url_of(args, config), timeout_s=config.store_timeout_s)
     now_ns = time.time_ns()
     start_ns = now_ns - round(args.since * 1e9)
     try:

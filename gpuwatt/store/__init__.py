@@ -8,7 +8,7 @@ imports pandas.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Container, Mapping, Sequence
 
 from gpuwatt.errors import ConfigError, GpuwattError
 from gpuwatt.schema import COUNTER_ATTRS, FIELDS, Kind
@@ -56,8 +56,29 @@ LAST_VALUE_ATTRS: frozenset[str] = frozenset(
 )
 
 
-def open_store(url: str | None = None, environ: Mapping[str, str] | None = None) -> Store:
+def checked_fields(fields: Sequence[str] | None, known: Container[str]) -> tuple[str, ...]:
+    """The ``fields`` of a ``Store.series`` call (None: every metric); a name not in ``known``
+    raises ValueError."""
+    from gpuwatt.model import METRIC_FIELDS
+
+    if fields is None:
+        return METRIC_FIELDS
+    unknown = [f for f in fields if f not in known]
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
+    return tuple(fields)
+
+
+def open_store(
+    url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float | None = None,
+) -> Store:
     """Open the store a URL names (see ``gpuwatt.store.url``); None or "" opens the default.
+
+    ``timeout_s`` is the config file's read timeout for an engine, used where the URL sets no
+    ``timeout=``.
 
     Raises ``StoreUrlError`` (a ``ConfigError``) for a malformed URL, an unknown scheme or a URL
     that carries a token or password.
@@ -65,7 +86,7 @@ def open_store(url: str | None = None, environ: Mapping[str, str] | None = None)
     from gpuwatt.store.url import InfluxTarget, PromTarget, SqliteTarget, parse_store_url
 
     env = os.environ if environ is None else environ
-    target = parse_store_url(url or default_store_url(env), env)
+    target = parse_store_url(url or default_store_url(env), env, timeout_s=timeout_s)
     if isinstance(target, SqliteTarget):
         from gpuwatt.private_files import private_file
         from gpuwatt.store.sqlite import SqliteStore

@@ -13,50 +13,27 @@ spool is the buffer (see design §4 for why). Connection failures, timeouts, 429
 will not help).
 
 Reads: InfluxQL over ``GET /query`` (``db=<bucket>``, ``epoch=ns``), which InfluxDB 1.x, 2.x
-(v1-compatibility API, buckets auto-mapped to databases) and 3.x Core all answer. The token goes
-in an ``Authorization: Token`` header, never in a URL, a log line, a repr or an error message.
+(v1-compatibility API, buckets auto-mapped to databases) and 3.x Core all answer; ``query`` sends
+one statement, ``influx_reads`` writes them. The token goes in an ``Authorization: Token``
+header, never in a URL, a log line, a repr or an error message.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.line_protocol import LineEncoder, decode_name, encode_name, sample_from_fields
-from gpuwatt.model import METRIC_FIELDS, GpuSample
-from gpuwatt.schema import (
-    FIELD_BY_ATTR,
-    FIELD_LOST,
-    MEASUREMENT,
-    TAG_HOST,
-    TAG_INDEX,
-    TAG_NAME,
-    TAG_UUID,
-)
-from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
-from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
+from gpuwatt.line_protocol import LineEncoder, encode_name
+from gpuwatt.model import GpuSample
+from gpuwatt.schema import TAG_HOST
+from gpuwatt.store import StoreRejected, influx_reads
+from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.influx_reads import telegraf_mig_devices, telegraf_processes
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
-from gpuwatt.telegraf import (
-    MEASUREMENT_MIG,
-    MEASUREMENT_PROCESS,
-    TelegrafMigDevice,
-    TelegrafProcess,
-    extra_columns,
-    fill_from_telegraf,
-    is_gpuwatt_point,
-    merge_writers,
-    mig_from_point,
-    one_identity_per_uuid,
-    process_from_point,
-    report_shared,
-    yes_no,
-)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,19 +42,19 @@ if TYPE_CHECKING:
 
     from gpuwatt.store.influx_rollups import InfluxRollups
 
-__all__ = ["InfluxSettings", "InfluxStore", "influx_settings_from_env", "influxql_string"]
-
-_GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
-_COUNT_ALIAS = "_n"
+__all__ = [
+    "InfluxSettings",
+    "InfluxStore",
+    "influx_settings_from_env",
+    "influxql_string",
+    "telegraf_mig_devices",
+    "telegraf_processes",
+]
 
 
 def influxql_string(value: str) -> str:
     """A single-quoted InfluxQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class _Secret:
@@ -345,21 +322,7 @@ class InfluxStore:
         return where
 
     def _has_telegraf_field(self, name: str) -> bool:
-        """Whether the measurement has Telegraf's field ``name`` (``SHOW FIELD KEYS``, asked at
-        most every 5 minutes): a database Telegraf does not write is read without its columns,
-        which would only add nulls to every row. True when the server cannot say."""
-        now = time.monotonic()
-        if self._telegraf_fields is None or now - self._telegraf_fields[0] > 300:
-            try:
-                series = self.query(f'SHOW FIELD KEYS FROM "{MEASUREMENT}"')
-                keys: frozenset[str] | None = frozenset(
-                    str(row[0]) for s in series for row in s.get("values", [])
-                )
-            except StoreRejected:  # an engine without SHOW FIELD KEYS: select them anyway
-                keys = None
-            self._telegraf_fields = (now, keys)
-        keys = self._telegraf_fields[1]
-        return keys is None or name in keys
+        return influx_reads.has_telegraf_field(self, name)
 
     def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
@@ -379,19 +342,10 @@ class InfluxStore:
             )
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
-        series = self.query(
-            f'SELECT count("{FIELD_LOST}") FROM "{MEASUREMENT}" WHERE '
-            + self.where(start_ns, end_ns, None)
-        )
-        return int(sum(row[1] or 0 for s in series for row in s.get("values", [])))
+        return influx_reads.count_samples(self, start_ns, end_ns)
 
     def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
-        where = "" if since_ns is None else f" WHERE time >= {int(since_ns)}"
-        series = self.query(
-            f'SELECT * FROM "{MEASUREMENT}"{where} GROUP BY * ORDER BY time DESC LIMIT 1'
-        )
-        out, self.shared_writers = _one_per_gpu(series)
-        out.sort(key=lambda x: (x.host, x.gpu_index, x.uuid))
+        out, self.shared_writers = influx_reads.latest(self, since_ns)
         return out
 
     def series(
@@ -403,163 +357,7 @@ class InfluxStore:
         step_s: int | None = None,
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
-        attrs = _check_fields(fields)
-        if step_s is not None and self.use_rollups and int(step_s) > 0:
-            from gpuwatt.store import engine_rollups
-
-            served = engine_rollups.read_levels(
-                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
-            )
-            if served is not None:
-                return engine_rollups.frame(*served, attrs)
-        where = self.where(start_ns, end_ns, hosts)
-        tg = [c for c in extra_columns(attrs) if self._has_telegraf_field(c[0])]
-        if step_s is None:
-            # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
-            # fields are all null), as SqliteStore returns them.
-            selects = [_ident(FIELD_LOST)]
-            selects += [f"{_ident(FIELD_BY_ATTR[a].field)} AS {_ident(a)}" for a in attrs]
-            selects += [f"{_ident(f)} AS {_ident(c)}" for f, c, _ in tg]
-            group = _GROUP_TAGS
-        else:
-            if int(step_s) <= 0:
-                raise ValueError("step_s must be positive")
-            selects = [f"count({_ident(FIELD_LOST)}) AS {_COUNT_ALIAS}"]
-            for a in attrs:
-                fn = "last" if a in LAST_VALUE_ATTRS else "mean"
-                selects.append(f"{fn}({_ident(FIELD_BY_ATTR[a].field)}) AS {_ident(a)}")
-            for f, c, last in tg:  # Telegraf's names for some of ``attrs``
-                selects.append(f"{'last' if last else 'mean'}({_ident(f)}) AS {_ident(c)}")
-            group = f"time({int(step_s)}s), {_GROUP_TAGS} fill(none)"
-        series = self.query(
-            f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
-        )
-        # gpuwatt's rows carry gpu_lost (Telegraf's do not): its identity wins for a shared GPU
-        marker = FIELD_LOST if step_s is None else _COUNT_ALIAS
-        frame = _frame(series, attrs, [*(c for _, c, _ in tg), marker])
-        ours = frame.pop(marker).to_numpy()
-        ours = (ours == ours) if step_s is None else (ours > 0)  # not NaN; a count above zero
-        # one GPU, whatever host/name tags or other tags its writers add (gpuwatt.telegraf)
-        frame = one_identity_per_uuid(fill_from_telegraf(frame), ours)
-        if step_s is not None and len(frame):
-            # a bucket cut by the range's start is keyed at the start (``Store.series``)
-            frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
-        return frame
-
-
-def telegraf_processes(store: InfluxStore, since_ns: int) -> list[TelegrafProcess]:
-    """The processes of each host's newest ``nvidia_smi_process`` points since ``since_ns``
-    (Telegraf tags them by process name and type only: see ``telegraf.TelegrafProcess``)."""
-    series = store.query(
-        f'SELECT * FROM "{MEASUREMENT_PROCESS}" WHERE time >= {int(since_ns)} GROUP BY *'
-    )
-    points = [
-        process_from_point(row[0], s.get("tags", {}), dict(zip(s["columns"], row, strict=True)))
-        for s in series
-        for row in s.get("values", [])
-    ]
-    newest: dict[str, int] = {}
-    for p in points:
-        newest[p.host] = max(newest.get(p.host, p.time_ns), p.time_ns)
-    out = [p for p in points if p.time_ns == newest[p.host]]
-    return sorted(out, key=lambda p: (p.host, p.pid or 0))
-
-
-def telegraf_mig_devices(store: InfluxStore, since_ns: int) -> list[TelegrafMigDevice]:
-    """The newest point of each MIG device in Telegraf's ``nvidia_smi_mig`` since ``since_ns``,
-    one per (GPU uuid, MIG index) whatever its P-state tag."""
-    series = store.query(
-        f'SELECT * FROM "{MEASUREMENT_MIG}" WHERE time >= {int(since_ns)} '
-        "GROUP BY * ORDER BY time DESC LIMIT 1"
-    )
-    newest: dict[tuple[str, int | None], TelegrafMigDevice] = {}
-    for s in series:
-        for row in s.get("values", []):
-            d = mig_from_point(row[0], s.get("tags", {}), dict(zip(s["columns"], row, strict=True)))
-            key = (d.gpu_uuid, d.mig_index)
-            if key not in newest or newest[key].time_ns < d.time_ns:
-                newest[key] = d
-    return sorted(newest.values(), key=lambda d: (d.host, d.gpu_uuid, d.mig_index or 0))
-
-
-def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
-    if fields is None:
-        return METRIC_FIELDS
-    unknown = [f for f in fields if f not in FIELD_BY_ATTR]
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
-    return tuple(fields)
-
-
-def _one_per_gpu(
-    series: list[dict[str, Any]],
-) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
-    """``latest()``'s rows, one sample per GPU uuid: Telegraf's extra tags (``pstate``...) make
-    one GPU several series, and a GPU two collectors write is written twice (``telegraf``)."""
-    candidates = []
-    for s in series:
-        columns = s["columns"]
-        tags = s.get("tags", {})
-        for row in s.get("values", []):
-            values = dict(zip(columns, row, strict=True))
-            writer = "gpuwatt" if is_gpuwatt_point(values) else "telegraf"
-            candidates.append((sample_from_fields(row[0], tags, values), writer))
-    out, shared = merge_writers(candidates)
-    report_shared(shared)
-    return out, shared
-
-
-def _as_float(v: Any) -> float:
-    """A stored value as a float: Telegraf's "Yes"/"No" flags are 1.0/0.0."""
-    if isinstance(v, str):
-        b = yes_no(v)
-        return math.nan if b is None else float(b)
-    return float(v)
-
-
-def _frame(
-    series: list[dict[str, Any]], attrs: Sequence[str], extra: Sequence[str] = ()
-) -> pd.DataFrame:
-    import numpy as np
-    import pandas as pd
-
-    keys: list[tuple[Any, ...]] = []
-    values: list[list[Any]] = []
-    for s in series:
-        tags = s.get("tags", {})
-        ident = (
-            decode_name(tags.get(TAG_HOST, "")),
-            int(tags.get(TAG_INDEX) or -1),
-            decode_name(tags.get(TAG_UUID, "")),
-            decode_name(tags.get(TAG_NAME, "")),
-        )
-        pos = [s["columns"].index(a) for a in (*attrs, *extra)]
-        for row in s.get("values", []):
-            keys.append((row[0], *ident))
-            values.append([row[i] for i in pos])
-    columns = [*KEY_COLUMNS, *attrs, *extra]
-    if not keys:
-        dtypes = {
-            "time_ns": "int64",
-            "gpu_index": "int64",
-            **dict.fromkeys((*attrs, *extra), "float64"),
-        }
-        return pd.DataFrame(columns=columns).astype(dtypes)
-    df = pd.DataFrame.from_records(keys, columns=list(KEY_COLUMNS))
-    try:
-        cells = [[np.nan if v is None else float(v) for v in row] for row in values]
-    except ValueError:  # a string: Telegraf's "Yes"/"No" flags (the rare case, so not first)
-        cells = [[np.nan if v is None else _as_float(v) for v in row] for row in values]
-    data = np.array(cells, dtype="float64").reshape(len(values), len(attrs) + len(extra))
-    for i, a in enumerate(attrs):
-        scale = FIELD_BY_ATTR[a].scale
-        df[a] = data[:, i] * scale if scale != 1.0 else data[:, i]
-    for i, c in enumerate(extra, start=len(attrs)):
-        df[c] = data[:, i]
-    df = df.astype({"time_ns": "int64", "gpu_index": "int64"})
-    return df.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
-        drop=True
-    )
+        return influx_reads.series(self, SeriesRead(start_ns, end_ns, fields, step_s, hosts))
 
 
 def _error_text(body: Any) -> str:

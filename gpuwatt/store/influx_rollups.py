@@ -30,10 +30,8 @@ from gpuwatt.schema import (
     FIELD_LOST,
     MEASUREMENT,
     TAG_HOST,
-    TAG_INDEX,
-    TAG_NAME,
-    TAG_UUID,
 )
+from gpuwatt.store import StoreRejected
 from gpuwatt.store.engine_rollups import (
     FIELD_N,
     FIELD_N_OK,
@@ -44,6 +42,7 @@ from gpuwatt.store.engine_rollups import (
     RollupsUnsupported,
     empty_level,
 )
+from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident
 from gpuwatt.store.rollup_rule import KEYS, as_level
 
 if TYPE_CHECKING:
@@ -52,15 +51,13 @@ if TYPE_CHECKING:
 FIELD_GPUS = "gpus"
 FIELD_T_LAST_NS = "t_last_ns"
 _INT_COLUMNS = (FIELD_N, FIELD_N_OK, FIELD_T_LAST_NS)
-_GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
 #: How long the oldest rollup point of a level is trusted from memory (it moves only with
 #: retention); the newest is asked for on every read.
 NEWEST_TTL_S = 5.0
 OLDEST_TTL_S = 600.0
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+#: How long the hosts that no rollups name are trusted from memory (a new Telegraf-only host
+#: is read raw at most this late; until then its GPUs are missing from bucketed reads).
+UNROLLED_TTL_S = 30.0
 
 
 class InfluxRollups:
@@ -70,6 +67,7 @@ class InfluxRollups:
         self.store = store
         self._oldest: dict[int, tuple[float, int]] = {}
         self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._unrolled: tuple[float, frozenset[str]] | None = None
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
@@ -85,8 +83,34 @@ class InfluxRollups:
             self._spans[level_ns] = (time.monotonic(), span)
         return span
 
+    def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
+        """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.
+
+        Collectors roll their own hosts, Telegraf's GPUs on them included; a host where only
+        Telegraf (or anything but a gpuwatt collector) writes has no rollups, and its GPUs must
+        be read raw. ``SHOW TAG VALUES`` answers from the index, without reading points.
+        """
+        cached = self._unrolled
+        if cached is None or time.monotonic() - cached[0] > UNROLLED_TTL_S:
+            try:
+                raw = self._hosts_of(MEASUREMENT)
+                rolled: set[str] = set()
+                for measurement in MEASUREMENTS.values():
+                    rolled |= self._hosts_of(measurement)
+            except StoreRejected:  # an engine without SHOW TAG VALUES: the rollups alone
+                raw = rolled = set()
+            cached = self._unrolled = (time.monotonic(), frozenset(raw - rolled))
+        unrolled = cached[1] if hosts is None else cached[1] & set(hosts)
+        return sorted(unrolled)
+
+    def _hosts_of(self, measurement: str) -> set[str]:
+        series = self.store.query(
+            f'SHOW TAG VALUES FROM {ident(measurement)} WITH KEY = "{TAG_HOST}"'
+        )
+        return {decode_name(str(row[-1])) for s in series for row in s.get("values") or []}
+
     def _span(self, level_ns: int) -> tuple[int, int] | None:
-        measurement = _ident(MEASUREMENTS[level_ns])
+        measurement = ident(MEASUREMENTS[level_ns])
         cached = self._oldest.get(level_ns)
         if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
             oldest = self._time_of(f'SELECT first("{FIELD_N}") FROM {measurement}')
@@ -121,10 +145,10 @@ class InfluxRollups:
         hosts: Sequence[str] | None,
         ids: GpuIds,
     ) -> dict[str, np.ndarray]:
-        selects = [_ident(FIELD_LOST)] + [_ident(FIELD_BY_ATTR[a].field) for a in attrs]
+        selects = [ident(FIELD_LOST)] + [ident(FIELD_BY_ATTR[a].field) for a in attrs]
         series = self.store.query(
             f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE '
-            f"{self.store.where(start_ns, end_ns, hosts)} GROUP BY {_GROUP_TAGS}"
+            f"{self.store.where(start_ns, end_ns, hosts)} GROUP BY {GROUP_TAGS}"
         )
         t, gid, data = _columns(series, 1 + len(attrs), ids)
         if not len(t):
@@ -180,7 +204,7 @@ class InfluxRollups:
     ) -> dict[str, np.ndarray]:
         names = [FIELD_GPUS, *_INT_COLUMNS, *attrs]
         series = self.store.query(
-            f"SELECT {', '.join(map(_ident, names))} FROM {_ident(MEASUREMENTS[level_ns])} "
+            f"SELECT {', '.join(map(ident, names))} FROM {ident(MEASUREMENTS[level_ns])} "
             f'WHERE {self.store.where(start_ns, end_ns, hosts)} GROUP BY "{TAG_HOST}"'
         )
         times: list[int] = []
@@ -264,13 +288,8 @@ def _columns(
         if not values:
             continue
         tags = s.get("tags", {})
-        ident: Ident = (
-            decode_name(tags.get(TAG_HOST, "")),
-            int(tags.get(TAG_INDEX) or -1),
-            decode_name(tags.get(TAG_UUID, "")),
-            decode_name(tags.get(TAG_NAME, "")),
-        )
-        gids.append(np.full(len(values), ids.of(ident), dtype=np.int64))
+        gpu: Ident = gpu_of_tags(tags)
+        gids.append(np.full(len(values), ids.of(gpu), dtype=np.int64))
         if not isinstance(values[0][0], int) or len(values[0]) != width + 1:
             raise RollupsUnsupported(f"{len(values[0])} columns of {values[0][0]!r}: not InfluxQL")
         times.extend(row[0] for row in values)

@@ -17,164 +17,42 @@ of ``LAST_VALUE_ATTRS``, computed in the engine (``avg_over_time``/``last_over_t
 each bucket's last millisecond). Range windows are left-open in VictoriaMetrics and Prometheus 3
 and closed in Prometheus 2; the window is sized for each so that a bucket holds exactly the
 samples with ``start <= t < end`` (timestamps are milliseconds in both engines). One query per
-metric, run in parallel.
+metric, run in parallel. The dialects are in ``promql_dialects``; answers become frames in
+``promql_frames``.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.line_protocol import decode_name
-from gpuwatt.model import METRIC_FIELDS, GpuSample
-from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
-from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
-from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected
-from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
+from gpuwatt.model import GpuSample
+from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
+from gpuwatt.store import promql_frames as frames
+from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.promql_dialects import (
+    DCGM,
+    DIALECTS,
+    GPUWATT,
+    INFLUX,
+    KIND,
+    NS_PER_MS,
+    PRESENCE,
+    Dialect,
+    promql_string,
+    regex_alternatives,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-NS_PER_MS = 1_000_000
-PRESENCE = "__presence__"  # the pseudo-attribute under which the presence metric is read
-
-
-@dataclass(frozen=True)
-class SeriesName:
-    """Where one ``GpuSample`` attribute lives in the engine: model value = engine value x scale.
-
-    ``metric`` may be a regular expression of alternative names (dcgm-exporter renamed the
-    throttle-reason field); ``kind`` rounds integers and turns booleans back into bools.
-    """
-
-    attr: str
-    metric: str
-    scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """Whose series an engine holds: metric names, scales and identity labels."""
-
-    name: str
-    series: tuple[SeriesName, ...]
-    host: str
-    index: str
-    uuid: str
-    model: str
-    jobs: tuple[str, ...]  # labels naming the job, the first non-empty wins
-    presence: str  # a metric every sample of every GPU has (counts, times)
-    sample_time: str | None = None  # a metric whose value is the sample's Unix time
-    lost_metric: str | None = None  # the presence metric, where its ``lost_value`` marks lost
-    lost_value: float = 1.0
-    encoded_names: bool = False  # names written by gpuwatt's line protocol (``encode_name``)
-
-    def by_attr(self) -> dict[str, SeriesName]:
-        return {s.attr: s for s in self.series}
-
-
-GPUWATT = Dialect(
-    name="gpuwatt",
-    series=(
-        *(SeriesName(g.attr, g.name, 1.0 / g.scale) for g in GAUGES),
-        SeriesName("energy_j", ENERGY + "_total"),
-        SeriesName("clock_event_reasons", REASONS_MASK),
-    ),
-    host="host",
-    index="gpu",
-    uuid="uuid",
-    model="name",
-    jobs=("job_id",),
-    presence=UP,
-    sample_time=SAMPLE_TIME,
-    lost_metric=UP,
-    lost_value=0.0,
-)
-
-#: dcgm-exporter's field names (its etc/default-counters.csv and dcp-metrics-included.csv) and
-#: units: utilisation in %, memory in MiB, energy in mJ since boot, clocks in MHz, DCP (PROF)
-#: activities as 0-1 ratios, PROF PCIe/NVLink bytes as bytes per second.
-DCGM = Dialect(
-    name="dcgm",
-    series=(
-        SeriesName("utilization_gpu_pct", "DCGM_FI_DEV_GPU_UTIL"),
-        SeriesName("utilization_memory_pct", "DCGM_FI_DEV_MEM_COPY_UTIL"),
-        SeriesName("memory_used_bytes", "DCGM_FI_DEV_FB_USED", MIB),
-        SeriesName("memory_free_bytes", "DCGM_FI_DEV_FB_FREE", MIB),
-        SeriesName("temperature_gpu_c", "DCGM_FI_DEV_GPU_TEMP"),
-        SeriesName("temperature_memory_c", "DCGM_FI_DEV_MEMORY_TEMP"),
-        SeriesName("power_w", "DCGM_FI_DEV_POWER_USAGE"),
-        SeriesName("energy_j", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3),
-        SeriesName("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK"),
-        SeriesName("memory_clock_mhz", "DCGM_FI_DEV_MEM_CLOCK"),
-        SeriesName(
-            "clock_event_reasons",
-            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS|DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-        ),
-        SeriesName("pcie_tx_bytes_per_s", "DCGM_FI_PROF_PCIE_TX_BYTES"),
-        SeriesName("pcie_rx_bytes_per_s", "DCGM_FI_PROF_PCIE_RX_BYTES"),
-        SeriesName("nvlink_tx_bytes_per_s", "DCGM_FI_PROF_NVLINK_TX_BYTES"),
-        SeriesName("nvlink_rx_bytes_per_s", "DCGM_FI_PROF_NVLINK_RX_BYTES"),
-        SeriesName("sm_active_pct", "DCGM_FI_PROF_SM_ACTIVE", 100.0),
-        SeriesName("sm_occupancy_pct", "DCGM_FI_PROF_SM_OCCUPANCY", 100.0),
-        SeriesName("tensor_active_pct", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 100.0),
-        SeriesName("fp64_active_pct", "DCGM_FI_PROF_PIPE_FP64_ACTIVE", 100.0),
-        SeriesName("fp32_active_pct", "DCGM_FI_PROF_PIPE_FP32_ACTIVE", 100.0),
-        SeriesName("fp16_active_pct", "DCGM_FI_PROF_PIPE_FP16_ACTIVE", 100.0),
-        SeriesName("dram_active_pct", "DCGM_FI_PROF_DRAM_ACTIVE", 100.0),
-        SeriesName("ecc_sbe_volatile_count", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
-        SeriesName("ecc_dbe_volatile_count", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
-        SeriesName("remapped_rows_correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
-        SeriesName("remapped_rows_uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
-    ),
-    host="Hostname",
-    index="gpu",
-    uuid="UUID",
-    model="modelName",
-    jobs=("hpc_job", "pod"),
-    presence="DCGM_FI_DEV_GPU_UTIL",
-)
-
-#: gpuwatt's line protocol as VictoriaMetrics stores it: ``<measurement>_<field>``, tags as
-#: labels, booleans as 0/1. String fields (job id, processes) are not kept by the engine.
-INFLUX = Dialect(
-    name="influx",
-    series=tuple(
-        SeriesName(f.attr, f"{MEASUREMENT}_{f.field}", f.scale)
-        for f in FIELDS
-        if f.kind is not Kind.STR
-    ),
-    host="host",
-    index="index",
-    uuid="uuid",
-    model="name",
-    jobs=(),
-    presence=f"{MEASUREMENT}_{FIELD_LOST}",
-    lost_metric=f"{MEASUREMENT}_{FIELD_LOST}",
-    encoded_names=True,
-)
-
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (GPUWATT, DCGM, INFLUX)}
-_KIND = {f.attr: f.kind for f in FIELDS}
-
-
-def promql_string(value: str) -> str:
-    """A PromQL string literal (Go escaping; JSON's escapes are a subset Go accepts)."""
-    return json.dumps(value)
-
-
-def _regex_alternatives(values: Sequence[str]) -> str:
-    """An RE2 pattern matching exactly one of ``values`` (PromQL anchors label regexes)."""
-    specials = set("\\.+*?()|[]{}^$")
-    return "|".join("".join("\\" + c if c in specials else c for c in v) for v in values)
+__all__ = ["DCGM", "DIALECTS", "GPUWATT", "INFLUX", "Dialect", "PromStore", "promql_string"]
 
 
 class PromStore:
@@ -328,17 +206,9 @@ class PromStore:
         op = "=~" if "|" in metric else "="
         matchers = [f"__name__{op}{promql_string(metric)}"]
         if hosts is not None:
-            pattern = _regex_alternatives(hosts) if hosts else "$^"
+            pattern = regex_alternatives(hosts) if hosts else "$^"
             matchers.append(f"{self.dialect.host}=~{promql_string(pattern)}")
         return "{" + ", ".join(matchers) + "}"
-
-    def _attrs(self, fields: Sequence[str] | None) -> tuple[str, ...]:
-        if fields is None:
-            return METRIC_FIELDS
-        unknown = [f for f in fields if f not in _KIND]
-        if unknown:
-            raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
-        return tuple(fields)
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -351,14 +221,14 @@ class PromStore:
         step_s: int | None = None,
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
-        attrs = self._attrs(fields)
+        attrs = checked_fields(fields, KIND)
         names = self.dialect.by_attr()
         # The presence metric is read too, so that a GPU sample (or bucket) whose requested
         # metrics are all absent, such as a lost GPU's marker, still has its row (NaN metrics).
         reads = [(a, names[a].metric) for a in attrs if a in names]
         reads.append((PRESENCE, self.dialect.presence))
         if end_ns <= start_ns:
-            return _frame(self.dialect, attrs, [])
+            return frames.frame(self.dialect, attrs, [])
         if step_s is not None and int(step_s) > 0 and self.rollups is not None:
             from gpuwatt.store import engine_rollups
 
@@ -369,7 +239,7 @@ class PromStore:
                 return engine_rollups.frame(*served, attrs)
         if step_s is None:
             results = self._pool.map(
-                lambda r: (r[0], _points(self._raw(r[1], start_ns, end_ns, hosts))), reads
+                lambda r: (r[0], frames.points(self._raw(r[1], start_ns, end_ns, hosts))), reads
             )
         else:
             if int(step_s) <= 0:
@@ -377,13 +247,13 @@ class PromStore:
             results = self._pool.map(
                 lambda r: (
                     r[0],
-                    _points(self._bucketed(r[0], r[1], start_ns, end_ns, step_s, hosts)),
+                    frames.points(self._bucketed(r[0], r[1], start_ns, end_ns, step_s, hosts)),
                 ),
                 reads,
             )
         if step_s is None:  # raw samples: exactly [start, end)
-            return _frame(self.dialect, attrs, list(results), start_ns, end_ns)
-        frame = _frame(self.dialect, attrs, list(results))
+            return frames.frame(self.dialect, attrs, list(results), start_ns, end_ns)
+        frame = frames.frame(self.dialect, attrs, list(results))
         if len(frame):  # a bucket cut by the range's start is keyed at the start (``Store``)
             frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
         return frame
@@ -416,7 +286,9 @@ class PromStore:
         def partial(lo: int, hi: int, bucket: int) -> list[dict[str, Any]]:
             """The bucket starting at ``bucket`` restricted to ``[lo, hi)``."""
             window = self._window_ms(hi - lo)
-            return _tag(self.query(f"{fn}({sel}[{window}ms])", hi - NS_PER_MS), bucket)
+            return frames.instant_as_matrix(
+                self.query(f"{fn}({sel}[{window}ms])", hi - NS_PER_MS), bucket
+            )
 
         head = start_ns // step_ns * step_ns
         whole_start = head if head == start_ns else head + step_ns
@@ -432,7 +304,7 @@ class PromStore:
                 whole_end - NS_PER_MS,
                 step_s,
             )
-            out += _shift(matrix, step_ns - NS_PER_MS)
+            out += frames.shift(matrix, step_ns - NS_PER_MS)
         if start_ns <= whole_end < end_ns:  # the last bucket ends after the range
             out += partial(whole_end, end_ns, whole_end)
         return out
@@ -488,7 +360,7 @@ class PromStore:
         results = dict(self._pool.map(lambda q: (q[0], self.query(q[1], now)), queries))
         if self.dialect.lost_metric is not None:  # the presence metric itself marks lost GPUs
             results["lost"] = self.query(f"last_over_time({presence}{window})", now)
-        return _latest_samples(self.dialect, times, results)
+        return frames.latest_samples(self.dialect, times, results)
 
     def _sample_times(self, window: str, lookback_ns: int) -> str:
         """PromQL for each GPU's newest sample time (Unix seconds) within ``window``."""
@@ -523,165 +395,3 @@ def _loads_without_gc(data: bytes) -> Any:
 
 def _seconds(ns: int) -> str:
     return f"{ns // 1_000_000_000}.{(ns % 1_000_000_000) // NS_PER_MS:03d}"
-
-
-def _tag(result: list[dict[str, Any]], bucket_ns: int) -> list[dict[str, Any]]:
-    """Instant-query results as one-point matrices at ``bucket_ns``."""
-    return [{"metric": r["metric"], "values": [[bucket_ns / 1e9, r["value"][1]]]} for r in result]
-
-
-def _shift(result: list[dict[str, Any]], by_ns: int) -> list[dict[str, Any]]:
-    """Range results with each point moved from its evaluation time to its bucket's start."""
-    for r in result:
-        r["values"] = [
-            [(round(float(t) * 1000) * NS_PER_MS - by_ns) / 1e9, v] for t, v in r["values"]
-        ]
-    return result
-
-
-def _ident(dialect: Dialect, labels: dict[str, str]) -> tuple[str, int, str, str]:
-    try:
-        index = int(labels.get(dialect.index, "-1"))
-    except ValueError:
-        index = -1
-    names = (
-        labels.get(dialect.host, ""),
-        labels.get(dialect.uuid, ""),
-        labels.get(dialect.model, ""),
-    )
-    if dialect.encoded_names:  # gpuwatt's line protocol (``line_protocol.encode_name``)
-        names = tuple(map(decode_name, names))  # type: ignore[assignment]
-    return (names[0], index, names[1], names[2])
-
-
-@dataclass(frozen=True)
-class Points:
-    """One metric's answer as arrays: each series' labels and length, its points' times (s) and
-    values, in series order. Made in the worker thread that fetched it, so that the engine's
-    JSON (lists of small lists) is dropped at once."""
-
-    labels: list[dict[str, str]]
-    lengths: list[int]
-    t_s: Any  # numpy float64
-    values: Any  # numpy float64
-
-
-def _points(matrix: list[dict[str, Any]]) -> Points:
-    import numpy as np
-
-    lengths = [len(series.get("values") or ()) for series in matrix]
-    flat = [pt for series in matrix for pt in series.get("values") or ()]
-    return Points(
-        [series["metric"] for series in matrix],
-        lengths,
-        np.array([pt[0] for pt in flat], dtype=np.float64),
-        np.array([pt[1] for pt in flat], dtype=np.float64),
-    )
-
-
-def _frame(
-    dialect: Dialect,
-    attrs: Sequence[str],
-    results: list[tuple[str, Points]],
-    start_ns: int | None = None,
-    end_ns: int | None = None,
-) -> pd.DataFrame:
-    """Long-form rows (``KEY_COLUMNS`` + ``attrs``, sorted by time then GPU) from per-attribute
-    answers; ``start_ns``/``end_ns`` keep only raw samples inside the range.
-
-    Built column-wise: a row is one (time, GPU) code, so that 1,000 GPUs x 60 buckets x a dozen
-    metrics take one sort, not a Python loop per point (``bench/promql_read.py``).
-    """
-    import numpy as np
-    import pandas as pd
-
-    idents: dict[tuple[str, int, str, str], int] = {}
-    gid_parts: list[Any] = []
-    t_parts: list[Any] = []
-    v_parts: list[Any] = []
-    col_parts: list[Any] = []
-    col_of = {a: i for i, a in enumerate(attrs)}
-    names = dialect.by_attr()
-    for attr, points in results:
-        if not len(points.t_s):
-            continue
-        scale = 1.0 if attr == PRESENCE else names[attr].scale
-        series_gids = [idents.setdefault(_ident(dialect, m), len(idents)) for m in points.labels]
-        gid_parts.append(np.repeat(np.array(series_gids, dtype=np.int64), points.lengths))
-        t_parts.append(points.t_s)
-        v_parts.append(points.values * scale)
-        # -1: the presence metric, keys only
-        col_parts.append(np.full(len(points.t_s), col_of.get(attr, -1), dtype=np.int64))
-    columns = [*KEY_COLUMNS, *attrs]
-    if not gid_parts:
-        dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
-        return pd.DataFrame(columns=columns).astype(dtypes)
-    gids = np.concatenate(gid_parts)
-    t_ns = np.rint(np.concatenate(t_parts) * 1000).astype(np.int64) * NS_PER_MS
-    vals = np.concatenate(v_parts)
-    cols = np.concatenate(col_parts)
-    if start_ns is not None and end_ns is not None:
-        inside = (t_ns >= start_ns) & (t_ns < end_ns)
-        gids, t_ns, vals, cols = gids[inside], t_ns[inside], vals[inside], cols[inside]
-    # Rank GPUs by (host, index, uuid): a row's code then sorts by time, then GPU.
-    ident_list = list(idents)
-    order = sorted(range(len(ident_list)), key=lambda g: ident_list[g][:3])
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    times, t_index = np.unique(t_ns, return_inverse=True)
-    codes, row = np.unique(t_index * len(order) + rank[gids], return_inverse=True)
-    data = np.full((len(codes), len(attrs)), np.nan)
-    valued = cols >= 0
-    data[row[valued], cols[valued]] = vals[valued]
-    by_rank = [ident_list[g] for g in order]
-    gpu_of_row = codes % len(order)
-    df = pd.DataFrame(
-        {
-            "time_ns": times[codes // len(order)],
-            "host": np.array([i[0] for i in by_rank], dtype=object)[gpu_of_row],
-            "gpu_index": np.array([i[1] for i in by_rank], dtype=np.int64)[gpu_of_row],
-            "uuid": np.array([i[2] for i in by_rank], dtype=object)[gpu_of_row],
-            "name": np.array([i[3] for i in by_rank], dtype=object)[gpu_of_row],
-        }
-    )
-    for i, a in enumerate(attrs):
-        df[a] = data[:, i]
-    return df
-
-
-def _latest_samples(
-    dialect: Dialect, times: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]]
-) -> list[GpuSample]:
-    by_gpu: dict[tuple[str, int, str, str], dict[str, Any]] = {}
-    jobs: dict[tuple[str, int, str, str], str] = {}
-    names = dialect.by_attr()
-    for r in times:
-        key = _ident(dialect, r["metric"])
-        by_gpu.setdefault(key, {})["time_ns"] = round(float(r["value"][1]) * 1000) * NS_PER_MS
-        for label in dialect.jobs:
-            if r["metric"].get(label):
-                jobs.setdefault(key, r["metric"][label])
-                break
-    for r in results.pop("lost", []):
-        key = _ident(dialect, r["metric"])
-        if key in by_gpu:
-            by_gpu[key]["lost"] = float(r["value"][1]) == dialect.lost_value
-    for attr, result in results.items():
-        for r in result:
-            key = _ident(dialect, r["metric"])
-            if key not in by_gpu or by_gpu[key].get("lost"):
-                continue  # a lost GPU's newest sample is its marker: no metrics
-            value = float(r["value"][1])
-            if math.isnan(value):
-                continue
-            value *= names[attr].scale
-            kind = _KIND.get(attr)
-            by_gpu[key][attr] = (
-                round(value) if kind is Kind.INT else bool(value) if kind is Kind.BOOL else value
-            )
-    out = [
-        GpuSample(host=k[0], gpu_index=k[1], uuid=k[2], name=k[3], job_id=jobs.get(k), **v)
-        for k, v in by_gpu.items()
-    ]
-    out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
-    return out

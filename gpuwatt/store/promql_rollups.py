@@ -27,8 +27,8 @@ from gpuwatt.store.engine_rollups import (
     empty_level,
     rollup_lines,
 )
-from gpuwatt.store.promql import _ident as gpu_ident
-from gpuwatt.store.promql import _regex_alternatives, promql_string
+from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
+from gpuwatt.store.promql_frames import gpu_ident
 from gpuwatt.store.rollup_rule import NULL_TIME, as_level
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class PromRollups:
         fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, *attrs]
         host_matcher = ""
         if hosts is not None:
-            pattern = _regex_alternatives(hosts) if hosts else "$^"
+            pattern = regex_alternatives(hosts) if hosts else "$^"
             host_matcher = f", {self.store.dialect.host}=~{promql_string(pattern)}"
         window_ms = (end_ns - start_ns) // NS_PER_MS
         if window_ms <= 0:

@@ -5,7 +5,8 @@ Store URLs:
 - ``sqlite:///abs/path.db`` (absolute) and ``sqlite:relative.db`` (relative to the working
   directory).
 - ``influxdb://host:8086/<bucket>?org=<org>`` (http) and ``influxdbs://host/<bucket>?org=<org>``
-  (https); ``timeout=30s`` sets the per-request timeout (default 10 s), ``api=v1`` writes to
+  (https); ``timeout=30s`` sets the per-request timeout (default 10 s; the config file's
+  ``store: timeout:`` where the URL has none), ``api=v1`` writes to
   InfluxDB 1.0-1.7's ``/write`` (by default ``/ping`` tells which the server takes). A missing
   bucket or org falls back to ``INFLUXDB_V2_BUCKET`` / ``INFLUXDB_V2_ORG``; ``influxdb://`` with
   no host takes everything from the environment (``INFLUXDB_V2_URL``).
@@ -171,17 +172,21 @@ def redact_url(url: str) -> str:
 
 
 def parse_store_url(
-    url: str, environ: Mapping[str, str]
+    url: str, environ: Mapping[str, str], *, timeout_s: float | None = None
 ) -> SqliteTarget | InfluxTarget | PromTarget:
-    """What a store URL names. Raises ``StoreUrlError`` with a message safe to print."""
+    """What a store URL names. Raises ``StoreUrlError`` with a message safe to print.
+
+    ``timeout_s`` (the config file's ``store: timeout:``) applies where the URL has no
+    ``timeout=``: the URL, being the more specific setting, wins.
+    """
     shown = redact_url(url)
     scheme = url.partition(":")[0].lower()
     if scheme == "sqlite":
         return _parse_sqlite(url, shown)
     if scheme in ("influxdb", "influxdbs"):
-        return _parse_influx(url, shown, environ)
+        return _parse_influx(url, shown, environ, timeout_s)
     if scheme in PROM_SCHEMES:
-        return _parse_prom(url, shown)
+        return _parse_prom(url, shown, timeout_s)
     raise StoreUrlError(
         shown,
         f"unknown store scheme {scheme!r}: use sqlite:///abs/path.db, sqlite:relative.db, "
@@ -204,7 +209,7 @@ def _split_without_userinfo(
     return parts, port
 
 
-def _parse_prom(url: str, shown: str) -> PromTarget:
+def _parse_prom(url: str, shown: str, config_timeout_s: float | None) -> PromTarget:
     parts, port = _split_without_userinfo(
         url, shown, "", "a store URL must not carry a user or password"
     )
@@ -222,7 +227,7 @@ def _parse_prom(url: str, shown: str) -> PromTarget:
     source = query.get("source", [PROM_DEFAULT_SOURCE[engine]])[-1]
     if source not in PROM_SOURCES:
         raise StoreUrlError(shown, f"source={source!r}: use one of {', '.join(PROM_SOURCES)}")
-    timeout_s = _timeout_s(query, shown, default_s=30.0)
+    timeout_s = _timeout_s(query, shown, default_s=config_timeout_s or 30.0)
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     base = f"{http}://{host}" + (f":{port}" if port else "") + parts.path.rstrip("/")
     return PromTarget(base, engine, source, timeout_s, _rollups(query, shown, default=False))
@@ -246,7 +251,9 @@ def _parse_sqlite(url: str, shown: str) -> SqliteTarget:
     return SqliteTarget(Path(path).expanduser().absolute())
 
 
-def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTarget:
+def _parse_influx(
+    url: str, shown: str, environ: Mapping[str, str], config_timeout_s: float | None
+) -> InfluxTarget:
     parts, port = _split_without_userinfo(
         url, shown, "InfluxDB ", f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}"
     )
@@ -259,7 +266,7 @@ def _parse_influx(url: str, shown: str, environ: Mapping[str, str]) -> InfluxTar
             "rollups=",
         )
     rollups = _rollups(query, shown, default=True)
-    timeout_s = _timeout_s(query, shown, default_s=10.0)
+    timeout_s = _timeout_s(query, shown, default_s=config_timeout_s or 10.0)
     api = query.get("api", ["auto"])[-1]
     if api not in ("auto", "v1", "v2"):
         raise StoreUrlError(shown, f"api={api!r}: use v1 (InfluxDB 1.0-1.7), v2 or auto")

@@ -1,0 +1,286 @@
+"""InfluxDB reads (``InfluxStore``'s read side): series, latest values and Telegraf's points.
+
+Everything here is InfluxQL over ``InfluxStore.query``; the connection, the writes and the
+query transport stay in ``influx``. Bucketed reads come from the engine's rollups
+(``engine_rollups``, ``influx_rollups``) where they answer; GPUs on hosts that no gpuwatt
+collector rolls (Telegraf writes them alone) are read raw beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpuwatt.line_protocol import decode_name, sample_from_fields
+from gpuwatt.model import GpuSample
+from gpuwatt.schema import (
+    FIELD_BY_ATTR,
+    FIELD_LOST,
+    MEASUREMENT,
+    TAG_HOST,
+    TAG_INDEX,
+    TAG_NAME,
+    TAG_UUID,
+)
+from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
+from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
+from gpuwatt.telegraf import (
+    MEASUREMENT_MIG,
+    MEASUREMENT_PROCESS,
+    TelegrafMigDevice,
+    TelegrafProcess,
+    extra_columns,
+    fill_from_telegraf,
+    is_gpuwatt_point,
+    merge_writers,
+    mig_from_point,
+    one_identity_per_uuid,
+    process_from_point,
+    report_shared,
+    yes_no,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gpuwatt.store.influx import InfluxStore
+
+GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
+_COUNT_ALIAS = "_n"
+
+
+def ident(name: str) -> str:
+    """A double-quoted InfluxQL identifier."""
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def gpu_of_tags(tags: dict[str, str]) -> tuple[str, int, str, str]:
+    """A GPU's host, index, uuid and model name from its point's tags."""
+    return (
+        decode_name(tags.get(TAG_HOST, "")),
+        int(tags.get(TAG_INDEX) or -1),
+        decode_name(tags.get(TAG_UUID, "")),
+        decode_name(tags.get(TAG_NAME, "")),
+    )
+
+
+def has_telegraf_field(store: InfluxStore, name: str) -> bool:
+    """Whether the measurement has Telegraf's field ``name`` (``SHOW FIELD KEYS``, asked at
+    most every 5 minutes): a database Telegraf does not write is read without its columns,
+    which would only add nulls to every row. True when the server cannot say."""
+    now = time.monotonic()
+    if store._telegraf_fields is None or now - store._telegraf_fields[0] > 300:
+        try:
+            series = store.query(f'SHOW FIELD KEYS FROM "{MEASUREMENT}"')
+            keys: frozenset[str] | None = frozenset(
+                str(row[0]) for s in series for row in s.get("values", [])
+            )
+        except StoreRejected:  # an engine without SHOW FIELD KEYS: select them anyway
+            keys = None
+        store._telegraf_fields = (now, keys)
+    keys = store._telegraf_fields[1]
+    return keys is None or name in keys
+
+
+def count_samples(store: InfluxStore, start_ns: int, end_ns: int) -> int:
+    series = store.query(
+        f'SELECT count("{FIELD_LOST}") FROM "{MEASUREMENT}" WHERE '
+        + store.where(start_ns, end_ns, None)
+    )
+    return int(sum(row[1] or 0 for s in series for row in s.get("values", [])))
+
+
+def latest(
+    store: InfluxStore, since_ns: int | None
+) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
+    """The newest sample of each GPU, and the writers of each GPU more than one writes."""
+    where = "" if since_ns is None else f" WHERE time >= {int(since_ns)}"
+    series = store.query(
+        f'SELECT * FROM "{MEASUREMENT}"{where} GROUP BY * ORDER BY time DESC LIMIT 1'
+    )
+    out, shared = _one_per_gpu(series)
+    out.sort(key=lambda x: (x.host, x.gpu_index, x.uuid))
+    return out, shared
+
+
+def series(store: InfluxStore, read: SeriesRead) -> pd.DataFrame:
+    """``Store.series``: from the engine's rollups where they answer, else raw ``GROUP BY``."""
+    start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
+    attrs = checked_fields(read.fields, FIELD_BY_ATTR)
+    if step_s is not None and store.use_rollups and int(step_s) > 0:
+        from gpuwatt.store import engine_rollups
+
+        served = engine_rollups.read_levels(
+            store.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+        )
+        if served is not None:
+            frame = engine_rollups.frame(*served, attrs)
+            unrolled = store.rollups.unrolled_hosts(hosts)
+            if not unrolled:
+                return frame
+            # Hosts no collector rolls (Telegraf alone writes their GPUs): read raw.
+            raw = raw_series(store, start_ns, end_ns, attrs, int(step_s), unrolled)
+            return _beside(frame[~frame["host"].isin(unrolled)], raw)
+    return raw_series(store, start_ns, end_ns, attrs, step_s, hosts)
+
+
+def raw_series(
+    store: InfluxStore,
+    start_ns: int,
+    end_ns: int,
+    attrs: Sequence[str],
+    step_s: int | None,
+    hosts: Sequence[str] | None,
+) -> pd.DataFrame:
+    """Raw samples (``step_s`` None) or their ``GROUP BY time()`` buckets, Telegraf's included."""
+    where = store.where(start_ns, end_ns, hosts)
+    tg = [c for c in extra_columns(attrs) if has_telegraf_field(store, c[0])]
+    if step_s is None:
+        # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
+        # fields are all null), as SqliteStore returns them.
+        selects = [ident(FIELD_LOST)]
+        selects += [f"{ident(FIELD_BY_ATTR[a].field)} AS {ident(a)}" for a in attrs]
+        selects += [f"{ident(f)} AS {ident(c)}" for f, c, _ in tg]
+        group = GROUP_TAGS
+    else:
+        if int(step_s) <= 0:
+            raise ValueError("step_s must be positive")
+        selects = [f"count({ident(FIELD_LOST)}) AS {_COUNT_ALIAS}"]
+        for a in attrs:
+            fn = "last" if a in LAST_VALUE_ATTRS else "mean"
+            selects.append(f"{fn}({ident(FIELD_BY_ATTR[a].field)}) AS {ident(a)}")
+        for f, c, last in tg:  # Telegraf's names for some of ``attrs``
+            selects.append(f"{'last' if last else 'mean'}({ident(f)}) AS {ident(c)}")
+        group = f"time({int(step_s)}s), {GROUP_TAGS} fill(none)"
+    series = store.query(
+        f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE {where} GROUP BY {group}'
+    )
+    # gpuwatt's rows carry gpu_lost (Telegraf's do not): its identity wins for a shared GPU
+    marker = FIELD_LOST if step_s is None else _COUNT_ALIAS
+    frame = _frame(series, attrs, [*(c for _, c, _ in tg), marker])
+    ours = frame.pop(marker).to_numpy()
+    ours = (ours == ours) if step_s is None else (ours > 0)  # not NaN; a count above zero
+    # one GPU, whatever host/name tags or other tags its writers add (gpuwatt.telegraf)
+    frame = one_identity_per_uuid(fill_from_telegraf(frame), ours)
+    if step_s is not None and len(frame):
+        # a bucket cut by the range's start is keyed at the start (``Store.series``)
+        frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)
+    return frame
+
+
+def _beside(rolled: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
+    """Rows read from rollups and rows read raw as one frame, in the store's order."""
+    import pandas as pd
+
+    if not len(raw):
+        return rolled.reset_index(drop=True)
+    raw = raw[list(rolled.columns)]
+    if not len(rolled):
+        return raw.reset_index(drop=True)
+    both = pd.concat([rolled, raw], ignore_index=True)
+    return both.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
+        drop=True
+    )
+
+
+def telegraf_processes(store: InfluxStore, since_ns: int) -> list[TelegrafProcess]:
+    """The processes of each host's newest ``nvidia_smi_process`` points since ``since_ns``
+    (Telegraf tags them by process name and type only: see ``telegraf.TelegrafProcess``)."""
+    series = store.query(
+        f'SELECT * FROM "{MEASUREMENT_PROCESS}" WHERE time >= {int(since_ns)} GROUP BY *'
+    )
+    points = [
+        process_from_point(row[0], s.get("tags", {}), dict(zip(s["columns"], row, strict=True)))
+        for s in series
+        for row in s.get("values", [])
+    ]
+    newest: dict[str, int] = {}
+    for p in points:
+        newest[p.host] = max(newest.get(p.host, p.time_ns), p.time_ns)
+    out = [p for p in points if p.time_ns == newest[p.host]]
+    return sorted(out, key=lambda p: (p.host, p.pid or 0))
+
+
+def telegraf_mig_devices(store: InfluxStore, since_ns: int) -> list[TelegrafMigDevice]:
+    """The newest point of each MIG device in Telegraf's ``nvidia_smi_mig`` since ``since_ns``,
+    one per (GPU uuid, MIG index) whatever its P-state tag."""
+    series = store.query(
+        f'SELECT * FROM "{MEASUREMENT_MIG}" WHERE time >= {int(since_ns)} '
+        "GROUP BY * ORDER BY time DESC LIMIT 1"
+    )
+    newest: dict[tuple[str, int | None], TelegrafMigDevice] = {}
+    for s in series:
+        for row in s.get("values", []):
+            d = mig_from_point(row[0], s.get("tags", {}), dict(zip(s["columns"], row, strict=True)))
+            key = (d.gpu_uuid, d.mig_index)
+            if key not in newest or newest[key].time_ns < d.time_ns:
+                newest[key] = d
+    return sorted(newest.values(), key=lambda d: (d.host, d.gpu_uuid, d.mig_index or 0))
+
+
+def _one_per_gpu(
+    series: list[dict[str, Any]],
+) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
+    """``latest()``'s rows, one sample per GPU uuid: Telegraf's extra tags (``pstate``...) make
+    one GPU several series, and a GPU two collectors write is written twice (``telegraf``)."""
+    candidates = []
+    for s in series:
+        columns = s["columns"]
+        tags = s.get("tags", {})
+        for row in s.get("values", []):
+            values = dict(zip(columns, row, strict=True))
+            writer = "gpuwatt" if is_gpuwatt_point(values) else "telegraf"
+            candidates.append((sample_from_fields(row[0], tags, values), writer))
+    out, shared = merge_writers(candidates)
+    report_shared(shared)
+    return out, shared
+
+
+def _as_float(v: Any) -> float:
+    """A stored value as a float: Telegraf's "Yes"/"No" flags are 1.0/0.0."""
+    if isinstance(v, str):
+        b = yes_no(v)
+        return math.nan if b is None else float(b)
+    return float(v)
+
+
+def _frame(
+    series: list[dict[str, Any]], attrs: Sequence[str], extra: Sequence[str] = ()
+) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
+    keys: list[tuple[Any, ...]] = []
+    values: list[list[Any]] = []
+    for s in series:
+        tags = s.get("tags", {})
+        gpu = gpu_of_tags(tags)
+        pos = [s["columns"].index(a) for a in (*attrs, *extra)]
+        for row in s.get("values", []):
+            keys.append((row[0], *gpu))
+            values.append([row[i] for i in pos])
+    columns = [*KEY_COLUMNS, *attrs, *extra]
+    if not keys:
+        dtypes = {
+            "time_ns": "int64",
+            "gpu_index": "int64",
+            **dict.fromkeys((*attrs, *extra), "float64"),
+        }
+        return pd.DataFrame(columns=columns).astype(dtypes)
+    df = pd.DataFrame.from_records(keys, columns=list(KEY_COLUMNS))
+    try:
+        cells = [[np.nan if v is None else float(v) for v in row] for row in values]
+    except ValueError:  # a string: Telegraf's "Yes"/"No" flags (the rare case, so not first)
+        cells = [[np.nan if v is None else _as_float(v) for v in row] for row in values]
+    data = np.array(cells, dtype="float64").reshape(len(values), len(attrs) + len(extra))
+    for i, a in enumerate(attrs):
+        scale = FIELD_BY_ATTR[a].scale
+        df[a] = data[:, i] * scale if scale != 1.0 else data[:, i]
+    for i, c in enumerate(extra, start=len(attrs)):
+        df[c] = data[:, i]
+    df = df.astype({"time_ns": "int64", "gpu_index": "int64"})
+    return df.sort_values(["time_ns", "host", "gpu_index", "uuid"], kind="stable").reset_index(
+        drop=True
+    )

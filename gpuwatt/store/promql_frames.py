@@ -1,0 +1,180 @@
+"""PromQL answers as the store's shapes: long frames (``Store.series``) and samples
+(``Store.latest``), built column-wise with numpy (``promql``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpuwatt.line_protocol import decode_name
+from gpuwatt.model import GpuSample
+from gpuwatt.schema import Kind
+from gpuwatt.store.base import KEY_COLUMNS
+from gpuwatt.store.promql_dialects import KIND, NS_PER_MS, PRESENCE, Dialect
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def instant_as_matrix(result: list[dict[str, Any]], bucket_ns: int) -> list[dict[str, Any]]:
+    """Instant-query results as one-point matrices at ``bucket_ns``."""
+    return [{"metric": r["metric"], "values": [[bucket_ns / 1e9, r["value"][1]]]} for r in result]
+
+
+def shift(result: list[dict[str, Any]], by_ns: int) -> list[dict[str, Any]]:
+    """Range results with each point moved from its evaluation time to its bucket's start."""
+    for r in result:
+        r["values"] = [
+            [(round(float(t) * 1000) * NS_PER_MS - by_ns) / 1e9, v] for t, v in r["values"]
+        ]
+    return result
+
+
+def gpu_ident(dialect: Dialect, labels: dict[str, str]) -> tuple[str, int, str, str]:
+    try:
+        index = int(labels.get(dialect.index, "-1"))
+    except ValueError:
+        index = -1
+    names = (
+        labels.get(dialect.host, ""),
+        labels.get(dialect.uuid, ""),
+        labels.get(dialect.model, ""),
+    )
+    if dialect.encoded_names:  # gpuwatt's line protocol (``line_protocol.encode_name``)
+        names = tuple(map(decode_name, names))  # type: ignore[assignment]
+    return (names[0], index, names[1], names[2])
+
+
+@dataclass(frozen=True)
+class Points:
+    """One metric's answer as arrays: each series' labels and length, its points' times (s) and
+    values, in series order. Made in the worker thread that fetched it, so that the engine's
+    JSON (lists of small lists) is dropped at once."""
+
+    labels: list[dict[str, str]]
+    lengths: list[int]
+    t_s: Any  # numpy float64
+    values: Any  # numpy float64
+
+
+def points(matrix: list[dict[str, Any]]) -> Points:
+    import numpy as np
+
+    lengths = [len(series.get("values") or ()) for series in matrix]
+    flat = [pt for series in matrix for pt in series.get("values") or ()]
+    return Points(
+        [series["metric"] for series in matrix],
+        lengths,
+        np.array([pt[0] for pt in flat], dtype=np.float64),
+        np.array([pt[1] for pt in flat], dtype=np.float64),
+    )
+
+
+def frame(
+    dialect: Dialect,
+    attrs: Sequence[str],
+    results: list[tuple[str, Points]],
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> pd.DataFrame:
+    """Long-form rows (``KEY_COLUMNS`` + ``attrs``, sorted by time then GPU) from per-attribute
+    answers; ``start_ns``/``end_ns`` keep only raw samples inside the range.
+
+    Built column-wise: a row is one (time, GPU) code, so that 1,000 GPUs x 60 buckets x a dozen
+    metrics take one sort, not a Python loop per point (``bench/promql_read.py``).
+    """
+    import numpy as np
+    import pandas as pd
+
+    idents: dict[tuple[str, int, str, str], int] = {}
+    gid_parts: list[Any] = []
+    t_parts: list[Any] = []
+    v_parts: list[Any] = []
+    col_parts: list[Any] = []
+    col_of = {a: i for i, a in enumerate(attrs)}
+    names = dialect.by_attr()
+    for attr, points in results:
+        if not len(points.t_s):
+            continue
+        scale = 1.0 if attr == PRESENCE else names[attr].scale
+        series_gids = [idents.setdefault(gpu_ident(dialect, m), len(idents)) for m in points.labels]
+        gid_parts.append(np.repeat(np.array(series_gids, dtype=np.int64), points.lengths))
+        t_parts.append(points.t_s)
+        v_parts.append(points.values * scale)
+        # -1: the presence metric, keys only
+        col_parts.append(np.full(len(points.t_s), col_of.get(attr, -1), dtype=np.int64))
+    columns = [*KEY_COLUMNS, *attrs]
+    if not gid_parts:
+        dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
+        return pd.DataFrame(columns=columns).astype(dtypes)
+    gids = np.concatenate(gid_parts)
+    t_ns = np.rint(np.concatenate(t_parts) * 1000).astype(np.int64) * NS_PER_MS
+    vals = np.concatenate(v_parts)
+    cols = np.concatenate(col_parts)
+    if start_ns is not None and end_ns is not None:
+        inside = (t_ns >= start_ns) & (t_ns < end_ns)
+        gids, t_ns, vals, cols = gids[inside], t_ns[inside], vals[inside], cols[inside]
+    # Rank GPUs by (host, index, uuid): a row's code then sorts by time, then GPU.
+    ident_list = list(idents)
+    order = sorted(range(len(ident_list)), key=lambda g: ident_list[g][:3])
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    times, t_index = np.unique(t_ns, return_inverse=True)
+    codes, row = np.unique(t_index * len(order) + rank[gids], return_inverse=True)
+    data = np.full((len(codes), len(attrs)), np.nan)
+    valued = cols >= 0
+    data[row[valued], cols[valued]] = vals[valued]
+    by_rank = [ident_list[g] for g in order]
+    gpu_of_row = codes % len(order)
+    df = pd.DataFrame(
+        {
+            "time_ns": times[codes // len(order)],
+            "host": np.array([i[0] for i in by_rank], dtype=object)[gpu_of_row],
+            "gpu_index": np.array([i[1] for i in by_rank], dtype=np.int64)[gpu_of_row],
+            "uuid": np.array([i[2] for i in by_rank], dtype=object)[gpu_of_row],
+            "name": np.array([i[3] for i in by_rank], dtype=object)[gpu_of_row],
+        }
+    )
+    for i, a in enumerate(attrs):
+        df[a] = data[:, i]
+    return df
+
+
+def latest_samples(
+    dialect: Dialect, times: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]]
+) -> list[GpuSample]:
+    by_gpu: dict[tuple[str, int, str, str], dict[str, Any]] = {}
+    jobs: dict[tuple[str, int, str, str], str] = {}
+    names = dialect.by_attr()
+    for r in times:
+        key = gpu_ident(dialect, r["metric"])
+        by_gpu.setdefault(key, {})["time_ns"] = round(float(r["value"][1]) * 1000) * NS_PER_MS
+        for label in dialect.jobs:
+            if r["metric"].get(label):
+                jobs.setdefault(key, r["metric"][label])
+                break
+    for r in results.pop("lost", []):
+        key = gpu_ident(dialect, r["metric"])
+        if key in by_gpu:
+            by_gpu[key]["lost"] = float(r["value"][1]) == dialect.lost_value
+    for attr, result in results.items():
+        for r in result:
+            key = gpu_ident(dialect, r["metric"])
+            if key not in by_gpu or by_gpu[key].get("lost"):
+                continue  # a lost GPU's newest sample is its marker: no metrics
+            value = float(r["value"][1])
+            if math.isnan(value):
+                continue
+            value *= names[attr].scale
+            kind = KIND.get(attr)
+            by_gpu[key][attr] = (
+                round(value) if kind is Kind.INT else bool(value) if kind is Kind.BOOL else value
+            )
+    out = [
+        GpuSample(host=k[0], gpu_index=k[1], uuid=k[2], name=k[3], job_id=jobs.get(k), **v)
+        for k, v in by_gpu.items()
+    ]
+    out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
+    return out
