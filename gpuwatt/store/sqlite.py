@@ -29,7 +29,6 @@ samples with a synchronised clock.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import queue
@@ -44,8 +43,7 @@ import zstandard
 
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.line_protocol import decode_line, format_processes
-from gpuwatt.model import METRIC_FIELDS, GpuSample
-from gpuwatt.schema import FIELD_BY_ATTR
+from gpuwatt.model import GpuSample
 from gpuwatt.store import (
     LAST_VALUE_ATTRS,
     StoreRejected,
@@ -56,22 +54,18 @@ from gpuwatt.store import (
     raw,
     rollups,
     rounds,
+    sqlite_reads,
 )
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
+from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, NS_PER_S, floor_ns
 
 if TYPE_CHECKING:
     import pandas as pd
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-NS_PER_S = 1_000_000_000
-MINUTE_NS = 60 * NS_PER_S
-HOUR_NS = 3600 * NS_PER_S
 DAY_S = 86_400
-BLOCK_NS = chunks.BLOCK_NS
-
-_LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
 _RETENTION_CHECK_NS = MINUTE_NS
 #: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
 #: sample of a GPU to the next (one tuple comparison, mostly of identical objects), its id and
@@ -157,10 +151,6 @@ def _store_errors(method: F) -> F:
             raise StoreRejected(f"embedded store {self.path} cannot be read: {exc}") from exc
 
     return wrapped  # type: ignore[return-value]
-
-
-def _floor(t_ns: int, step_ns: int) -> int:
-    return t_ns // step_ns * step_ns
 
 
 class SqliteStore:
@@ -414,7 +404,7 @@ class SqliteStore:
 
     @staticmethod
     def _meta(con: sqlite3.Connection) -> dict[str, int]:
-        return dict(con.execute("SELECT key, value FROM meta").fetchall())
+        return sqlite_reads.meta(con)
 
     @staticmethod
     def _set_meta(con: sqlite3.Connection, key: str, value: int) -> None:
@@ -434,30 +424,30 @@ class SqliteStore:
         up_m = meta.get("rolled_60")
         up_h = meta.get("rolled_3600")
         if up_m is None:
-            up_m = _floor(t_min, MINUTE_NS)
-            up_h = _floor(t_min, HOUR_NS)
+            up_m = floor_ns(t_min, MINUTE_NS)
+            up_h = floor_ns(t_min, HOUR_NS)
             self._set_meta(con, "rolled_3600", up_h)
         assert up_h is not None
         # Late samples: buckets already rolled become dirty.
         if t_min < up_m:
-            minutes = {_floor(t, MINUTE_NS) for t in times if t < up_m}
+            minutes = {floor_ns(t, MINUTE_NS) for t in times if t < up_m}
             con.executemany(
                 "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
                 [(MINUTE_NS, b) for b in minutes],
             )
-            hours = {_floor(b, HOUR_NS) for b in minutes if b < up_h}
+            hours = {floor_ns(b, HOUR_NS) for b in minutes if b < up_h}
             con.executemany(
                 "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)", [(HOUR_NS, b) for b in hours]
             )
         # Roll minutes the data has moved past.
-        new_up_m = max(up_m, _floor(newest - self.rollup_grace_ns, MINUTE_NS))
+        new_up_m = max(up_m, floor_ns(newest - self.rollup_grace_ns, MINUTE_NS))
         if new_up_m > up_m:
             self._roll(con, MINUTE_NS, up_m, new_up_m)
         if new_up_m != meta.get("rolled_60"):
             self._set_meta(con, "rolled_60", new_up_m)
         # Recompute dirty minutes this write has moved past, then hours.
         self._recompute_dirty(con, MINUTE_NS, t_min)
-        new_up_h = max(up_h, _floor(new_up_m, HOUR_NS))
+        new_up_h = max(up_h, floor_ns(new_up_m, HOUR_NS))
         if new_up_h > up_h:
             self._roll(con, HOUR_NS, up_h, new_up_h)
             self._set_meta(con, "rolled_3600", new_up_h)
@@ -470,8 +460,8 @@ class SqliteStore:
         self._recompute_dirty(con, HOUR_NS, t_min)
         # Compact the blocks the data has moved past (and, once a minute of data time, samples
         # that arrived late for blocks compacted before).
-        compacted = meta.get("compacted_until", _floor(t_min, BLOCK_NS))
-        new_compacted = max(compacted, _floor(newest - self.rollup_grace_ns, BLOCK_NS))
+        compacted = meta.get("compacted_until", floor_ns(t_min, BLOCK_NS))
+        new_compacted = max(compacted, floor_ns(newest - self.rollup_grace_ns, BLOCK_NS))
         last_ret = meta.get("retention_at_ns")
         check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
         if new_compacted > compacted or (check and raw.head_has_before(con, compacted)):
@@ -516,7 +506,7 @@ class SqliteStore:
                     (MINUTE_NS, lo, end_ns),
                 )
                 break
-            hi = min(end_ns, _floor(first, MINUTE_NS) + BLOCK_NS)
+            hi = min(end_ns, floor_ns(first, MINUTE_NS) + BLOCK_NS)
             samples = raw.read(con, lo, hi, tuple(range(len(columns.attrs))))
             level = as_level(
                 samples.time_ns,
@@ -601,81 +591,7 @@ class SqliteStore:
     @_store_errors
     def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
         with self._reader() as con:
-            columns = format.read_columns(con)
-            all_cols = tuple(range(len(columns.attrs)))
-            (until,) = con.execute(
-                "SELECT coalesce(max(value), ?) FROM meta WHERE key = 'last_times_until'",
-                (NULL_TIME,),
-            ).fetchone()
-            rows = con.execute(
-                "SELECT id, host, gpu_index, uuid, name, last_time_ns FROM gpus "
-                "ORDER BY host, gpu_index, uuid"
-            ).fetchall()
-            newest: dict[int, int] = {}  # newer than the gpus table says: in the head
-            for t, ids in con.execute(
-                "SELECT time_ns, gpu_ids FROM head WHERE time_ns >= ? ORDER BY time_ns DESC",
-                (until,),
-            ):
-                for g in np.frombuffer(ids, dtype="<i8").tolist():
-                    newest.setdefault(g, t)
-                if len(newest) == len(rows):  # every GPU found (the newest round, mostly)
-                    break
-            since = NULL_TIME if since_ns is None else since_ns
-            gpus = []
-            for gid, host, gpu_index, uuid, name, t in rows:
-                t = max(newest.get(gid, NULL_TIME), NULL_TIME if t is None else t)
-                if t != NULL_TIME and t >= since:
-                    gpus.append((gid, host, gpu_index, uuid, name, t))
-            wanted = {g[0]: g[5] for g in gpus}
-            found: dict[int, tuple[float, float, np.ndarray]] = {}  # lost, tail, values
-            times = sorted(set(wanted.values()))
-            for lo in range(0, len(times), 500):
-                chunk = times[lo : lo + 500]
-                for t, ncols, ids, vals in con.execute(
-                    "SELECT time_ns, ncols, gpu_ids, vals FROM head "
-                    f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
-                    chunk,
-                ):
-                    vv = rounds.unpack_vals(vals, ncols + 2)
-                    for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
-                        if wanted.get(g) == t:
-                            full = np.full(len(all_cols), np.nan)
-                            full[:ncols] = vv[i, 1 : ncols + 1]
-                            found[g] = (vv[i, 0], vv[i, ncols + 1], full)
-            # GPUs silent since their block was compacted: their newest sample is in a chunk.
-            hosts = {g[0]: g[1] for g in gpus}
-            by_chunk: dict[tuple[int, str], list[int]] = {}
-            for g, t in wanted.items():
-                if g not in found:
-                    by_chunk.setdefault((_floor(t, BLOCK_NS), hosts[g]), []).append(g)
-            for (block, host), gids in by_chunk.items():
-                got = chunks.read(con, block, block + BLOCK_NS, all_cols, np.array(gids), [host])
-                for i, (g, t) in enumerate(
-                    zip(got.gpu_id.tolist(), got.time_ns.tolist(), strict=True)
-                ):
-                    if wanted[g] == t:
-                        found[g] = (got.lost[i], got.tail[i], got.values[i])
-            tail_ids = sorted({int(v[1]) for v in found.values()})
-            tails = {
-                r[0]: r[1:]
-                for r in con.execute(
-                    f"SELECT id, {', '.join(rounds.TAIL_COLUMNS)} FROM tails "
-                    "WHERE id IN (SELECT value FROM json_each(?))",
-                    (json.dumps(tail_ids),),
-                )
-            }
-        out = []
-        for gid, host, gpu_index, uuid, name, t in gpus:
-            got_row = found.get(gid)
-            if got_row is None:  # its newest sample is past the raw retention
-                continue
-            lost, tail_id, values = got_row
-            tail = tails.get(int(tail_id), (None,) * len(rounds.TAIL_COLUMNS))
-            metrics = dict(zip(columns.attrs, values.tolist(), strict=True))
-            out.append(
-                frames.sample_from_row((t, host, gpu_index, uuid, name, lost), metrics, tail)
-            )
-        return out
+            return sqlite_reads.latest(con, since_ns)
 
     @_store_errors
     def series(
@@ -696,197 +612,9 @@ class SqliteStore:
         near now, are aggregated once for the reads that cover the same ones."""
         memo: dict[tuple[Any, ...], dict[str, Any]] = {}
         with self._reader() as con:
-            columns = [self._series_columns(con, memo, r) for r in reads]
+            columns = [sqlite_reads.series_columns(con, memo, r) for r in reads]
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
         return [
-            frames.frame(_cut_first_bucket(c, r), attrs, gpus)
+            frames.frame(sqlite_reads.cut_first_bucket(c, r), attrs, gpus)
             for (c, attrs), r in zip(columns, reads, strict=True)
         ]
-
-    def _series_columns(
-        self, con: sqlite3.Connection, memo: dict[tuple[Any, ...], dict[str, Any]], read: SeriesRead
-    ) -> tuple[dict[str, Any], tuple[str, ...]]:
-        attrs = _check_fields(read.fields)
-        start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
-        gpu_ids = None
-        if hosts is not None:
-            found = con.execute(
-                f"SELECT id FROM gpus WHERE host IN ({', '.join('?' * len(hosts))})", list(hosts)
-            )
-            gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
-        scope = _Scope(attrs, _column_ids(con, attrs), gpu_ids, memo)
-        if step_s is None:
-            samples = raw.read(con, start_ns, end_ns, scope.col_ids, gpu_ids)
-            columns = {"time_ns": samples.time_ns, "gpu_id": samples.gpu_id}
-            return columns | {a: samples.values[:, j] for j, a in enumerate(attrs)}, attrs
-        step_ns = int(step_s) * NS_PER_S
-        if step_ns <= 0:
-            raise ValueError("step_s must be positive")
-        level = _level_for(step_ns)
-        if level == 0:
-            return self._raw_level(con, scope, step_ns, start_ns, end_ns), attrs
-        columns = self._level_columns(con, self._meta(con), level, start_ns, end_ns, scope)
-        if step_ns != level:
-            columns = combine(columns, step_ns, attrs, LAST_VALUE_ATTRS, level_ns=level)
-        return columns, attrs
-
-    @staticmethod
-    def _raw_level(
-        con: sqlite3.Connection, scope: _Scope, step_ns: int, start_ns: int, end_ns: int
-    ) -> dict[str, Any]:
-        """Raw samples in ``[start_ns, end_ns)`` as level columns of ``step_ns`` buckets, by
-        the rollup rule; kept in the memo (one read transaction) for the next read of the same
-        samples."""
-        ids = None if scope.gpu_ids is None else tuple(scope.gpu_ids.tolist())
-        key = (step_ns, start_ns, end_ns, scope.attrs, ids)
-        if key not in scope.memo:
-            samples = raw.read(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
-            level = as_level(
-                samples.time_ns,
-                samples.gpu_id,
-                samples.lost,
-                {a: samples.values[:, j] for j, a in enumerate(scope.attrs)},
-            )
-            scope.memo[key] = combine(level, step_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=0)
-        return scope.memo[key]
-
-    def _level_columns(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        scope: _Scope,
-    ) -> dict[str, Any]:
-        """Level rows over ``[start_ns, end_ns)`` as columns: clean rolled-up buckets from the
-        rollups, the rest aggregated from the level below (raw samples, or minutes) by the
-        same rule."""
-        clean, dirty, below = self._level_plan(con, meta, level_ns, start_ns, end_ns)
-        parts = []
-        if clean is not None:
-            parts.append(
-                rollups.read(
-                    con,
-                    level_ns,
-                    *clean,
-                    scope.attrs,
-                    scope.col_index,
-                    exclude=dirty,
-                    gpu_ids=scope.gpu_ids,
-                )
-            )
-        lower = _LOWER_LEVEL[level_ns]
-        for lo, hi in below:
-            if lower == 0:
-                parts.append(self._raw_level(con, scope, level_ns, lo, hi))
-            else:
-                sub = self._level_columns(con, meta, lower, lo, hi, scope)
-                parts.append(combine(sub, level_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=lower))
-        if not parts:
-            return combine(_no_rows(scope.attrs), level_ns, scope.attrs, LAST_VALUE_ATTRS)
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-    def _level_plan(
-        self,
-        con: sqlite3.Connection,
-        meta: dict[str, int],
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-    ) -> tuple[tuple[int, int] | None, list[int], list[tuple[int, int]]]:
-        """How to read level rows over ``[start_ns, end_ns)``: the range whose buckets are rolled
-        up (None: no such part), the dirty buckets in it (not to be trusted), and the ranges to
-        aggregate from the level below instead (those buckets, and what is not rolled yet)."""
-        up = meta.get(_rolled_key(level_ns))
-        clean: tuple[int, int] | None = None
-        dirty: list[int] = []
-        below: list[tuple[int, int]] = []
-        # Only whole buckets come from this level: a range that starts or ends inside a bucket
-        # reads that part from the level below (docs/accounting.md, rule 4). A rolled bucket
-        # read by ``time_ns >= start`` would drop the partial first bucket, and one read by
-        # ``time_ns < end`` would count the partial last bucket whole.
-        first = -(-start_ns // level_ns) * level_ns  # first bucket boundary at or after start
-        rolled_end = end_ns if up is None else min(end_ns, up)
-        last = _floor(rolled_end, level_ns)
-        if up is not None and first < last:
-            clean = (first, last)
-            dirty = [
-                b
-                for (b,) in con.execute(
-                    "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
-                    "AND bucket_ns < ?",
-                    (level_ns, first, last),
-                )
-            ]
-            if start_ns < first:
-                below.append((start_ns, first))
-            below += [(b, b + level_ns) for b in dirty]
-            tail_start = last
-        else:
-            tail_start = start_ns
-        if tail_start < end_ns:
-            below.append((tail_start, end_ns))
-        return clean, dirty, below
-
-
-#: The column id of an attribute the file does not store (reads as NaN everywhere).
-_ABSENT = 1 << 30
-
-
-@dataclasses.dataclass(frozen=True)
-class _Scope:
-    """What one ``series`` read asks of every level it reads: the attributes and their column
-    ids in the file, the GPUs (None: all) and the memo of raw aggregates of its read
-    transaction."""
-
-    attrs: tuple[str, ...]
-    col_ids: tuple[int, ...]
-    gpu_ids: np.ndarray | None
-    memo: dict[tuple[Any, ...], dict[str, Any]]
-
-    @property
-    def col_index(self) -> dict[str, int]:
-        return {a: c for a, c in zip(self.attrs, self.col_ids, strict=True) if c != _ABSENT}
-
-
-def _column_ids(con: sqlite3.Connection, attrs: Sequence[str]) -> tuple[int, ...]:
-    index = format.read_columns(con).index
-    return tuple(index.get(a, _ABSENT) for a in attrs)
-
-
-def _no_rows(attrs: Sequence[str]) -> dict[str, np.ndarray]:
-    e = np.zeros(0, np.int64)
-    return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e} | {
-        a: np.zeros(0) for a in attrs
-    }
-
-
-def _cut_first_bucket(columns: dict[str, Any], read: SeriesRead) -> dict[str, Any]:
-    """A bucket cut by the range's start is keyed at the start, so that every row lies in
-    ``[start_ns, end_ns)`` (``Store.series``) and an analysis of the range keeps it."""
-    if read.step_s is None or not len(columns["time_ns"]):
-        return columns
-    return {**columns, "time_ns": np.maximum(columns["time_ns"], read.start_ns)}
-
-
-def _rolled_key(level_ns: int) -> str:
-    """The meta key of the end of the rolled-up buckets of a level."""
-    return f"rolled_{level_ns // NS_PER_S}"
-
-
-def _level_for(step_ns: int) -> int:
-    """The coarsest stored level whose buckets tile ``step_ns`` (0: raw samples)."""
-    for level in (HOUR_NS, MINUTE_NS):
-        if step_ns % level == 0:
-            return level
-    return 0
-
-
-def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
-    if fields is None:
-        return METRIC_FIELDS
-    unknown = [f for f in fields if f not in FIELD_BY_ATTR]
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
-    return tuple(fields)
