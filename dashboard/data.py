@@ -36,13 +36,13 @@ from gpuwatt.analytics import (
 )
 from gpuwatt.analytics.by_model import by_model
 from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
+from gpuwatt.dashboard.partial_reads import Partial, read_in_parts
 from gpuwatt.dashboard.slow_fields import (
     SLOW_FIELDS,
     SLOW_LOOKBACK_S,
     newest_measured,
     with_slow_fields,
 )
-from gpuwatt.dashboard.partial_reads import Partial, read_in_parts
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.mig import is_mig_device

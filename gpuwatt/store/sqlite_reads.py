@@ -15,9 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from gpuwatt.model import METRIC_FIELDS, GpuSample
+from gpuwatt.model import GpuSample
 from gpuwatt.schema import FIELD_BY_ATTR
-from gpuwatt.store import LAST_VALUE_ATTRS, chunks, format, frames, raw, rollups, rounds
+from gpuwatt.store import (
+    LAST_VALUE_ATTRS,
+    checked_fields,
+    chunks,
+    format,
+    frames,
+    raw,
+    rollups,
+    rounds,
+)
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
 
@@ -115,7 +124,7 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
 def series_columns(
     con: sqlite3.Connection, memo: dict[tuple[Any, ...], dict[str, Any]], read: SeriesRead
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    attrs = _check_fields(read.fields)
+    attrs = checked_fields(read.fields, FIELD_BY_ATTR)
     start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
     gpu_ids = None
     if hosts is not None:
@@ -290,12 +299,3 @@ def _level_for(step_ns: int) -> int:
         if step_ns % level == 0:
             return level
     return 0
-
-
-def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
-    if fields is None:
-        return METRIC_FIELDS
-    unknown = [f for f in fields if f not in FIELD_BY_ATTR]
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; use GpuSample attribute names")
-    return tuple(fields)
