@@ -81,3 +81,22 @@ class Store(Protocol):
         """How many GPU samples lie in ``[start_ns, end_ns)`` (lost-GPU markers included)."""
 
     def close(self) -> None: ...
+
+
+def series_in_parallel(store: Store, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    """``store.series`` for each read, in parallel threads: a network engine answers them at
+    once (the dashboard's range and its newest hour, say)."""
+    if len(reads) <= 1:
+        return [store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+                for r in reads]  # fmt: skip
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
+        return list(
+            pool.map(
+                lambda r: store.series(
+                    r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
+                ),
+                reads,
+            )
+        )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -60,6 +61,27 @@ ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Ki
 
 #: A GPU's identity as every store reports it: host, index, uuid, model name.
 Ident = tuple[str, int, str, str]
+
+
+class SpanCache:
+    """The span of an engine's rollups per level, kept ``ttl_s``: a span a few seconds old only
+    ends earlier than the engine's (a read then takes a little more from the level below), never
+    later."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+
+    def get(
+        self, level_ns: int, ask: Callable[[int], tuple[int, int] | None]
+    ) -> tuple[int, int] | None:
+        cached = self._spans.get(level_ns)
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        span = ask(level_ns)
+        if span is not None:
+            self._spans[level_ns] = (time.monotonic(), span)
+        return span
 
 
 class RollupsUnsupported(GpuwattError):

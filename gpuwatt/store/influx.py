@@ -31,7 +31,7 @@ from gpuwatt.line_protocol import LineEncoder, encode_name
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import TAG_HOST
 from gpuwatt.store import StoreRejected, influx_reads
-from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.base import SeriesRead, series_in_parallel
 from gpuwatt.store.influx_reads import telegraf_mig_devices, telegraf_processes
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 
@@ -326,20 +326,7 @@ class InfluxStore:
 
     def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
-        if len(reads) <= 1:
-            return [self.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
-                    for r in reads]  # fmt: skip
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
-            return list(
-                pool.map(
-                    lambda r: self.series(
-                        r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
-                    ),
-                    reads,
-                )
-            )
+        return series_in_parallel(self, reads)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         return influx_reads.count_samples(self, start_ns, end_ns)

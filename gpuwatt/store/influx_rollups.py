@@ -40,6 +40,7 @@ from gpuwatt.store.engine_rollups import (
     GpuIds,
     Ident,
     RollupsUnsupported,
+    SpanCache,
     empty_level,
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident
@@ -53,7 +54,7 @@ FIELD_T_LAST_NS = "t_last_ns"
 _INT_COLUMNS = (FIELD_N, FIELD_N_OK, FIELD_T_LAST_NS)
 #: How long the oldest rollup point of a level is trusted from memory (it moves only with
 #: retention); the newest is asked for on every read.
-NEWEST_TTL_S = 5.0
+NEWEST_TTL_S = 5.0  # how long a read trusts the span of the rollups it learnt
 OLDEST_TTL_S = 600.0
 #: How long the hosts that no rollups name are trusted from memory (a new Telegraf-only host
 #: is read raw at most this late; until then its GPUs are missing from bucketed reads).
@@ -66,22 +67,14 @@ class InfluxRollups:
     def __init__(self, store: InfluxStore) -> None:
         self.store = store
         self._oldest: dict[int, tuple[float, int]] = {}
-        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._spans = SpanCache(NEWEST_TTL_S)
         self._unrolled: tuple[float, frozenset[str]] | None = None
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        """Kept ``NEWEST_TTL_S``: a span a few seconds old only ends earlier than the engine's
-        (a read then takes a little more from the level below), never later."""
-        cached = self._spans.get(level_ns)
-        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
-            return cached[1]
-        span = self._span(level_ns)
-        if span is not None:
-            self._spans[level_ns] = (time.monotonic(), span)
-        return span
+        return self._spans.get(level_ns, self._span)
 
     def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
         """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.

@@ -35,7 +35,7 @@ from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
-from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.base import SeriesRead, series_in_parallel
 from gpuwatt.store.promql_dialects import (
     DCGM,
     DIALECTS,
@@ -311,20 +311,7 @@ class PromStore:
 
     def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
-        if len(reads) <= 1:
-            return [self.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
-                    for r in reads]  # fmt: skip
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
-            return list(
-                pool.map(
-                    lambda r: self.series(
-                        r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
-                    ),
-                    reads,
-                )
-            )
+        return series_in_parallel(self, reads)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:

@@ -24,6 +24,7 @@ from gpuwatt.store.engine_rollups import (
     NS_PER_MS,
     GpuIds,
     Ident,
+    SpanCache,
     empty_level,
     rollup_lines,
 )
@@ -34,7 +35,7 @@ from gpuwatt.store.rollup_rule import NULL_TIME, as_level
 if TYPE_CHECKING:
     from gpuwatt.store.promql import PromStore
 
-NEWEST_TTL_S = 5.0
+NEWEST_TTL_S = 5.0  # how long a read trusts the span of the rollups it learnt
 OLDEST_TTL_S = 600.0  # as influx_rollups: the oldest point moves only with retention
 _FAR_S = 50 * 365 * 86_400  # "any time" since 1976 (a window reaching before 1970 finds nothing)
 
@@ -45,7 +46,7 @@ class PromRollups:
     def __init__(self, store: PromStore) -> None:
         self.store = store
         self._oldest: dict[int, tuple[float, int]] = {}
-        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._spans = SpanCache(NEWEST_TTL_S)
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
@@ -60,15 +61,7 @@ class PromRollups:
         return "{" + f"__name__={promql_string(MEASUREMENTS[level_ns] + '_' + FIELD_N)}" + "}"
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        """Kept ``NEWEST_TTL_S``: a span a few seconds old only ends earlier than the engine's
-        (a read then takes a little more from the level below), never later."""
-        cached = self._spans.get(level_ns)
-        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
-            return cached[1]
-        span = self._span(level_ns)
-        if span is not None:
-            self._spans[level_ns] = (time.monotonic(), span)
-        return span
+        return self._spans.get(level_ns, self._span)
 
     def _span(self, level_ns: int) -> tuple[int, int] | None:
         now = time.time_ns()
