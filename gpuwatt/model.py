@@ -32,6 +32,8 @@ class ProcessSample:
 
     pid: int
     used_memory_bytes: int | None
+    #: the login name (or numeric uid) the process runs as; None where not known
+    user: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
