@@ -29,3 +29,17 @@ def test_processes_with_users_round_trip_and_old_strings_still_parse() -> None:
     )
     assert parse_processes(format_processes(procs)) == procs
     assert parse_processes("7:100;8:") == (ProcessSample(7, 100), ProcessSample(8, None))
+
+
+def test_the_node_page_processes_table_shows_the_user(make_sample) -> None:
+    import json
+
+    import plotly.utils
+
+    from gpuwatt.dashboard.pages.node import processes_table
+
+    sample = make_sample(
+        1_700_000_000 * 10**9, "node1", 0, processes=(ProcessSample(4242, 2**30, "alice"),)
+    )
+    text = json.dumps(processes_table([sample], None), cls=plotly.utils.PlotlyJSONEncoder)
+    assert '"user"' in text and '"alice"' in text and '"4242"' in text
