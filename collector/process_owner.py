@@ -1,6 +1,5 @@
 """The user a GPU process runs as, read from the host's ``/proc`` (the collector's proc_root).
-
-Not yet wired into the samples: ProcessSample gains ``user`` in a follow-up (issue 18)."""
+``collector.jobs.JobAttributingSource`` fills it in for every sample of the real collector."""
 
 from __future__ import annotations
 
