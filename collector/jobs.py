@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from gpuwatt.collector.process_owner import process_user
 from gpuwatt.model import GpuSample
 
 log = logging.getLogger(__name__)
@@ -181,9 +182,14 @@ def attach_jobs(samples: list[GpuSample], resolver: JobResolver) -> list[GpuSamp
 class JobAttributingSource:
     """Wraps a sample source so that every sample carries its job (see ``attach_jobs``)."""
 
-    def __init__(self, source: object, resolver: JobResolver) -> None:
+    def __init__(
+        self, source: object, resolver: JobResolver, *, proc_root: str | Path | None = None
+    ) -> None:
+        """``proc_root``: the host's /proc, where each GPU process's user is read (None: users
+        are left unknown)."""
         self.source = source
         self.resolver = resolver
+        self.proc_root = proc_root
 
     def open(self) -> None:
         self.source.open()  # type: ignore[attr-defined]
@@ -193,4 +199,22 @@ class JobAttributingSource:
 
     def sample(self, *, include_slow: bool) -> list[GpuSample]:
         samples = self.source.sample(include_slow=include_slow)  # type: ignore[attr-defined]
+        if self.proc_root is not None:
+            samples = attach_users(samples, self.proc_root)
         return attach_jobs(samples, self.resolver)
+
+
+def attach_users(samples: list[GpuSample], proc_root: str | Path) -> list[GpuSample]:
+    """The samples with each process's user filled in from ``proc_root`` where NVML gave none."""
+    out = []
+    for s in samples:
+        procs = s.processes
+        if not procs or all(p.user is not None for p in procs):
+            out.append(s)
+            continue
+        users = tuple(
+            p if p.user is not None else replace(p, user=process_user(proc_root, p.pid))
+            for p in procs
+        )
+        out.append(replace(s, processes=users))
+    return out

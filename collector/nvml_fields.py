@@ -170,8 +170,9 @@ def pcie_queries(nv: Any) -> tuple[FieldQuery, ...]:
 
 
 def slow_queries(nv: Any) -> tuple[FieldQuery, ...]:
-    """The slow-cadence counters: volatile ECC errors and row remapping."""
+    """The slow-cadence counters: volatile and lifetime ECC errors and row remapping."""
     f_ecc, volatile = nv.nvmlDeviceGetTotalEccErrors, nv.NVML_VOLATILE_ECC
+    aggregate = nv.NVML_AGGREGATE_ECC
     return (
         FieldQuery(
             "ecc_sbe_volatile_count",
@@ -185,6 +186,20 @@ def slow_queries(nv: Any) -> tuple[FieldQuery, ...]:
             "ecc_dbe_volatile_count",
             f_ecc,
             (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile),
+            convert=int,
+        ),
+        FieldQuery(
+            "ecc_sbe_aggregate_count",
+            "ecc_sbe_aggregate_count",
+            f_ecc,
+            (nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, aggregate),
+            convert=int,
+        ),
+        FieldQuery(
+            "ecc_dbe_aggregate_count",
+            "ecc_dbe_aggregate_count",
+            f_ecc,
+            (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, aggregate),
             convert=int,
         ),
         FieldQuery("remapped_rows", None, nv.nvmlDeviceGetRemappedRows, convert=_remapped_rows),

@@ -58,7 +58,10 @@ _BIG_INT = 1  # MessagePack extension type: an integer beyond 64 bits, as its de
 
 def _default(obj: object) -> object:
     if isinstance(obj, ProcessSample):
-        return (obj.pid, obj.used_memory_bytes)
+        # (pid, bytes) as before users were kept, so that older frames read the same way
+        if obj.user is None:
+            return (obj.pid, obj.used_memory_bytes)
+        return (obj.pid, obj.used_memory_bytes, obj.user)
     if isinstance(obj, int):  # kept exactly; the store then decides what to make of it
         return msgpack.ExtType(_BIG_INT, str(obj).encode())
     if isinstance(obj, numbers.Integral):  # numpy's integers, say

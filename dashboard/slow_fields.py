@@ -20,6 +20,8 @@ from gpuwatt.model import GpuSample
 SLOW_COUNTS: tuple[str, ...] = (
     "ecc_sbe_volatile_count",
     "ecc_dbe_volatile_count",
+    "ecc_sbe_aggregate_count",
+    "ecc_dbe_aggregate_count",
     "remapped_rows_correctable",
     "remapped_rows_uncorrectable",
 )

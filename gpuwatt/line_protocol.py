@@ -12,6 +12,7 @@ from functools import partial
 from itertools import compress
 from operator import attrgetter
 from typing import Any
+from urllib.parse import quote, unquote
 
 from gpuwatt.model import (
     EnergyMethod,
@@ -81,20 +82,27 @@ def _escape_str(value: str) -> str:
     return value
 
 
+def _format_process(p: ProcessSample) -> str:
+    text = f"{p.pid}:{'' if p.used_memory_bytes is None else p.used_memory_bytes}"
+    # "pid:bytes[:user]", the user percent-encoded so that ':' and ';' in it stay unambiguous
+    return text if p.user is None else f"{text}:{quote(p.user, safe='')}"
+
+
 def format_processes(processes: Iterable[ProcessSample]) -> str:
     if type(processes) is tuple and len(processes) == 1:  # the usual case: one per GPU
-        (p,) = processes
-        return f"{p.pid}:{'' if p.used_memory_bytes is None else p.used_memory_bytes}"
-    return ";".join(
-        f"{p.pid}:{'' if p.used_memory_bytes is None else p.used_memory_bytes}" for p in processes
-    )
+        return _format_process(processes[0])
+    return ";".join(_format_process(p) for p in processes)
 
 
 def parse_processes(text: str) -> tuple[ProcessSample, ...]:
+    """Reads "pid:bytes;..." as written before users were kept, and "pid:bytes:user;..."."""
     out = []
     for item in filter(None, text.split(";")):
-        pid, _, mem = item.partition(":")
-        out.append(ProcessSample(int(pid), int(mem) if mem else None))
+        pid, _, rest = item.partition(":")
+        mem, sep, user = rest.partition(":")
+        out.append(
+            ProcessSample(int(pid), int(mem) if mem else None, unquote(user) if sep else None)
+        )
     return tuple(out)
 
 

@@ -32,6 +32,8 @@ class ProcessSample:
 
     pid: int
     used_memory_bytes: int | None
+    #: the login name (or numeric uid) the process runs as; None where not known
+    user: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,9 @@ class GpuSample:
     xid_errors: tuple[int, ...] = ()
     ecc_sbe_volatile_count: int | None = None
     ecc_dbe_volatile_count: int | None = None
+    # lifetime ECC counts (NVML_AGGREGATE_ECC), as DCGM dashboards show
+    ecc_sbe_aggregate_count: int | None = None
+    ecc_dbe_aggregate_count: int | None = None
     remapped_rows_correctable: int | None = None
     remapped_rows_uncorrectable: int | None = None
     remapped_rows_pending: bool | None = None

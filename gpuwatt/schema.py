@@ -93,6 +93,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     _x("tflops_estimate", Kind.FLOAT, "achieved TFLOPS estimate (see tflops_method)"),
     _x("ecc_sbe_volatile_count", Kind.INT),
     _x("ecc_dbe_volatile_count", Kind.INT),
+    _x("ecc_sbe_aggregate_count", Kind.INT, "lifetime single-bit ECC errors"),
+    _x("ecc_dbe_aggregate_count", Kind.INT, "lifetime double-bit ECC errors"),
     _t("remapped_rows_correctable", "remapped_rows_correctable", Kind.INT),
     _t("remapped_rows_uncorrectable", "remapped_rows_uncorrectable", Kind.INT),
     # Telegraf writes remapped_rows_pending/_failure as the strings "Yes"/"No", which an engine
@@ -134,6 +136,8 @@ COUNTER_ATTRS: frozenset[str] = frozenset(
         "energy_j",
         "ecc_sbe_volatile_count",
         "ecc_dbe_volatile_count",
+        "ecc_sbe_aggregate_count",
+        "ecc_dbe_aggregate_count",
         "remapped_rows_correctable",
         "remapped_rows_uncorrectable",
     }

@@ -78,3 +78,15 @@ def test_health_table_shows_ecc_and_remapped_rows_of_the_last_slow_sample(
     assert "row remapping pending" in ecc["state"]
     healthy = by_gpu["node-0 GPU 0"]
     assert healthy["sbe"] == 0 and healthy["dbe"] == 0 and healthy["remap_c"] == 0
+
+
+def test_health_table_shows_lifetime_ecc_beside_the_volatile_counts(
+    store: SqliteStore, data: DashboardData
+) -> None:
+    rows = rows_of(render_page(health, {"range": "15m"}, data), "health-table")
+    by_gpu = {r["gpu"].split("](")[0].strip("["): r for r in rows}
+    host, gpu = ECC_GPU
+    ecc = by_gpu[f"{host} GPU {gpu}"]
+    assert ecc["sbe_life"] == newest_raw(store, host, gpu, "ecc_sbe_aggregate_count")
+    assert ecc["sbe_life"] >= ecc["sbe"] > 0
+    assert ecc["dbe_life"] == newest_raw(store, host, gpu, "ecc_dbe_aggregate_count") >= 1

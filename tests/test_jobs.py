@@ -111,7 +111,7 @@ def test_no_permission_to_read_proc_means_unknown(tmp_path: Path) -> None:
     try:
         world.chmod(0o755)
         for rel in ("gpuwatt/__init__.py", "gpuwatt/model.py", "gpuwatt/collector/__init__.py",
-                    "gpuwatt/collector/jobs.py"):  # fmt: skip
+                    "gpuwatt/collector/jobs.py", "gpuwatt/collector/process_owner.py"):  # fmt: skip
             (world / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
             shutil.copy(repo / rel, world / rel)
         _proc(world / "proc", 100, "0::/system.slice/slurmstepd.scope/job_777/step_0\n")

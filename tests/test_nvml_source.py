@@ -491,6 +491,19 @@ def test_slow_fields_only_on_slow_ticks(
     assert slow.remapped_rows_failure is False
 
 
+def test_lifetime_ecc_counts_include_errors_from_before_this_boot(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    g = cluster.gpus[0]
+    g.ecc_sbe_volatile, g.ecc_dbe_volatile = 7, 1
+    g.ecc_sbe_aggregate_base, g.ecc_dbe_aggregate_base = 100, 2
+    fast = tick(cluster, clock, sampler)[0]
+    assert fast.ecc_sbe_aggregate_count is None
+    slow = tick(cluster, clock, sampler, include_slow=True)[0]
+    assert (slow.ecc_sbe_aggregate_count, slow.ecc_dbe_aggregate_count) == (107, 3)
+    assert (slow.ecc_sbe_volatile_count, slow.ecc_dbe_volatile_count) == (7, 1)
+
+
 def test_xids_raised_in_the_cluster_reach_the_next_sample(
     cluster: SimCluster, clock: Clock, sampler: NvmlSampler
 ) -> None:

@@ -192,3 +192,23 @@ def test_closed_blocks_are_compacted_and_late_samples_merged(tmp_path: Path, mak
             store.series(T0, T0 + 1400 * S, ["power_w", "energy_j"]), before
         )
         assert store.latest()[0].time_ns == T0 + 1361 * S
+
+
+def test_a_database_from_before_lifetime_ecc_reads_it_as_not_measured(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lifetime = {"ecc_sbe_aggregate_count", "ecc_dbe_aggregate_count"}
+    path = tmp_path / "old.db"
+    before = tuple(f for f in FIELDS if f.attr not in lifetime)
+    monkeypatch.setattr(format, "FIELDS", before)
+    with SqliteStore(path) as store:
+        _write(store, make_sample, 0, 300, ecc_sbe_volatile_count=3)
+    monkeypatch.undo()
+    with SqliteStore(path) as store:
+        for s in store.latest():
+            assert s.ecc_sbe_volatile_count == 3
+            assert s.ecc_sbe_aggregate_count is None and s.ecc_dbe_aggregate_count is None
+        raw = store.series(T0, T0 + 300 * S, sorted(lifetime))
+        assert len(raw) == 60 and raw[sorted(lifetime)].isna().all().all()
+        _write(store, make_sample, 300, 400, ecc_sbe_aggregate_count=9)
+        assert [s.ecc_sbe_aggregate_count for s in store.latest()] == [9, 9]

@@ -104,6 +104,9 @@ class DeviceProfile:
     #: NVML functions that raise NotSupported on this device; function -> error code for others
     unsupported: frozenset[str] = frozenset()
     failing: dict[str, int] = field(default_factory=dict)
+    #: lifetime ECC errors (``<ecc_errors><aggregate>``), DRAM plus SRAM
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
 
     @property
     def energy_counter(self) -> bool:
@@ -263,6 +266,8 @@ def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
         ecc_enabled=ecc_text == "Enabled",
         ecc_corrected=_ecc(gpu, "correctable"),
         ecc_uncorrected=_ecc(gpu, "uncorrectable"),
+        ecc_aggregate_corrected=_ecc(gpu, "correctable", "aggregate"),
+        ecc_aggregate_uncorrected=_ecc(gpu, "uncorrectable", "aggregate"),
         remapped_rows=_remapped(gpu),
         compute_processes=_processes(gpu),
         mig_enabled=None if mig_text is None else mig_text == "Enabled",
@@ -282,9 +287,10 @@ def _pci_device_id(text: str | None) -> int | None:
     return value if value >> 16 and value & 0xFFFF == NVIDIA_VENDOR_ID else None
 
 
-def _ecc(gpu: ET.Element, kind: str) -> int | None:
-    """Volatile ECC errors of ``kind`` (correctable/uncorrectable), DRAM plus SRAM."""
-    node = gpu.find("ecc_errors/volatile")
+def _ecc(gpu: ET.Element, kind: str, counter: str = "volatile") -> int | None:
+    """ECC errors of ``kind`` (correctable/uncorrectable), DRAM plus SRAM, of ``counter``
+    (volatile or aggregate)."""
+    node = gpu.find(f"ecc_errors/{counter}")
     if node is None:
         return None
     values = [
@@ -412,6 +418,10 @@ def profile_state(p: DeviceProfile, host: str = "node-0", index: int = 0) -> Sim
         processes=[(pid, -1 if used is None else used) for pid, used in p.compute_processes],
         ecc_sbe_volatile=p.ecc_corrected or 0,
         ecc_dbe_volatile=p.ecc_uncorrected or 0,
+        ecc_sbe_aggregate_base=max(0, (p.ecc_aggregate_corrected or 0) - (p.ecc_corrected or 0)),
+        ecc_dbe_aggregate_base=max(
+            0, (p.ecc_aggregate_uncorrected or 0) - (p.ecc_uncorrected or 0)
+        ),
         mig_enabled=bool(p.mig_enabled),
         mig_max_devices=7 if p.mig_enabled is not None else 0,
         unsupported=set(p.unsupported),

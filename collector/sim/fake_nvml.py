@@ -449,10 +449,13 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         g = _gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        lifetime = counterType == _NV.NVML_AGGREGATE_ECC
+        if counterType not in (_NV.NVML_VOLATILE_ECC, _NV.NVML_AGGREGATE_ECC):
+            raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
         if errorType == _NV.NVML_MEMORY_ERROR_TYPE_CORRECTED:
-            return g.ecc_sbe_volatile
+            return g.ecc_sbe_volatile + (g.ecc_sbe_aggregate_base if lifetime else 0)
         if errorType == _NV.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
-            return g.ecc_dbe_volatile
+            return g.ecc_dbe_volatile + (g.ecc_dbe_aggregate_base if lifetime else 0)
         raise _error(_NV.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:

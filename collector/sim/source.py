@@ -10,6 +10,7 @@ Each sample carries the job its GPU belongs to, as the simulator's own job resol
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -82,7 +83,12 @@ class SimulatedClusterSource:
                     job_id = mig_job_of(s.uuid)
                 else:
                     job_id = job_of(s.host, s.gpu_index)
-                out.append(s if job_id is None else replace(s, job_id=job_id))
+                if job_id is None:
+                    out.append(s)
+                    continue
+                user = simulated_user(job_id)
+                procs = tuple(p if p.user else replace(p, user=user) for p in s.processes or ())
+                out.append(replace(s, job_id=job_id, processes=procs or s.processes))
         if self.after_sample is not None:
             self.after_sample()
         return out
@@ -101,3 +107,13 @@ class SimulatedClusterSource:
             yield self.sample_at(t, include_slow=k % slow_every == 0)
             t += step_ns
             k += 1
+
+
+#: The simulated cluster's users: a job's processes run as one of them (a real collector reads
+#: the user from the host's /proc: ``collector.jobs.attach_users``).
+SIMULATED_USERS = ("alice", "bob", "chen", "dana", "emeka", "farah", "gita", "hugo")
+
+
+def simulated_user(job_id: str) -> str:
+    """The same user for a job on every GPU and run (not Python's salted ``hash``)."""
+    return SIMULATED_USERS[zlib.crc32(job_id.encode()) % len(SIMULATED_USERS)]

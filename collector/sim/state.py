@@ -69,6 +69,9 @@ class SimGpuState:
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
     ecc_sbe_volatile: int = 0
     ecc_dbe_volatile: int = 0
+    # lifetime counts from before this boot: NVML's aggregate count is these plus the volatile
+    ecc_sbe_aggregate_base: int = 0
+    ecc_dbe_aggregate_base: int = 0
     remapped_rows_correctable: int = 0
     remapped_rows_uncorrectable: int = 0
     remapped_rows_pending: bool = False

@@ -51,6 +51,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "nvlink_rx_bytes_per_s": ("NVLink receive", "B/s"),
     "ecc_sbe_volatile_count": ("ECC single-bit errors (volatile)", ""),
     "ecc_dbe_volatile_count": ("ECC double-bit errors (volatile)", ""),
+    "ecc_sbe_aggregate_count": ("ECC single-bit errors (lifetime)", ""),
+    "ecc_dbe_aggregate_count": ("ECC double-bit errors (lifetime)", ""),
     "remapped_rows_correctable": ("remapped rows (correctable)", ""),
     "remapped_rows_uncorrectable": ("remapped rows (uncorrectable)", ""),
     "tflops": ("TFLOPS", "TFLOPS"),

@@ -112,7 +112,7 @@ def reason_bands(frame: pd.DataFrame, gpu: int | None) -> list[tuple[str, Any, A
 
 
 def processes_table(samples: list[GpuSample], gpu: int | None) -> Any:
-    """The compute processes of the node's GPUs in their newest sample (pid, GPU memory)."""
+    """The compute processes of the node's GPUs in their newest sample (pid, user, GPU memory)."""
     rows = []
     for s in samples:
         if (gpu is not None and s.gpu_index != gpu) or s.mig_enabled:
@@ -123,6 +123,7 @@ def processes_table(samples: list[GpuSample], gpu: int | None) -> Any:
                     f"GPU {s.gpu_index}"
                     + (f" MIG {mig_profile(s.name)}" if is_mig_device(s) else ""),
                     str(proc.pid),
+                    proc.user or "",
                     fmt.byte_size(proc.used_memory_bytes),
                     s.job_id or "",
                     fmt_ns(s.time_ns) + " UTC",
@@ -130,7 +131,7 @@ def processes_table(samples: list[GpuSample], gpu: int | None) -> Any:
             )
     if not rows:
         return dmc.Text("no compute process in the newest samples", c="dimmed", size="sm")
-    head = ("GPU", "pid", "GPU memory", "job", "as of")
+    head = ("GPU", "pid", "user", "GPU memory", "job", "as of")
     return data_table(head, rows, fz="xs", striped=True, id_="processes", className="gw-nowrap")
 
 

@@ -47,7 +47,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         resolver = default_resolver(
             proc_root=config.collector.proc_root, mapping_dir=config.collector.job_mapping_dir
         )
-        sources = [JobAttributingSource(sampler, resolver)]
+        sources = [JobAttributingSource(sampler, resolver, proc_root=config.collector.proc_root)]
     store = open_store(store_url, timeout_s=config.store_timeout_s)
     if getattr(store, "read_only", False):
         store.close()

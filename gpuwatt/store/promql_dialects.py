@@ -100,6 +100,8 @@ DCGM = Dialect(
         SeriesName("dram_active_pct", "DCGM_FI_PROF_DRAM_ACTIVE", 100.0),
         SeriesName("ecc_sbe_volatile_count", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
         SeriesName("ecc_dbe_volatile_count", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+        SeriesName("ecc_sbe_aggregate_count", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"),
+        SeriesName("ecc_dbe_aggregate_count", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"),
         SeriesName("remapped_rows_correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
         SeriesName("remapped_rows_uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
     ),
