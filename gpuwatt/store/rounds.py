@@ -121,13 +121,14 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
         return Masked(layout, masked) if masked else None
 
     def not_a_number(row: tuple[Any, ...]) -> Masked:
-        """Called when a row does not pack: its plan if it has None values, else an error."""
+        """Called when a row does not pack: its plan if its only gaps are None values, else an
+        error naming the value that is not a number."""
+        for name, v in zip(row_names, row, strict=True):
+            if v is not None and not isinstance(v, int | float):
+                raise TypeError(f"{name}={v!r} is not a number")
         plan = masked_for(row)
-        if plan is None:
-            for name, v in zip(row_names, row, strict=True):
-                if not isinstance(v, int | float):
-                    raise TypeError(f"{name}={v!r} is not a number")
-        assert plan is not None
+        if plan is None:  # every value is a number, yet the row did not pack
+            raise TypeError(f"a row of numbers that does not pack as float64: {row!r}")
         return plan
 
     source = (
