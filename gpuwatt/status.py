@@ -227,9 +227,14 @@ def summary_line(samples: Sequence[GpuSample]) -> str:
         f"{len(live)}/{len(samples)} GPUs up" + (f" (+{migs} MIG)" if migs else ""),
         f"util {sum(util) / len(util):.0f}%" if util else "util -",
         f"power {sum(power) / 1000:.1f} kW" if power else "power -",
-        f"{sum(tflops):.0f} TFLOPS" if tflops else "TFLOPS -",
+        _flops_text(sum(tflops)) if tflops else "TFLOPS -",
         f"{idle} idle",
     ]
     if faults:
         parts.append("throttled: " + "; ".join(faults[:3]))
     return "  ".join(parts)
+
+
+def _flops_text(tflops: float) -> str:
+    """A cluster's TFLOPS as the dashboard writes it: PFLOPS from a thousand TFLOPS up."""
+    return f"{tflops / 1000:.1f} PFLOPS" if tflops >= 1000 else f"{tflops:.0f} TFLOPS"

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import REASON_HW_SLOWDOWN, REASON_HW_THERMAL, REASON_SW_POWER_CAP
-from gpuwatt.status import gpu_state, natural_key, render_status, select_samples, watch
+from gpuwatt.status import (
+    gpu_state,
+    natural_key,
+    render_status,
+    select_samples,
+    summary_line,
+    watch,
+)
 from gpuwatt.store.sqlite import SqliteStore
 
 NOW_NS = 1_800_000_000 * 1_000_000_000
@@ -43,6 +50,13 @@ CLUSTER = [
     _gpu("gpu-3", 1, time_ns=NOW_NS - 120 * S),
     _gpu("gpu-3", 2, clock_event_reasons=REASON_SW_POWER_CAP),  # normal at full load
 ]
+
+
+def test_the_live_line_writes_a_large_cluster_s_flops_in_pflops() -> None:
+    small = [_gpu("n", i, tflops_estimate=400.0) for i in range(2)]
+    large = [_gpu("n", i, tflops_estimate=400.0) for i in range(64)]
+    assert "800 TFLOPS" in summary_line(small)
+    assert "25.6 PFLOPS" in summary_line(large) and "TFLOPS" not in summary_line(large)
 
 
 def test_state_says_throttled_hot_lost_or_stale() -> None:
