@@ -150,8 +150,10 @@ def build_report(
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             agg["tflops_per_w"] = agg["tflops_sum"] / agg["tf_power_w"].where(agg["tf_power_w"] > 0)
-        quality = grp["tflops_quality"].agg(lambda s: worst([Q(q) for q in s]).value)
-        agg["tflops_quality"] = quality
+        # a group's TFLOPS/W is the sum over the members with an estimate: their labels
+        agg["tflops_quality"] = grp["tflops_quality"].agg(
+            lambda s: worst([Q(q) for q in s if q != NA]).value
+        )
         out = src.set_index(gkey).join(agg, how="left").reset_index()
     out = out.assign(
         energy_kwh=out["energy_j"] / 3.6e6,
@@ -166,6 +168,11 @@ def build_report(
         out["alerts_count"] = None
     for column, quality in report_qualities(out, summary, cost_col).items():
         out[column] = quality
+    for column, label in QUALITY_COLUMNS.items():  # no figure, no label but "not available"
+        column = cost_col if column == "cost" else column
+        if column in out.columns and label in out.columns:
+            empty = pd.to_numeric(out[column], errors="coerce").isna().to_numpy()
+            out.loc[empty, label] = NA
     return out[_columns(by, cost_col)].reset_index(drop=True)
 
 

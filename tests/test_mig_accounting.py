@@ -19,6 +19,7 @@ from gpuwatt.analytics.inputs import read_analysis_input
 from gpuwatt.analytics.mig_energy import slice_share
 from gpuwatt.collector.sim.scenario import load_scenario
 from gpuwatt.collector.sim.source import SimulatedClusterSource
+from gpuwatt.dashboard.csv_export import QUALITY_COLUMNS, build_report
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -150,3 +151,29 @@ def test_the_report_by_model_counts_a_partitioned_gpu_once(summary: AnalysisSumm
     whole = summary.energy_by_gpu.loc[~summary.energy_by_gpu["mig"]]
     assert out["gpu_hours_h"].sum() == pytest.approx(whole["seen_s"].sum() / 3600)
     assert out["energy_kwh"].sum() == pytest.approx(summary.cluster["energy_kwh"].value)
+
+
+@pytest.mark.parametrize("by", ["gpu", "node", "job"])
+def test_a_report_cell_without_a_figure_is_labelled_not_available(
+    summary: AnalysisSummary, by: str
+) -> None:
+    """MIG devices have a TFLOPS estimate but no power of their own, and parents in MIG mode no
+    estimate: an empty cell never carries a measurement's or an estimate's label."""
+    table = build_report(summary, by)
+    cost_col = next(c for c in table.columns if c.startswith("cost_"))
+    checked = 0
+    for figure, label in QUALITY_COLUMNS.items():
+        column = cost_col if figure == "cost" else figure
+        empty = pd.to_numeric(table[column], errors="coerce").isna()
+        assert (table.loc[empty, label] == Quality.NOT_AVAILABLE.value).all(), (by, figure)
+        checked += int(empty.sum())
+    assert checked > 0  # the scenario has empty cells: TFLOPS/W of the MIG devices and parents
+
+
+def test_a_nodes_tflops_per_watt_from_some_of_its_gpus_is_labelled_an_estimate(
+    summary: AnalysisSummary,
+) -> None:
+    nodes = build_report(summary, "node").set_index("host")
+    # node-0: two whole GPUs with a GPM estimate, two parents in MIG mode without one
+    assert np.isfinite(nodes.loc["node-0", "tflops_per_w"])
+    assert nodes.loc["node-0", "tflops_quality"] == Quality.GPM_ESTIMATE.value
