@@ -363,6 +363,10 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     assert f"host={host}" in link.get_attribute("href") and f"gpu={idx}" in link.get_attribute(
         "href"
     )
+    from gpuwatt.cli.compose import AlertsDbView
+
+    db = AlertsDbView(site.db.parent / "alerts.db", clock_ns=lambda: DEMO_END_NS)
+    assert db.silences() == []  # none before the click: what follows is the click's doing
     browser.find_element(By.ID, "silence-comment").send_keys("fan swap tonight")
     click_id(browser, "//button[normalize-space()='silence']", by="xpath")
     # The page's live refresh may redraw the content (and drop the one-off result line) at any
@@ -372,10 +376,16 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     )
     silences = browser.find_element(By.ID, "silences").text
     assert f"gpu={idx}" in silences and f"host={host}" in silences
-    results = browser.find_elements(By.ID, "alerts-action-result")
-    assert all("created" in r.text for r in results)
+    # The silence is in the evaluator's database, by the authenticated user, for this GPU.
+    (made,) = db.silences()
+    assert (made.author, made.comment) == (USER, "fan swap tonight")
+    assert made.matchers.get("host") == host and made.matchers.get("gpu") == str(idx)
+    # The result line, where the live refresh has not redrawn it yet, names that silence.
+    for r in browser.find_elements(By.ID, "alerts-action-result"):
+        assert f"silence {made.id} created" in r.text
     click_id(browser, "//button[normalize-space()='expire']", by="xpath")
     wait(browser, lambda d: d.find_elements(By.ID, "silences-none"))
+    assert db.silences() == []
     assert console_errors(browser) == []
 
 
