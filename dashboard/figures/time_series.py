@@ -142,10 +142,12 @@ def node_lines(
     *,
     highlight: int | None = None,
     events: pd.DataFrame | None = None,
+    xids: pd.DataFrame | None = None,
     step_s: float | None = None,
     label: tuple[str, str] | None = None,
 ) -> fb.Fig:
-    """One line per GPU of a node for one metric; ``events`` (time_ns, gpu_index, label) marked.
+    """One line per GPU of a node for one metric; ``events`` (time_ns, gpu_index, label) and
+    ``xids`` (``store.base.XID_COLUMNS``: a sample's XID events) marked on the time axis.
 
     For a drill-down: one node's GPUs (a few dozen lines at most) in server-side buckets. The
     ``highlight`` GPU is drawn thick and red; no other line is red or orange.
@@ -192,11 +194,38 @@ def node_lines(
                 "marker": {"symbol": "triangle-up", "color": "#f08c00", "size": 9},
             }
         )
+    if xids is not None and not xids.empty:
+        data.append(xid_markers(xids))
     return {
         "data": data,
         "layout": fb.time_layout(
             name, unit, yaxis2={"overlaying": "y", "visible": False, "range": [0, 10]}
         ),
+    }
+
+
+def xid_text(gpu_index: int, last: float, count: float) -> str:
+    """A marker's label: the GPU, its XID code, and how many it raised in that sample."""
+    code = "?" if np.isnan(last) else str(int(last))
+    more = f" ({int(count)} XIDs in one sample, the last shown)" if count > 1 else ""
+    return f"GPU {gpu_index}: XID {code}{more}"
+
+
+def xid_markers(xids: pd.DataFrame) -> dict[str, Any]:
+    """XID events as markers along the bottom of a node chart (on its hidden second axis)."""
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": "XID",
+        "x": fb.iso_dates(xids["time_ns"].to_numpy()),
+        "y": [0.6] * len(xids),
+        "yaxis": "y2",
+        "text": [
+            xid_text(int(g), float(last), float(n))
+            for g, last, n in xids[["gpu_index", "xid_last", "xid_count"]].itertuples(index=False)
+        ],
+        "hovertemplate": "%{x}<br>%{text}<extra></extra>",
+        "marker": {"symbol": "x", "color": "#9c36b5", "size": 11, "line": {"width": 1}},
     }
 
 
