@@ -91,6 +91,12 @@ class ReadCache:
                 old, _ = self._entries.popitem(last=False)
                 self._key_locks.pop(old, None)
 
+    @property
+    def refreshing(self) -> bool:
+        """Whether a background refresh is under way."""
+        with self._lock:
+            return bool(self._refreshing)
+
     def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> None:
         try:
             self.put(key, compute())
