@@ -12,7 +12,6 @@ with credentials and an alert database holding one firing alert, built once per 
 
 from __future__ import annotations
 
-import base64
 import json
 import urllib.error
 import urllib.request
@@ -105,13 +104,7 @@ def site(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    driver = chrome()
-    driver.set_page_load_timeout(WAIT_S)
-    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    driver.execute_cdp_cmd("Network.enable", {})
-    driver.execute_cdp_cmd(
-        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
-    )
+    driver = chrome(page_load_timeout_s=WAIT_S, basic_auth=(USER, PASSWORD))
     yield driver
     driver.quit()
 
