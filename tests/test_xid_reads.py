@@ -69,6 +69,14 @@ def test_a_bucketed_series_cannot_carry_them_but_the_events_do(store: Any) -> No
     assert [e[:3] for e in events(store, 0, 300)] == [(65, "node1", 1), (200, "node2", 0)]
 
 
+def test_xid_events_of_compacted_samples(tmp_path: Path, make_sample: Any) -> None:
+    """Samples moved from the head into compressed chunks keep their XIDs."""
+    with SqliteStore(tmp_path / "c.db") as s:
+        s.write_samples(samples(make_sample))
+        s.compact()
+        assert events(s, 0, 300) == [(65, "node1", 1, 79, 2), (200, "node2", 0, 48, 1)]
+
+
 def test_a_store_that_keeps_no_xids_says_so() -> None:
     class Bare:
         pass
