@@ -114,13 +114,13 @@ def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, Ca
             cold_cpu.append(time.process_time() - c)
             assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
             size = len(resp.data)
-        ttl, data.ttl_s = data.ttl_s, 3600.0
+        ttl, data.cache.ttl_s = data.cache.ttl_s, 3600.0
         for _ in range(repeat):
             t = time.perf_counter()
             client.post("/_dash-update-component", json=body)
             served.append(time.perf_counter() - t)
-        data.ttl_s = ttl
-        while data._refreshing:  # let the background refresh finish before the next page
+        data.cache.ttl_s = ttl
+        while data.cache.refreshing:  # let the background refresh finish before the next page
             time.sleep(0.05)
         out[label] = CallbackTimes(
             statistics.median(cold),

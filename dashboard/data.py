@@ -1,12 +1,12 @@
 """Data access for the pages: one store read and one ``analyze`` per time window, cached.
 
-Every page of one time range shares the same ``WindowData``: the store's rollups for the range
-(never raw samples: the buckets come from ``TimeRange.step_s``, at most a few hundred per GPU) and
-the analytics engine's summary of them. Entries are keyed by the range; several callbacks of one
-page, and several users looking at the same range, cost one read. Past ``ttl_s`` an entry is
-served stale while a background thread re-reads it (stale-while-revalidate), so auto-refresh
-never waits on the store: at 1,024 GPUs a cold read plus analysis of one hour takes seconds on a
-small machine, a cached one tens of milliseconds.
+Every page of one time range shares the same ``WindowData`` (``window_data``): the store's
+rollups for the range (never raw samples: the buckets come from ``TimeRange.step_s``, at most a
+few hundred per GPU) and the analytics engine's summary of them. Entries are keyed by the range
+in a stale-while-revalidate cache (``read_cache``); several callbacks of one page, and several
+users looking at the same range, cost one read, and auto-refresh never waits on the store: at
+1,024 GPUs a cold read plus analysis of one hour takes seconds on a small machine, a cached one
+tens of milliseconds.
 
 Store failures become ``DataError`` with a message meant for the page ("store not reachable:
 ..."); they are logged as one line, never as a traceback.
@@ -17,10 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -28,15 +26,14 @@ import pandas as pd
 from gpuwatt.analytics import (
     ANALYSIS_FIELDS,
     AnalysisSummary,
-    Straggler,
     StragglerFindings,
     Tariff,
     analyze,
     find_stragglers_in,
 )
-from gpuwatt.analytics.by_model import by_model
 from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
 from gpuwatt.dashboard.partial_reads import Partial, read_in_parts
+from gpuwatt.dashboard.read_cache import DataError, ReadCache, describe
 from gpuwatt.dashboard.slow_fields import (
     SLOW_FIELDS,
     SLOW_LOOKBACK_S,
@@ -44,135 +41,25 @@ from gpuwatt.dashboard.slow_fields import (
     with_slow_fields,
 )
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
+from gpuwatt.dashboard.window_data import (
+    ACCOUNTING_MAX_GPU_MINUTES,
+    SILENT_AFTER_S,
+    GpuCounts,
+    WindowData,
+    with_accounting,
+)
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.mig import is_mig_device
-from gpuwatt.mig import parents as mig_parents
 from gpuwatt.model import GpuSample
-from gpuwatt.store.base import SeriesRead, Store, series_many
+from gpuwatt.store.base import SeriesRead, Store, series_many, xid_events
+
+__all__ = ["SILENT_AFTER_S", "DashboardData", "DataError", "GpuCounts", "WindowData"]
 
 log = logging.getLogger("gpuwatt.dashboard")
 
 T = TypeVar("T")
 DAY_NS = 86_400 * NS_PER_S
-#: A GPU whose newest sample is older than this is "silent" (its collector or node is down).
-SILENT_AFTER_S = 180.0
 RECENT_SPAN_S = 3600
 RECENT_STEP_S = 60
-
-
-#: Up to this many GPU-minutes (GPUs x the range's minutes), a view in buckets coarser than a
-#: minute takes its figures (energy, GPU-hours, idle time, straggler minutes, per GPU, node and
-#: job) from an analysis in 1-minute windows, as every shorter view, ``gpuwatt analyze`` and
-#: the alert evaluator do: idle time and straggler minutes are decided per minute
-#: (docs/accounting.md). Beyond it (1,024 GPUs over 5.7 hours: the 6 h view of 1,024 GPUs),
-#: from the view's own windows. The 7-day view of the 32-GPU demo is within it.
-ACCOUNTING_MAX_GPU_MINUTES = 350_000
-
-
-def _with_accounting(view: AnalysisSummary, minutes: AnalysisSummary) -> AnalysisSummary:
-    """The view's summary with the figures of the same range analysed in 1-minute windows."""
-    if not minutes.windows:
-        return view
-    return replace(
-        view,
-        energy_by_gpu=minutes.energy_by_gpu,
-        energy_by_node=minutes.energy_by_node,
-        energy_by_job=minutes.energy_by_job,
-        cluster=minutes.cluster,
-        lost=minutes.lost,
-        idle=minutes.idle,  # idle for 3 minutes, whatever the view's bucket size
-    )
-
-
-class DataError(Exception):
-    """Data for a view could not be obtained; ``message`` is shown on the page as is."""
-
-    def __init__(self, message: str, *, unreachable: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.unreachable = unreachable
-
-
-@dataclass(frozen=True)
-class GpuCounts:
-    total: int
-    up: int
-    lost: int
-    silent: int
-    idle: int
-    mig_devices: int = 0  # MIG devices, apart from the GPUs counted above (their parents)
-
-
-@dataclass(frozen=True)
-class WindowData:
-    range: TimeRange
-    frame: pd.DataFrame  # the store's rollups, long form
-    summary: AnalysisSummary
-    latest: list[GpuSample]
-    jobs: dict[str, str]  # uuid -> job id (from each GPU's newest sample)
-    #: The stragglers of the newest hour in 1-minute windows, when the range's windows are
-    #: coarser: a straggler of the last minutes persists over several 1-minute windows long
-    #: before it does over several hourly ones. The cached default view's summary when fresh.
-    recent: AnalysisSummary | StragglerFindings | None = None
-    #: ``recent`` is the whole range in 1-minute windows (its straggler windows: the newest hour)
-    recent_is_range: bool = False
-    #: Set when the engine answered only some parts of the range in time (``partial_reads``):
-    #: the figures hold what arrived, and ``partial.label`` says what is missing.
-    partial: Partial | None = None
-
-    @property
-    def empty(self) -> bool:
-        return self.frame.empty
-
-    @property
-    def stragglers(self) -> list[Straggler]:
-        """The range's stragglers, plus those of the newest hour the range's windows miss. Where
-        the range was also analysed in 1-minute windows (``ACCOUNTING_MAX_GPU_MINUTES``), its
-        stragglers are those (their onset to the minute), as in every shorter view."""
-        out = list(self.summary.stragglers)
-        if self.recent is not None:
-            if self.recent_is_range:
-                return list(self.recent.stragglers)
-            seen = {s.uuid for s in out}
-            extra = [s for s in self.recent.stragglers if s.uuid not in seen]
-            out = [s for s in out if s.active] + extra + [s for s in out if not s.active]
-        return out
-
-    @property
-    def by_model(self) -> pd.DataFrame:
-        """One row per GPU model, best work per watt first (``analytics.by_model``)."""
-        return by_model(self.summary)
-
-    @property
-    def active_stragglers(self) -> list[Straggler]:
-        return [s for s in self.stragglers if s.active]
-
-    def straggler_windows(self, straggler: Straggler) -> pd.DataFrame:
-        """The per-window scores in which ``straggler`` was found (for the peer comparison)."""
-        if self.recent is not None and straggler not in self.summary.stragglers:
-            return self.recent.straggler_windows
-        return self.summary.straggler_windows
-
-    @property
-    def mig_parents(self) -> dict[str, str]:
-        """MIG device uuid -> its parent GPU's uuid (a MIG device is a device of its own)."""
-        return mig_parents(self.latest)
-
-    def counts(self, now_ns: int) -> GpuCounts:
-        gpus = [s for s in self.latest if not is_mig_device(s)]
-        lost = sum(1 for s in gpus if s.lost)
-        silent = sum(
-            1 for s in gpus if not s.lost and (now_ns - s.time_ns) / NS_PER_S > SILENT_AFTER_S
-        )
-        total = len(gpus)
-        idle = len(self.summary.idle)
-        migs = len(self.latest) - total
-        return GpuCounts(total, total - lost - silent, lost, silent, idle, migs)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
 
 
 def _analysis(compute: Callable[[], T]) -> T:
@@ -180,9 +67,9 @@ def _analysis(compute: Callable[[], T]) -> T:
     try:
         return compute()
     except Exception as exc:
-        log.error("analysis failed: %s: %s", type(exc).__name__, _describe(exc))
+        log.error("analysis failed: %s: %s", type(exc).__name__, describe(exc))
         log.debug("analysis failed", exc_info=True)
-        raise DataError(f"the analysis of this range failed: {_describe(exc)}") from None
+        raise DataError(f"the analysis of this range failed: {describe(exc)}") from None
 
 
 class DashboardData:
@@ -202,96 +89,37 @@ class DashboardData:
         self.store = store
         self.clock_ns = clock_ns
         self.tariff = tariff or Tariff()
-        self.ttl_s = ttl_s
-        self.max_stale_s = max_stale_s
-        self.max_entries = max_entries
+        self.cache = ReadCache(ttl_s=ttl_s, max_stale_s=max_stale_s, max_entries=max_entries)
         #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
         #: (the default view, kept warm) when that is at most this old; see ``_window``.
         self.shared_recent_max_age_s = shared_recent_max_age_s
-        self._refreshing: set[tuple[Any, ...]] = set()
-        self._executor: ThreadPoolExecutor | None = None
-        self._cache: OrderedDict[tuple[Any, ...], tuple[float, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._warmer: tuple[threading.Event, threading.Thread] | None = None
         self._logged: set[str] = set()  # notices already logged (``_log_conflicts``)
         self.accounting_max_gpu_minutes = ACCOUNTING_MAX_GPU_MINUTES
 
-    # --- cache ------------------------------------------------------------------------------
-
     def _cached(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
-        """Stale-while-revalidate: a fresh entry is returned; an entry past ``ttl_s`` (but
-        younger than ``max_stale_s``) is returned at once while one background thread
-        recomputes it, so an auto-refreshing page never waits for the store; a missing or too
-        old entry is computed now (one computation per key, concurrent callers wait for it)."""
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                age = now - hit[0]
-                if age < self.ttl_s:
-                    self._cache.move_to_end(key)
-                    return hit[1]
-                if age < self.max_stale_s:
-                    if key not in self._refreshing:
-                        self._refreshing.add(key)
-                        self._pool().submit(self._refresh, key, compute)
-                    return hit[1]
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:
-            with self._lock:
-                hit = self._cache.get(key)
-                if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
-                    return hit[1]
-            value = compute()
-            self._store(key, value)
-            return value
-
-    def _store(self, key: tuple[Any, ...], value: Any) -> None:
-        with self._lock:
-            self._cache[key] = (time.monotonic(), value)
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.max_entries:
-                old, _ = self._cache.popitem(last=False)
-                self._key_locks.pop(old, None)
-
-    def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> None:
-        try:
-            self._store(key, compute())
-        except DataError:
-            pass  # already logged as one line; the stale value stays until max_stale_s
-        finally:
-            with self._lock:
-                self._refreshing.discard(key)
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuwatt-dashboard-cache")
-        return self._executor
+        return self.cache.get(key, compute)
 
     def clear_cache(self) -> None:
-        with self._lock:
-            self._cache.clear()
+        self.cache.clear()
 
     def close(self) -> None:
         warmer, self._warmer = self._warmer, None
         if warmer is not None:
             warmer[0].set()
             warmer[1].join(timeout=30.0)
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        self.cache.close()
 
     def _read(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except (StoreUnavailable, ConnectionError, OSError) as exc:
-            log.warning("store not reachable while reading %s: %s", what, _describe(exc))
-            raise DataError(f"store not reachable: {_describe(exc)}", unreachable=True) from None
+            log.warning("store not reachable while reading %s: %s", what, describe(exc))
+            raise DataError(f"store not reachable: {describe(exc)}", unreachable=True) from None
         except Exception as exc:
-            log.error("reading %s failed: %s: %s", what, type(exc).__name__, _describe(exc))
+            log.error("reading %s failed: %s: %s", what, type(exc).__name__, describe(exc))
             log.debug("reading %s failed", what, exc_info=True)
-            raise DataError(f"could not read {what}: {_describe(exc)}") from None
+            raise DataError(f"could not read {what}: {describe(exc)}") from None
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -377,11 +205,11 @@ class DashboardData:
     def _warm(self, tr: TimeRange) -> None:
         key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
         try:
-            self._store(key, self._window(self._moved(tr)))
+            self.cache.put(key, self._window(self._moved(tr)))
         except DataError:
             pass  # logged as one line; the page will say it
         except Exception as exc:  # never let the warmer die silently
-            log.error("warming the cache failed: %s", _describe(exc))
+            log.error("warming the cache failed: %s", describe(exc))
 
     def _window(self, tr: TimeRange) -> WindowData:
         latest = self.latest()
@@ -407,7 +235,7 @@ class DashboardData:
         recent: AnalysisSummary | StragglerFindings | None = None
         if accounting:
             minutes = self._analyze(joined(frames[2:]), tr.end_ns, tr.start_ns, RECENT_STEP_S, jobs)
-            summary = _with_accounting(summary, minutes)
+            summary = with_accounting(summary, minutes)
             if not frame.empty and minutes.windows:
                 sw = minutes.straggler_windows  # the newest hour: the peer comparison's points
                 newest = sw.loc[sw["window_start_ns"] >= recent_start] if len(sw) else sw
@@ -427,7 +255,7 @@ class DashboardData:
             try:
                 return series_many(self.store, reads)
             except StoreUnavailable as exc:
-                log.warning("store too slow or gone for the whole range: %s", _describe(exc))
+                log.warning("store too slow or gone for the whole range: %s", describe(exc))
                 return None
 
         first = self._read("samples", whole)
@@ -451,11 +279,8 @@ class DashboardData:
         ``shared_recent_max_age_s`` old: the newest hour of a live coarse range is that very
         analysis (the default view, which the server keeps warm), not a second one."""
         key = ("window-live", RECENT_SPAN_S * NS_PER_S, RECENT_STEP_S)
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit is None or time.monotonic() - hit[0] > self.shared_recent_max_age_s:
-            return None
-        return hit[1]
+        hit: WindowData | None = self.cache.peek(key, self.shared_recent_max_age_s)
+        return hit
 
     def _analyze(
         self, frame: pd.DataFrame, end_ns: int, start_ns: int, step_s: int, jobs: dict[str, str]
@@ -519,3 +344,17 @@ class DashboardData:
 
         when = ("live", tr.end_ns - tr.start_ns) if tr.live else (tr.start_ns, tr.end_ns)
         return self._cached(("host", host, tuple(fields), *when, tr.step_s), compute)
+
+    def host_xids(self, tr: TimeRange, host: str) -> pd.DataFrame | None:
+        """The XID events of one node's GPUs in the range (``store.base.xid_events``: from the
+        samples, whatever the range's step); None where the store keeps no XIDs."""
+
+        def compute() -> pd.DataFrame | None:
+            r = self._moved(tr) if tr.live else tr
+            return self._read(
+                f"the XID events of {host}",
+                lambda: xid_events(self.store, r.start_ns, r.end_ns, [host]),
+            )
+
+        when = ("live", tr.end_ns - tr.start_ns) if tr.live else (tr.start_ns, tr.end_ns)
+        return self._cached(("xids", host, *when), compute)

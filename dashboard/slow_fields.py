@@ -15,15 +15,12 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.model import GpuSample
+from gpuwatt.schema import COUNTER_ATTRS, FIELDS
 
-#: Counters and flags the collector samples once per slow interval.
-SLOW_COUNTS: tuple[str, ...] = (
-    "ecc_sbe_volatile_count",
-    "ecc_dbe_volatile_count",
-    "ecc_sbe_aggregate_count",
-    "ecc_dbe_aggregate_count",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
+#: Counters and flags the collector samples once per slow interval: the schema's counters but
+#: the energy counter (read every sample), and the row-remapping flags.
+SLOW_COUNTS: tuple[str, ...] = tuple(
+    f.attr for f in FIELDS if f.attr in COUNTER_ATTRS and f.attr != "energy_j"
 )
 SLOW_FLAGS: tuple[str, ...] = ("remapped_rows_pending", "remapped_rows_failure")
 SLOW_FIELDS: tuple[str, ...] = SLOW_COUNTS + SLOW_FLAGS
@@ -41,8 +38,8 @@ def newest_measured(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
     ordered = frame.sort_values("time_ns")
     last = ordered.groupby("uuid", sort=False)[fields].last()  # last() skips NaN
     out: dict[str, dict[str, float]] = {}
-    for uuid, row in last.iterrows():
-        values = {f: float(v) for f, v in row.items() if np.isfinite(v)}
+    for uuid, row in zip(last.index, last.to_numpy(dtype=float).tolist(), strict=True):
+        values = {f: v for f, v in zip(fields, row, strict=True) if np.isfinite(v)}
         if values:
             out[str(uuid)] = values
     return out

@@ -16,8 +16,8 @@ import time
 
 from gpuwatt.analytics import JobWork
 from gpuwatt.analytics.reported import reported_work
-from gpuwatt.dashboard.data import WindowData
 from gpuwatt.dashboard.serving import Served, served_by_job
+from gpuwatt.dashboard.window_data import WindowData
 from gpuwatt.store.job_steps import JobStepStore
 
 log = logging.getLogger("gpuwatt.dashboard")

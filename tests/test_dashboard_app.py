@@ -233,13 +233,14 @@ def test_cache_serves_stale_while_refreshing_in_background() -> None:
             refreshed.set()
         return len(calls)
 
-    assert data._cached(("k",), compute) == 1  # cold: computed now
-    assert data._cached(("k",), compute) == 1  # stale: returned at once, refresh started
+    cache = data.cache
+    assert cache.get(("k",), compute) == 1  # cold: computed now
+    assert cache.get(("k",), compute) == 1  # stale: returned at once, refresh started
     assert refreshed.wait(10)
     data.close()
-    assert data._cached(("k",), compute) in (2, 3)
-    data.max_stale_s = 0.0  # too old to serve: computed synchronously
-    assert data._cached(("k",), compute) == len(calls)
+    assert cache.get(("k",), compute) in (2, 3)
+    cache.max_stale_s = 0.0  # too old to serve: computed synchronously
+    assert cache.get(("k",), compute) == len(calls)
     data.close()
 
 

@@ -35,8 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDashboar
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    driver = chrome()
-    driver.set_page_load_timeout(WAIT_S)
+    driver = chrome(page_load_timeout_s=WAIT_S)
     yield driver
     driver.quit()
 

@@ -12,7 +12,6 @@ with credentials and an alert database holding one firing alert, built once per 
 
 from __future__ import annotations
 
-import base64
 import json
 import urllib.error
 import urllib.request
@@ -105,13 +104,7 @@ def site(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    driver = chrome()
-    driver.set_page_load_timeout(WAIT_S)
-    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    driver.execute_cdp_cmd("Network.enable", {})
-    driver.execute_cdp_cmd(
-        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
-    )
+    driver = chrome(page_load_timeout_s=WAIT_S, basic_auth=(USER, PASSWORD))
     yield driver
     driver.quit()
 
@@ -296,6 +289,45 @@ def test_node_page_health_panels_processes_and_gpu_picker(browser: Any, site: Si
     assert console_errors(browser) == []
 
 
+#: Per chart: the XID trace's labels, times, and the markers its SVG draws.
+XID_TRACES_JS = """
+return Array.from(document.querySelectorAll('#node-content .js-plotly-plot')).map(gd => {
+  const i = (gd.data || []).findIndex(t => t.name === 'XID');
+  if (i < 0) return null;
+  const drawn = Array.from(gd.querySelectorAll('g.trace')).filter(
+    g => g.__data__ && g.__data__[0] && g.__data__[0].trace.name === 'XID');
+  return {text: gd.data[i].text, x: gd.data[i].x,
+          points: drawn.reduce((n, g) => n + g.querySelectorAll('path.point').length, 0)};
+});
+"""
+
+
+def test_node_page_marks_the_xid_on_the_time_axis(browser: Any, site: Site) -> None:
+    """The scenario's XID 79 on node-1 GPU 2 (HEALTH_FAULTS) is a marker on every time chart
+    of its node, at the time of the sample that carried it; a node without XIDs has none."""
+    import numpy as np
+    from selenium.webdriver.common.by import By
+
+    from gpuwatt.store.base import xid_events
+
+    found = xid_events(site.running.data.store, 0, DEMO_END_NS + 1, ["node-1"])
+    assert found is not None and len(found) == 1
+    when = str(np.datetime64(int(found["time_ns"].iloc[0]), "ns").astype("datetime64[s]"))
+    open_page(browser, site.url("/node?range=15m&host=node-1"), "node")
+    drawn(browser, "node")
+    assert "1 XID events marked" in browser.find_element(By.ID, "xid-marks").text
+    charts = browser.execute_script(XID_TRACES_JS)
+    marked = [c for c in charts if c is not None]
+    assert len(marked) >= 6, charts  # the node's metrics, and the health panels with data
+    for c in marked:
+        assert c["text"] == ["GPU 2: XID 79"] and c["x"] == [when] and c["points"] == 1, c
+    assert console_errors(browser) == []
+    open_page(browser, site.url("/node?range=15m&host=node-0"), "node")
+    drawn(browser, "node")
+    assert "no XID events" in browser.find_element(By.ID, "xid-marks").text
+    assert all(c is None for c in browser.execute_script(XID_TRACES_JS))
+
+
 def test_health_page_lists_the_gpus_that_need_a_person(browser: Any, site: Site) -> None:
     text = open_page(browser, site.url("/health?range=15m"), "health")
     drawn(browser, "health")
@@ -363,6 +395,10 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     assert f"host={host}" in link.get_attribute("href") and f"gpu={idx}" in link.get_attribute(
         "href"
     )
+    from gpuwatt.cli.compose import AlertsDbView
+
+    db = AlertsDbView(site.db.parent / "alerts.db", clock_ns=lambda: DEMO_END_NS)
+    assert db.silences() == []  # none before the click: what follows is the click's doing
     browser.find_element(By.ID, "silence-comment").send_keys("fan swap tonight")
     click_id(browser, "//button[normalize-space()='silence']", by="xpath")
     # The page's live refresh may redraw the content (and drop the one-off result line) at any
@@ -372,10 +408,16 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     )
     silences = browser.find_element(By.ID, "silences").text
     assert f"gpu={idx}" in silences and f"host={host}" in silences
-    results = browser.find_elements(By.ID, "alerts-action-result")
-    assert all("created" in r.text for r in results)
+    # The silence is in the evaluator's database, by the authenticated user, for this GPU.
+    (made,) = db.silences()
+    assert (made.author, made.comment) == (USER, "fan swap tonight")
+    assert made.matchers.get("host") == host and made.matchers.get("gpu") == str(idx)
+    # The result line, where the live refresh has not redrawn it yet, names that silence.
+    for r in browser.find_elements(By.ID, "alerts-action-result"):
+        assert f"silence {made.id} created" in r.text
     click_id(browser, "//button[normalize-space()='expire']", by="xpath")
     wait(browser, lambda d: d.find_elements(By.ID, "silences-none"))
+    assert db.silences() == []
     assert console_errors(browser) == []
 
 

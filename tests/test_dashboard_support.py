@@ -129,8 +129,19 @@ def have_browser() -> bool:
     )
 
 
-def chrome() -> Any:
-    """Debian's headless Chromium through Debian's chromedriver (nothing is downloaded)."""
+def chrome(
+    *,
+    page_load_timeout_s: float = 60.0,
+    window_size: str = "1400,1000",
+    basic_auth: tuple[str, str] | None = None,
+    hide_scrollbars: bool = False,
+) -> Any:
+    """Debian's headless Chromium through Debian's chromedriver (nothing is downloaded),
+    its console kept for the tests to read; with ``basic_auth`` (user, password) every request
+    carries those credentials (the dashboard's authenticated actions). Also what
+    ``tools/screenshots.py`` takes its pictures with."""
+    import base64
+
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -144,8 +155,17 @@ def chrome() -> Any:
         "--disable-background-networking",
         "--disable-component-update",
         "--no-first-run",
-        "--window-size=1400,1000",
+        f"--window-size={window_size}",
+        *(["--hide-scrollbars"] if hide_scrollbars else []),
     ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(page_load_timeout_s)
+    if basic_auth is not None:
+        token = base64.b64encode(":".join(basic_auth).encode()).decode()
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd(
+            "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+        )
+    return driver

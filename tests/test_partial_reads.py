@@ -147,7 +147,6 @@ def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> Non
     )  # fmt: skip
     driver = chrome()
     try:
-        driver.set_page_load_timeout(60)
         driver.get(running.url.rstrip("/") + "/?range=3h")
         WebDriverWait(driver, 60).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")

@@ -49,8 +49,6 @@ README_SHOTS = (
     "job-inference-1600-light.png",
     "overview-800-dark.png",
 )
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 90
 #: The dashboard runs with authentication, so the alerts page shows its silence and expire
 #: actions; the browser sends these credentials (throwaway: the server binds 127.0.0.1 only).
@@ -107,36 +105,21 @@ def build_alerts(path: Path) -> Path:
 
 
 def browser() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    """The dashboard tests' headless Chromium (``tests/test_dashboard_support.chrome``), 1,600
+    px wide, sending the dashboard's credentials."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_dashboard_support import chrome
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--hide-scrollbars",
-        "--window-size=1600,1000",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(WAIT_S)
     user, password = (
         CREDENTIALS["GPUWATT_DASHBOARD_USER"],
         CREDENTIALS["GPUWATT_DASHBOARD_PASSWORD"],
     )
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    driver.execute_cdp_cmd("Network.enable", {})
-    driver.execute_cdp_cmd(
-        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+    return chrome(
+        page_load_timeout_s=WAIT_S,
+        window_size="1600,1000",
+        basic_auth=(user, password),
+        hide_scrollbars=True,
     )
-    return driver
 
 
 def settle(driver: Any, page_id: str) -> None:

@@ -142,10 +142,12 @@ def node_lines(
     *,
     highlight: int | None = None,
     events: pd.DataFrame | None = None,
+    xids: pd.DataFrame | None = None,
     step_s: float | None = None,
     label: tuple[str, str] | None = None,
 ) -> fb.Fig:
-    """One line per GPU of a node for one metric; ``events`` (time_ns, gpu_index, label) marked.
+    """One line per GPU of a node for one metric; ``events`` (time_ns, gpu_index, label) and
+    ``xids`` (``store.base.XID_COLUMNS``: a sample's XID events) marked on the time axis.
 
     For a drill-down: one node's GPUs (a few dozen lines at most) in server-side buckets. The
     ``highlight`` GPU is drawn thick and red; no other line is red or orange.
@@ -176,28 +178,53 @@ def node_lines(
     if highlight is not None:  # the highlighted line on top
         data.sort(key=lambda t: t["name"] == f"GPU {highlight}")
     if events is not None and not events.empty:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "throttle onset",
-                "x": fb.iso_dates(events["time_ns"].to_numpy()),
-                "y": [0.3] * len(events),
-                "yaxis": "y2",
-                "text": [
-                    f"GPU {g}: {t}"
-                    for g, t in zip(events["gpu_index"], events["label"], strict=True)
-                ],
-                "hovertemplate": "%{x}<br>%{text}<extra></extra>",
-                "marker": {"symbol": "triangle-up", "color": "#f08c00", "size": 9},
-            }
-        )
+        labels = [
+            f"GPU {g}: {t}" for g, t in zip(events["gpu_index"], events["label"], strict=True)
+        ]
+        marker = {"symbol": "triangle-up", "color": "#f08c00", "size": 9}
+        data.append(event_markers("throttle onset", events["time_ns"], labels, 0.3, marker))
+    if xids is not None and not xids.empty:
+        data.append(xid_markers(xids))
     return {
         "data": data,
         "layout": fb.time_layout(
             name, unit, yaxis2={"overlaying": "y", "visible": False, "range": [0, 10]}
         ),
     }
+
+
+def xid_text(gpu_index: int, last: float, count: float) -> str:
+    """A marker's label: the GPU, its XID code, and how many it raised in that sample."""
+    code = "?" if np.isnan(last) else str(int(last))
+    more = f" ({int(count)} XIDs in one sample, the last shown)" if count > 1 else ""
+    return f"GPU {gpu_index}: XID {code}{more}"
+
+
+def event_markers(
+    name: str, time_ns: Any, labels: list[str], y: float, marker: dict[str, Any]
+) -> dict[str, Any]:
+    """Events as markers at height ``y`` of a node chart's hidden second axis (0 to 10)."""
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": name,
+        "x": fb.iso_dates(np.asarray(time_ns)),
+        "y": [y] * len(labels),
+        "yaxis": "y2",
+        "text": labels,
+        "hovertemplate": "%{x}<br>%{text}<extra></extra>",
+        "marker": marker,
+    }
+
+
+def xid_markers(xids: pd.DataFrame) -> dict[str, Any]:
+    """XID events (``store.base.XID_COLUMNS``) as markers along the bottom of a node chart."""
+    labels = [
+        xid_text(int(g), float(last), float(n))
+        for g, last, n in xids[["gpu_index", "xid_last", "xid_count"]].itertuples(index=False)
+    ]
+    marker = {"symbol": "x", "color": "#9c36b5", "size": 11, "line": {"width": 1}}
+    return event_markers("XID", xids["time_ns"], labels, 0.6, marker)
 
 
 def band_rows(

@@ -13,7 +13,6 @@ import pandas as pd
 from gpuwatt.analytics.reasons import BITS, FAULT_FRACTIONS, LABELS
 from gpuwatt.dashboard.components import graph, kpi, page_frame, section
 from gpuwatt.dashboard.context import PageContext
-from gpuwatt.dashboard.data import SILENT_AFTER_S
 from gpuwatt.dashboard.figures import node_gpu_heatmap
 from gpuwatt.dashboard.grid import (
     link_column,
@@ -24,6 +23,7 @@ from gpuwatt.dashboard.grid import (
     text_column,
 )
 from gpuwatt.dashboard.timerange import NS_PER_S
+from gpuwatt.dashboard.window_data import SILENT_AFTER_S
 from gpuwatt.model import GpuSample
 from gpuwatt.status import natural_key
 

@@ -107,26 +107,26 @@ def served_section(ctx: PageContext, row: JobRow, s: Served) -> Any:
     kpis = [
         kpi("Requests", fmt.si(s.requests), "Requests the job reported serving in the range."),
         kpi("Tokens", fmt.si(s.tokens), "Tokens its requests produced."),
-        kpi(
-            "Energy / 1k requests",
-            fmt.si(s.per_thousand_requests(wh), "Wh"),
-            "The job's GPU energy over the range per 1,000 requests served.",
-        ),
-        kpi(
-            "Cost / 1k requests",
-            fmt.money(s.per_thousand_requests(row.cost), cur),
-            "Energy cost per 1,000 requests (the configured price).",
-        ),
-        kpi(
-            "Energy / M tokens",
-            fmt.si(s.per_million_tokens(wh), "Wh"),
-            "The job's GPU energy per million tokens produced.",
-        ),
-        kpi(
-            "Cost / M tokens",
-            fmt.money(s.per_million_tokens(row.cost), cur),
-            "Energy cost per million tokens.",
-        ),
+    ]
+    for label, per, what in (
+        ("1k requests", s.per_thousand_requests, "per 1,000 requests served"),
+        ("M tokens", s.per_million_tokens, "per million tokens produced"),
+    ):
+        kpis.append(
+            kpi(
+                f"Energy / {label}",
+                fmt.si(per(wh), "Wh"),
+                f"The job's GPU energy over the range {what}.",
+            )
+        )
+        kpis.append(
+            kpi(
+                f"Cost / {label}",
+                fmt.money(per(row.cost), cur),
+                f"Energy cost {what} (the configured price).",
+            )
+        )
+    kpis += [
         kpi(
             "Latency p50 / p95 / p99",
             " / ".join(fmt.si(v, "s") for v in (s.latency_p50_s, s.latency_p95_s, s.latency_p99_s)),

@@ -1,4 +1,5 @@
-"""Node and GPU drill-down: every metric of one node's GPUs over time, throttle onsets marked,
+"""Node and GPU drill-down: every metric of one node's GPUs over time, throttle onsets and XID
+events marked,
 hardware health (fan, power limit, PCIe/NVLink, ECC, remapped rows, clock-event reasons as bands)
 and the processes of the newest samples. A GPU picker highlights one GPU."""
 
@@ -160,7 +161,19 @@ def facts(samples: list[GpuSample], gpu: int | None) -> list[Any]:
     return out
 
 
-def health_figures(frame: pd.DataFrame, gpu: int | None, step_s: int) -> list[Any]:
+def xid_line(xids: pd.DataFrame | None) -> str:
+    """What the charts mark of XIDs, or why they mark none."""
+    if xids is None:
+        return "XID events: this store does not keep them"
+    if xids.empty:
+        return "no XID events"
+    gpus = ", ".join(f"GPU {g}" for g in sorted(set(xids["gpu_index"].tolist())))
+    return f"{len(xids)} XID events marked (✕) on {gpus}"
+
+
+def health_figures(
+    frame: pd.DataFrame, gpu: int | None, step_s: int, xids: pd.DataFrame | None = None
+) -> list[Any]:
     """Fan, power against its limit, PCIe and NVLink throughput (transmit + receive), ECC and
     remapped rows; a panel that the GPUs do not report says so instead of staying blank."""
     f = frame.copy()
@@ -174,7 +187,9 @@ def health_figures(frame: pd.DataFrame, gpu: int | None, step_s: int) -> list[An
     }
     figs = []
     for metric in HEALTH_METRICS:
-        fig = node_lines(f, metric, highlight=gpu, step_s=step_s, label=names.get(metric))
+        fig = node_lines(
+            f, metric, highlight=gpu, xids=xids, step_s=step_s, label=names.get(metric)
+        )
         figs.append(graph(fig, zoom=True))
     return figs
 
@@ -217,8 +232,9 @@ def render(ctx: PageContext) -> list[Any]:
         return [pickers, dmc.Alert(f"{host} has no data in this range", color="gray")]
     step = ctx.range.step_s
     events = throttle_onsets(frame)
+    xids = ctx.data.host_xids(ctx.range, host)
     figs = [
-        graph(node_lines(frame, m, highlight=gpu, events=events, step_s=step), zoom=True)
+        graph(node_lines(frame, m, highlight=gpu, events=events, xids=xids, step_s=step), zoom=True)
         for m in METRICS
     ]
     title = f"{host}" + (f", GPU {gpu} highlighted" if gpu is not None else "")
@@ -231,6 +247,7 @@ def render(ctx: PageContext) -> list[Any]:
             title,
             *facts(mine, gpu),
             dmc.Text(marks, size="sm", mt="xs", id="throttle-marks"),
+            dmc.Text(xid_line(xids), size="sm", id="xid-marks"),
         ),
         dmc.SimpleGrid(figs, cols={"base": 1, "lg": 2}, spacing="xs"),
         section(
@@ -240,7 +257,7 @@ def render(ctx: PageContext) -> list[Any]:
                 "reason-bands",
                 zoom=True,
             ),
-            dmc.SimpleGrid(health_figures(frame, gpu, step), cols={"base": 1, "lg": 2}),
+            dmc.SimpleGrid(health_figures(frame, gpu, step, xids), cols={"base": 1, "lg": 2}),
             help_text="Red bands: the share of each bucket in which a clock-event (throttle) "
             "reason was set. Hardware slowdown, thermal slowdown and power brake are faults; "
             "the software power cap is a GPU at full load.",

@@ -43,6 +43,25 @@ def series_many(store: Store, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]
     ]
 
 
+#: The columns of ``xid_events``: a row per sample that carries XID events, its last XID code
+#: and how many XIDs the GPU raised since its previous sample.
+XID_COLUMNS: tuple[str, ...] = (*KEY_COLUMNS, "xid_last", "xid_count")
+
+
+def xid_events(
+    store: Store, start_ns: int, end_ns: int, hosts: Sequence[str] | None = None
+) -> pd.DataFrame | None:
+    """The XID events of ``[start_ns, end_ns)`` (``XID_COLUMNS``, in time order) from the raw
+    samples, whatever step a page draws at: a bucketed read keeps only a bucket's last value,
+    so an XID inside a bucket would vanish. None where the store does not keep XIDs (the
+    Prometheus-compatible engines hold a count per collector run, without the code)."""
+    read = getattr(store, "xid_events", None)
+    if read is None:
+        return None
+    frame: pd.DataFrame = read(start_ns, end_ns, hosts=hosts)
+    return frame
+
+
 @runtime_checkable
 class Store(Protocol):
     """Write samples; read windowed series and latest values."""

@@ -335,6 +335,11 @@ class InfluxStore:
         out, self.shared_writers = influx_reads.latest(self, since_ns)
         return out
 
+    def xid_events(
+        self, start_ns: int, end_ns: int, *, hosts: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        return influx_reads.xid_events(self, start_ns, end_ns, hosts)
+
     def series(
         self,
         start_ns: int,

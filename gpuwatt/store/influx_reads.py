@@ -18,6 +18,8 @@ from gpuwatt.model import GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
     FIELD_LOST,
+    FIELD_XID_COUNT,
+    FIELD_XID_LAST,
     MEASUREMENT,
     TAG_HOST,
     TAG_INDEX,
@@ -25,7 +27,7 @@ from gpuwatt.schema import (
     TAG_UUID,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
-from gpuwatt.store.base import KEY_COLUMNS, SeriesRead
+from gpuwatt.store.base import KEY_COLUMNS, XID_COLUMNS, SeriesRead
 from gpuwatt.telegraf import (
     MEASUREMENT_MIG,
     MEASUREMENT_PROCESS,
@@ -103,6 +105,30 @@ def latest(
     out, shared = _one_per_gpu(series)
     out.sort(key=lambda x: (x.host, x.gpu_index, x.uuid))
     return out, shared
+
+
+def xid_events(
+    store: InfluxStore, start_ns: int, end_ns: int, hosts: Sequence[str] | None
+) -> pd.DataFrame:
+    """``base.xid_events``: the points in the range whose ``xid_count`` is above zero."""
+    import pandas as pd
+
+    series = store.query(
+        f'SELECT "{FIELD_XID_LAST}", "{FIELD_XID_COUNT}" FROM "{MEASUREMENT}" WHERE '
+        f'{store.where(start_ns, end_ns, hosts)} AND "{FIELD_XID_COUNT}" > 0 GROUP BY {GROUP_TAGS}'
+    )
+    rows = []
+    for s in series:
+        gpu = gpu_of_tags(s.get("tags", {}))
+        cols = s["columns"]
+        for row in s.get("values", []):
+            v = dict(zip(cols, row, strict=True))
+            last, count = (v.get(f) for f in (FIELD_XID_LAST, FIELD_XID_COUNT))
+            rows.append((int(row[0]), *gpu, math.nan if last is None else float(last), count))
+    frame = pd.DataFrame.from_records(rows, columns=list(XID_COLUMNS))
+    frame = frame.astype({"time_ns": "int64", "gpu_index": "int64"})
+    frame = frame.astype({"xid_last": "float64", "xid_count": "float64"})
+    return frame.sort_values(["time_ns", "host", "gpu_index"], kind="stable").reset_index(drop=True)
 
 
 def series(store: InfluxStore, read: SeriesRead) -> pd.DataFrame:

@@ -606,6 +606,16 @@ class SqliteStore:
         return self.series_many([SeriesRead(start_ns, end_ns, fields, step_s, hosts)])[0]
 
     @_store_errors
+    def xid_events(
+        self, start_ns: int, end_ns: int, *, hosts: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        """``base.xid_events``: the raw samples in the range that carry XIDs."""
+        with self._reader() as con:
+            columns = sqlite_reads.xid_columns(con, start_ns, end_ns, hosts)
+            gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
+        return frames.frame(columns, ("xid_last", "xid_count"), gpus)
+
+    @_store_errors
     def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
         """Several ``series`` reads in one read transaction (they see the same data). The raw
         samples not rolled up yet, whose aggregation is most of the cost of a read that ends

@@ -121,6 +121,43 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
     return out
 
 
+def xid_columns(
+    con: sqlite3.Connection, start_ns: int, end_ns: int, hosts: Sequence[str] | None
+) -> dict[str, Any]:
+    """The raw samples of ``[start_ns, end_ns)`` whose tail carries XIDs: ``time_ns``,
+    ``gpu_id``, ``xid_last``, ``xid_count``. The tails table is looked at first: with no XID
+    tail in use since ``start_ns`` (most ranges) no sample is read."""
+    e = np.zeros(0, np.int64)
+    empty = {"time_ns": e, "gpu_id": e, "xid_last": np.zeros(0), "xid_count": np.zeros(0)}
+    found = con.execute(
+        "SELECT id, xid_last, xid_count FROM tails WHERE xid_count > 0 AND last_ns >= ? "
+        "ORDER BY id",
+        (start_ns,),
+    ).fetchall()
+    if not found:
+        return empty
+    gpu_ids = None
+    if hosts is not None:
+        rows = con.execute(
+            f"SELECT id FROM gpus WHERE host IN ({', '.join('?' * len(hosts))})", list(hosts)
+        )
+        gpu_ids = np.array([i for (i,) in rows], dtype=np.int64)
+    samples = raw.read(con, start_ns, end_ns, (), gpu_ids)
+    ids = np.array([r[0] for r in found], dtype=np.float64)
+    keep = np.isin(samples.tail, ids)
+    if not keep.any():
+        return empty
+    where = np.searchsorted(ids, samples.tail[keep])  # ids ascending
+    last = np.array([float(r[1]) if r[1] is not None else np.nan for r in found])
+    count = np.array([float(r[2]) for r in found])
+    return {
+        "time_ns": samples.time_ns[keep],
+        "gpu_id": samples.gpu_id[keep],
+        "xid_last": last[where],
+        "xid_count": count[where],
+    }
+
+
 def series_columns(
     con: sqlite3.Connection, memo: dict[tuple[Any, ...], dict[str, Any]], read: SeriesRead
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
