@@ -46,6 +46,7 @@ from gpuwatt.collector.sim.fake_nvml_base import (
     nvml_error,
     pci_info,
     require_init,
+    selected,
 )
 from gpuwatt.collector.sim.fake_nvml_events import EventCalls
 from gpuwatt.collector.sim.fake_nvml_gpm import GpmCalls
@@ -69,6 +70,26 @@ _MEM1 = NV.c_nvmlMemory_t
 _MEM1_CODEC = struct_codec(_MEM1, ("total", "free", "used"))
 _MEM2 = NV.c_nvmlMemory_v2_t
 _MEM2_CODEC = struct_codec(_MEM2, ("version", "total", "reserved", "free", "used"))
+
+# What an enum argument selects: NVML constant -> SimGpuState attribute.
+_MAX_CLOCKS = {
+    NV.NVML_CLOCK_MEM: "memory_clock_max_mhz",
+    NV.NVML_CLOCK_SM: "sm_clock_max_mhz",
+    NV.NVML_CLOCK_GRAPHICS: "sm_clock_max_mhz",
+}
+_CLOCKS = {
+    NV.NVML_CLOCK_SM: "sm_clock_mhz",
+    NV.NVML_CLOCK_MEM: "memory_clock_mhz",
+    NV.NVML_CLOCK_GRAPHICS: "graphics_clock_mhz",
+}
+_THRESHOLDS = {
+    NV.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown_temp_c",
+    NV.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown_temp_c",
+}
+_PCIE = {
+    NV.NVML_PCIE_UTIL_TX_BYTES: "pcie_tx_kib_per_s",
+    NV.NVML_PCIE_UTIL_RX_BYTES: "pcie_rx_kib_per_s",
+}
 
 
 class FakeNvml(MigCalls, GpmCalls, EventCalls):
@@ -139,11 +160,7 @@ class FakeNvml(MigCalls, GpmCalls, EventCalls):
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
         g = gpu_of(handle, "nvmlDeviceGetMaxClockInfo")
-        if type == NV.NVML_CLOCK_MEM:
-            return known(g.memory_clock_max_mhz)
-        if type in (NV.NVML_CLOCK_SM, NV.NVML_CLOCK_GRAPHICS):
-            return known(g.sm_clock_max_mhz)
-        raise nvml_error(NV.NVML_ERROR_NOT_SUPPORTED)
+        return known(selected(g, type, _MAX_CLOCKS, NV.NVML_ERROR_NOT_SUPPORTED))
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
         g = gpu_of(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
@@ -157,11 +174,7 @@ class FakeNvml(MigCalls, GpmCalls, EventCalls):
 
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         g = gpu_of(handle, "nvmlDeviceGetTemperatureThreshold")
-        if threshold == NV.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
-            return known(g.slowdown_temp_c)
-        if threshold == NV.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
-            return known(g.shutdown_temp_c)
-        raise nvml_error(NV.NVML_ERROR_NOT_SUPPORTED)
+        return known(selected(g, threshold, _THRESHOLDS, NV.NVML_ERROR_NOT_SUPPORTED))
 
     # --- per-tick metrics -----------------------------------------------------------------------
 
@@ -222,13 +235,7 @@ class FakeNvml(MigCalls, GpmCalls, EventCalls):
 
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
         g = gpu_of(handle, "nvmlDeviceGetClockInfo")
-        if type == NV.NVML_CLOCK_SM:
-            return round(g.sm_clock_mhz)
-        if type == NV.NVML_CLOCK_MEM:
-            return round(g.memory_clock_mhz)
-        if type == NV.NVML_CLOCK_GRAPHICS:
-            return round(g.graphics_clock_mhz)
-        raise nvml_error(NV.NVML_ERROR_NOT_SUPPORTED)
+        return round(selected(g, type, _CLOCKS, NV.NVML_ERROR_NOT_SUPPORTED))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return gpu_of(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
@@ -238,11 +245,7 @@ class FakeNvml(MigCalls, GpmCalls, EventCalls):
 
     def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
         g = gpu_of(device, "nvmlDeviceGetPcieThroughput")
-        if counter == NV.NVML_PCIE_UTIL_TX_BYTES:
-            return round(g.pcie_tx_kib_per_s)
-        if counter == NV.NVML_PCIE_UTIL_RX_BYTES:
-            return round(g.pcie_rx_kib_per_s)
-        raise nvml_error(NV.NVML_ERROR_INVALID_ARGUMENT)
+        return round(selected(g, counter, _PCIE, NV.NVML_ERROR_INVALID_ARGUMENT))
 
     def _processes(self, d: SimGpuState | SimMigState) -> list[Any]:
         """What pynvml returns: friendly objects of c_nvmlProcessInfo_v3_t's fields, with

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from gpuwatt.collector.nvml import real_module
@@ -31,6 +32,15 @@ def require_init(init_count: int) -> None:
     """NVML refuses every call but ``nvmlInit`` before it (or after the last shutdown)."""
     if init_count <= 0:
         raise nvml_error(NV.NVML_ERROR_UNINITIALIZED)
+
+
+def selected(g: SimGpuState, arg: int, attrs: Mapping[int, str], refused: int) -> Any:
+    """The attribute of ``g`` that an enum argument names in ``attrs`` (a clock type, a
+    threshold, a counter); another value raises NVML's error ``refused``."""
+    name = attrs.get(arg)
+    if name is None:
+        raise nvml_error(refused)
+    return getattr(g, name)
 
 
 def address_of(ptr: Any) -> int:

@@ -109,10 +109,3 @@ class MigCalls:
 
     def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
         return mig_of(device, "nvmlDeviceGetComputeInstanceId").compute_instance_id
-
-    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
-        g = gpu_of(device, "nvmlGpmQueryDeviceSupport")
-        support = NV.c_nvmlGpmSupport_t()
-        support.version = NV.NVML_GPM_SUPPORT_VERSION
-        support.isSupportedDevice = int(g.gpm_supported)
-        return support
