@@ -96,6 +96,22 @@ def test_bound_drops_oldest_first_and_counts(
     spool.close()
 
 
+def _sigkill_after_300_appends(script: str) -> int:
+    """Run ``script`` (it appends for ever, printing each index once its append returned) and
+    SIGKILL it once it reported 300: the last index it reported."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acknowledged = -1
+    for line in proc.stdout:
+        acknowledged = int(line)
+        if acknowledged >= 300:
+            break
+    os.kill(proc.pid, 9)
+    proc.wait()
+    proc.stdout.close()
+    return acknowledged
+
+
 def test_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> None:
     """A child appends, reports each append, and is SIGKILLed: every reported line is on disk."""
     script = textwrap.dedent(
@@ -111,16 +127,7 @@ def test_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> None:
             i += 1
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    acknowledged = -1
-    for line in proc.stdout:
-        acknowledged = int(line)
-        if acknowledged >= 300:
-            break
-    os.kill(proc.pid, 9)
-    proc.wait()
-    proc.stdout.close()
+    acknowledged = _sigkill_after_300_appends(script)
     spool = Spool(tmp_path, segment_bytes=4096)
     got = _drain(spool)
     assert got[: acknowledged + 1] == _lines(0, acknowledged + 1)
@@ -301,16 +308,7 @@ def test_binary_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> No
             i += 1
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    acknowledged = -1
-    for line in proc.stdout:
-        acknowledged = int(line)
-        if acknowledged >= 300:
-            break
-    os.kill(proc.pid, 9)
-    proc.wait()
-    proc.stdout.close()
+    acknowledged = _sigkill_after_300_appends(script)
     spool = Spool(tmp_path, segment_bytes=8192, binary=True)
     got = _drain_samples(spool, max_lines=50)
     assert _same(got[: acknowledged + 1], _samples(0, acknowledged + 1))
