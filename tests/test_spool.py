@@ -206,11 +206,17 @@ def test_binary_restart_resumes_from_the_cursor(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_binary_frame_cut_short_by_a_crash_is_cut(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, binary=True)
-    spool.append_samples(_samples(0, 3))
+def _binary_segment(folder: Path, n: int) -> Path:
+    """A binary spool in ``folder`` with ``n`` samples written and closed: its one segment."""
+    spool = Spool(folder, binary=True)
+    spool.append_samples(_samples(0, n))
     spool.close()
-    (seg,) = tmp_path.glob("*.gws")
+    (seg,) = folder.glob("*.gws")
+    return seg
+
+
+def test_binary_frame_cut_short_by_a_crash_is_cut(tmp_path: Path) -> None:
+    seg = _binary_segment(tmp_path, 3)
     intact = seg.stat().st_size
     spool = Spool(tmp_path, binary=True)
     spool.append_samples(_samples(3, 3))
@@ -282,10 +288,7 @@ def test_a_segment_written_before_a_metric_was_added_reads_by_name(tmp_path: Pat
 
 
 def test_a_newer_segment_format_is_refused_with_a_clear_message(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, binary=True)
-    spool.append_samples(_samples(0, 1))
-    spool.close()
-    (seg,) = tmp_path.glob("*.gws")
+    seg = _binary_segment(tmp_path, 1)
     data = bytearray(seg.read_bytes())
     data[7] = 2  # the version byte
     seg.write_bytes(bytes(data))
