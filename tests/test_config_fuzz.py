@@ -158,12 +158,13 @@ def _check_config(path: Path) -> tuple[int, str, str, int, int]:
         steps += 1  # a call, then every line it runs (each turn of a loop counts)
         return count
 
+    previous = sys.gettrace()  # a coverage or debugger's tracer, put back after
     sys.settrace(count)
     try:
         with redirect_stdout(out), redirect_stderr(err):
             code = gpuwatt_main(["check-config", str(path)])
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     tracemalloc.start()
     try:
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
