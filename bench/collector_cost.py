@@ -42,7 +42,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ import pynvml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from nvml_fixtures import Activity, make_cluster, run_all
+from recording_nvml import RecordingNvml
 
 from gpuwatt.collector.nvml_source import NvmlSampler
 from gpuwatt.collector.sim.fake_nvml import FakeNvml
@@ -135,49 +136,6 @@ def collector_us_per_gpu(include_slow: bool) -> CollectorCost:
         fast_us,
         keyword_us,
     )
-
-
-class RecordingNvml:
-    """The fake, with every ``nvml*`` call the sampler makes logged (function, args, kwargs) while
-    ``log`` is not None, so that the same calls can be replayed against the fake alone."""
-
-    def __init__(self, fake: FakeNvml) -> None:
-        self._fake = fake
-        self.log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._fake, name)
-        if not name.startswith("nvml") or not callable(value) or isinstance(value, type):
-            return value
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if self.log is not None:
-                self.log.append((value, args, kwargs))
-            return value(*args, **kwargs)
-
-        return call
-
-    def fake_share_s(self, tick: Callable[[], object]) -> float:
-        """CPU seconds the fake itself spent in the NVML calls ``tick()`` made (``tick`` is not
-        timed): the calls replayed against the fake, less the same replay against a do-nothing
-        function (the loop and the call, which the caller's own call sites also pay)."""
-        self.log = []
-        tick()
-        log, self.log = self.log, None
-        return _replay_s(log) - _replay_s([(_noop, a, k) for _fn, a, k in log])
-
-
-def _replay_s(log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]) -> float:
-    clock = time.process_time
-    t0 = clock()
-    for fn, args, kwargs in log:
-        with suppress(pynvml.NVMLError):
-            fn(*args, **kwargs)
-    return clock() - t0
-
-
-def _noop(*_args: Any, **_kwargs: Any) -> None:
-    return None
 
 
 def fake_nvml_us_per_gpu() -> float:

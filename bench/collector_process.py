@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -85,26 +84,6 @@ def simulator(seconds: float) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
 
 
-class RecordingNvml:
-    """The fake, its ``nvml*`` calls logged while ``log`` is a list (to replay them alone)."""
-
-    def __init__(self, fake: Any) -> None:
-        self._fake = fake
-        self.log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._fake, name)
-        if not name.startswith("nvml") or not callable(value) or isinstance(value, type):
-            return value
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if self.log is not None:
-                self.log.append((value, args, kwargs))
-            return value(*args, **kwargs)
-
-        return call
-
-
 def xid_waits(fake: Any, stop: threading.Event) -> None:
     """What the fake costs the XID listener of one node: its event-set waits (200 ms each, as
     ``collector.xid_events`` waits), timing out."""
@@ -124,6 +103,7 @@ def xid_waits(fake: Any, stop: threading.Event) -> None:
 def simulator_alone(seconds: float) -> None:
     """The simulator's share of ``collect --simulate demo``: advance, answer the NVML calls."""
     import pynvml
+    from recording_nvml import RecordingNvml
 
     from gpuwatt.collector.nvml_source import NvmlSampler
     from gpuwatt.collector.sim.fake_nvml import FakeNvml

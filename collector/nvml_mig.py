@@ -26,7 +26,7 @@ from gpuwatt.collector.gpm import MIG_GPM_METRICS, GpmReader, open_gpm
 from gpuwatt.collector.nvml_errors import ErrorPolicy
 from gpuwatt.collector.nvml_fields import FieldQuery, Reader, bind, bind_all, mig_queries
 from gpuwatt.model import GpuSample, TflopsMethod, gpu_sample_from_fields
-from gpuwatt.tflops import PipePeaks, tflops_from_pipes
+from gpuwatt.tflops import PipePeaks, tflops_from_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,16 +249,7 @@ class MigDevices:
         no estimate)."""
         if peaks is None or m.sm_fraction is None:
             return
-        get = values.get
-        tflops = tflops_from_pipes(
-            peaks,
-            sm_clock_mhz,
-            get("tensor_hmma_active_pct"),
-            get("tensor_dfma_active_pct"),
-            get("fp64_active_pct"),
-            get("fp32_active_pct"),
-            get("fp16_active_pct"),
-        )
+        tflops = tflops_from_values(peaks, sm_clock_mhz, values)
         if tflops is not None:
             values["tflops_estimate"] = tflops * m.sm_fraction
             values["tflops_method"] = TflopsMethod.GPM

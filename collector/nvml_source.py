@@ -44,7 +44,7 @@ from gpuwatt.collector.xid_events import XidListener
 from gpuwatt.errors import NvmlUnavailable
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
 from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod, gpu_sample_from_fields
-from gpuwatt.tflops import PipePeaks, tflops_from_pipes
+from gpuwatt.tflops import PipePeaks, tflops_from_values
 
 _log = logging.getLogger(__name__)
 
@@ -398,16 +398,7 @@ class NvmlSampler:
             if gpm.read(g.handle, values):
                 peaks = g.tflops_peaks
                 if peaks is not None:
-                    get = values.get
-                    tflops = tflops_from_pipes(
-                        peaks,
-                        get("sm_clock_mhz"),
-                        get("tensor_hmma_active_pct"),
-                        get("tensor_dfma_active_pct"),
-                        get("fp64_active_pct"),
-                        get("fp32_active_pct"),
-                        get("fp16_active_pct"),
-                    )
+                    tflops = tflops_from_values(peaks, values.get("sm_clock_mhz"), values)
                     if tflops is not None:
                         values["tflops_estimate"] = tflops
                         values["tflops_method"] = _GPM_METHOD

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatt.line_protocol import (
     STR_ESCAPES,
@@ -14,6 +15,9 @@ from gpuwatt.line_protocol import (
     parse_line,
 )
 from gpuwatt.schema import TAG_HOST
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #
 # A training job reports each optimizer step (``gpuwatt.work.WorkReporter``): how long it took and
@@ -74,6 +78,22 @@ class JobStep:
     gpu_uuids: tuple[str, ...] = ()
     precision: str | None = None
     host: str = ""
+
+
+def job_steps_frame(steps: Iterable[JobStep]) -> pd.DataFrame:
+    """Steps as a frame of ``JOB_STEP_COLUMNS`` in the given order (``gpu_uuids``
+    comma-separated; the flops and tokens columns float even where every value is None)."""
+    import pandas as pd
+
+    df = pd.DataFrame(
+        [
+            (s.time_ns, s.host, s.job_id, s.rank, s.step, s.step_time_s, s.model_flops_per_step,
+             s.tokens_per_step, ",".join(s.gpu_uuids), s.precision)
+            for s in steps
+        ],
+        columns=list(JOB_STEP_COLUMNS),
+    )  # fmt: skip
+    return df.astype({FIELD_MODEL_FLOPS_PER_STEP: float, FIELD_TOKENS_PER_STEP: float})
 
 
 def _lp_float(value: float) -> str:

@@ -8,7 +8,8 @@ site configures (``tensor_precision``, default bf16). Integer (IMMA) work is not
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from gpuwatt.gpu_specs import GpuSpec
 
@@ -57,6 +58,23 @@ def tflops_from_pipes(
         + (fp16_pct or 0.0) * peaks.fp16_tflops
     ) / 100.0
     return total if sm_clock_mhz is None else total * (sm_clock_mhz / peaks.peak_clock_mhz)
+
+
+def tflops_from_values(
+    peaks: PipePeaks, sm_clock_mhz: float | None, values: Mapping[str, Any]
+) -> float | None:
+    """``tflops_from_pipes`` of the pipe percentages in a sample's field values, by the model's
+    names (what the sampler has gathered for a GPU or a MIG device this tick)."""
+    get = values.get
+    return tflops_from_pipes(
+        peaks,
+        sm_clock_mhz,
+        get("tensor_hmma_active_pct"),
+        get("tensor_dfma_active_pct"),
+        get("fp64_active_pct"),
+        get("fp32_active_pct"),
+        get("fp16_active_pct"),
+    )
 
 
 def estimate_tflops_from_pipes(

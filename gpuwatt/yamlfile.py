@@ -258,39 +258,33 @@ class _Converter:
 _LOADER = yaml.SafeLoader("")
 
 
+#: What the flow-depth check looks at, in one pass of the regex engine: a double-quoted string
+#: (backslash escapes), a single-quoted one, a comment (``#`` at the start or after a blank), or a
+#: bracket. Anything unclosed runs to the end, as a quote does in YAML.
+_FLOW_TOKENS = re.compile(
+    r"""("(?:[^"\\]|\\.)*"?)|('[^']*'?)|((?:^|(?<=[ \t\n]))#[^\n]*)|([\[{\]}])""", re.S
+)
+
+
 def _flow_too_deep(text: str) -> int | None:
     """The line where ``[``/``{`` nesting outside quotes and comments passes ``MAX_DEPTH``.
 
     PyYAML's scanner looks ahead across a whole nested flow collection before the composer sees
     its first level (quadratic: 1,000 levels take seconds, 10,000 minutes), so the depth of flow
     collections is checked on the text first. Balanced brackets in plain scalars (``node-[0-3]``)
-    never add up."""
+    never add up. The regex skips quotes and comments whole, so the Python loop turns once per
+    bracket, quote or comment, not once per character."""
     depth = 0
-    line = 1
-    quote = ""
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\n":
-            line += 1
-        elif quote:
-            if c == "\\" and quote == '"':
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "\"'":
-            quote = c
-        elif c == "#" and (i == 0 or text[i - 1] in " \t\n"):
-            end = text.find("\n", i)
-            i = n if end < 0 else end
+    for m in _FLOW_TOKENS.finditer(text):
+        bracket = m.group(4)
+        if bracket is None:
             continue
-        elif c in "[{":
+        if bracket in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                return line
-        elif c in "]}":
+                return text.count("\n", 0, m.start()) + 1
+        else:
             depth = max(0, depth - 1)
-        i += 1
     return None
 
 

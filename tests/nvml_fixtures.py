@@ -83,23 +83,45 @@ class Activity:
     nvlink_tx_bytes_per_s: float = 0.0
 
 
+#: GPM counter of a simulated device -> the Activity percentage it integrates
+_GPM_PCT = (
+    ("sm_active_s", "sm_active_pct"),
+    ("sm_occupancy_s", "sm_occupancy_pct"),
+    ("tensor_any_active_s", "tensor_any_pct"),
+    ("tensor_hmma_active_s", "tensor_hmma_pct"),
+    ("tensor_imma_active_s", "tensor_imma_pct"),
+    ("tensor_dfma_active_s", "tensor_dfma_pct"),
+    ("fp64_active_s", "fp64_pct"),
+    ("fp32_active_s", "fp32_pct"),
+    ("fp16_active_s", "fp16_pct"),
+    ("dram_active_s", "dram_pct"),
+)
+#: what a MIG device integrates (a kernel runs whenever the GPU is busy)
+_MIG_GPM_PCT = (
+    *(
+        pair
+        for pair in _GPM_PCT
+        if pair[1] not in ("tensor_imma_pct", "tensor_dfma_pct", "fp64_pct")
+    ),
+    ("graphics_active_s", "utilization_gpu_pct"),
+)
+
+
+def _integrate(
+    d: SimGpuState | SimMigState, seconds: float, a: Activity, counters: tuple[tuple[str, str], ...]
+) -> None:
+    d.time_s += seconds
+    for counter, pct in counters:
+        setattr(d, counter, getattr(d, counter) + getattr(a, pct) / 100 * seconds)
+
+
 def run_for(g: SimGpuState, seconds: float, a: Activity = Activity()) -> None:
     """Advance ``g`` by ``seconds`` of constant activity ``a``, integrating every counter."""
-    g.time_s += seconds
+    _integrate(g, seconds, a, _GPM_PCT)
     g.sm_clock_mhz = g.graphics_clock_mhz = a.sm_clock_mhz
     g.power_w = a.power_w
     g.utilization_gpu_pct = a.utilization_gpu_pct
     g.energy_mj += round(a.power_w * seconds * 1000)
-    g.sm_active_s += a.sm_active_pct / 100 * seconds
-    g.sm_occupancy_s += a.sm_occupancy_pct / 100 * seconds
-    g.tensor_any_active_s += a.tensor_any_pct / 100 * seconds
-    g.tensor_hmma_active_s += a.tensor_hmma_pct / 100 * seconds
-    g.tensor_imma_active_s += a.tensor_imma_pct / 100 * seconds
-    g.tensor_dfma_active_s += a.tensor_dfma_pct / 100 * seconds
-    g.fp64_active_s += a.fp64_pct / 100 * seconds
-    g.fp32_active_s += a.fp32_pct / 100 * seconds
-    g.fp16_active_s += a.fp16_pct / 100 * seconds
-    g.dram_active_s += a.dram_pct / 100 * seconds
     g.nvlink_rx_bytes += round(a.nvlink_rx_bytes_per_s * seconds)
     g.nvlink_tx_bytes += round(a.nvlink_tx_bytes_per_s * seconds)
 
@@ -208,12 +230,4 @@ def scenario_mig_partitioned(
 
 def run_mig_for(m: SimMigState, seconds: float, a: Activity = Activity()) -> None:
     """Advance one MIG device's GPM counters by ``seconds`` of activity ``a``."""
-    m.time_s += seconds
-    m.sm_active_s += a.sm_active_pct / 100 * seconds
-    m.sm_occupancy_s += a.sm_occupancy_pct / 100 * seconds
-    m.tensor_any_active_s += a.tensor_any_pct / 100 * seconds
-    m.tensor_hmma_active_s += a.tensor_hmma_pct / 100 * seconds
-    m.fp32_active_s += a.fp32_pct / 100 * seconds
-    m.fp16_active_s += a.fp16_pct / 100 * seconds
-    m.dram_active_s += a.dram_pct / 100 * seconds
-    m.graphics_active_s += a.utilization_gpu_pct / 100 * seconds
+    _integrate(m, seconds, a, _MIG_GPM_PCT)

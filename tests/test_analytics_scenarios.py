@@ -19,11 +19,7 @@ START_NS = 1_700_000_040 * NS
 
 def _jobs(frame: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
     t_s = (frame["time_ns"] - START_NS) / NS
-    job = [
-        (j.id if (j := scenario.job_at(h, i, t)) is not None else None)
-        for h, i, t in zip(frame["host"], frame["gpu_index"], t_s, strict=True)
-    ]
-    return frame.assign(job_id=job)
+    return frame.assign(job_id=scenario.job_ids_at(frame["host"], frame["gpu_index"], t_s))
 
 
 def _run(name: str, seconds: int, tmp_path: Path) -> tuple[pd.DataFrame, AnalysisSummary]:

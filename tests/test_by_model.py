@@ -22,7 +22,7 @@ from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.collector.sim.work import SimulatedWorkReporter
 from gpuwatt.dashboard.csv_export import build_report
 from gpuwatt.gpu_specs import SPECS
-from gpuwatt.job_step_format import JOB_STEP_COLUMNS, JobStep
+from gpuwatt.job_step_format import JobStep, job_steps_frame
 from gpuwatt.store.job_steps import open_job_step_store
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -32,25 +32,9 @@ SECONDS = 600
 MODELS = {"H100 SXM", "A100 SXM", "L40S"}
 
 
-def _steps_frame(steps: list[JobStep]) -> pd.DataFrame:
-    df = pd.DataFrame(
-        [
-            (s.time_ns, s.host, s.job_id, s.rank, s.step, s.step_time_s, s.model_flops_per_step,
-             s.tokens_per_step, ",".join(s.gpu_uuids), s.precision)
-            for s in steps
-        ],
-        columns=list(JOB_STEP_COLUMNS),
-    )  # fmt: skip
-    return df.astype({"model_flops_per_step": float, "tokens_per_step": float})
-
-
 def _with_jobs(frame: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
     t_s = (frame["time_ns"] - START_NS) / NS
-    job = [
-        (j.id if (j := scenario.job_at(h, i, t)) is not None else None)
-        for h, i, t in zip(frame["host"], frame["gpu_index"], t_s, strict=True)
-    ]
-    return frame.assign(job_id=job)
+    return frame.assign(job_id=scenario.job_ids_at(frame["host"], frame["gpu_index"], t_s))
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFram
         step_store.write_job_steps(steps)
     finally:
         step_store.close()
-    return path, _with_jobs(frame, scenario), _steps_frame(steps)
+    return path, _with_jobs(frame, scenario), job_steps_frame(steps)
 
 
 def _summary(frame: pd.DataFrame, steps: pd.DataFrame) -> AnalysisSummary:

@@ -13,7 +13,7 @@ from gpuwatt.analytics import analyze, render_text
 from gpuwatt.collector.sim.scenario import load_scenario_text
 from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.collector.sim.work import SimulatedWorkReporter
-from gpuwatt.job_step_format import JOB_STEP_COLUMNS, JobStep
+from gpuwatt.job_step_format import JobStep, job_steps_frame
 
 FLOPS = 3.166e15  # per step, whole job: 3166 TFLOPS at 1 s per step = 40.0 % of 8 x 989.4
 
@@ -46,17 +46,7 @@ def _steps(
                     host="node-0",
                 )
             )
-    df = pd.DataFrame(
-        [
-            (s.time_ns, s.host, s.job_id, s.rank, s.step, s.step_time_s, s.model_flops_per_step,
-             s.tokens_per_step, ",".join(s.gpu_uuids), s.precision)
-            for s in rows
-        ],
-        columns=list(JOB_STEP_COLUMNS),
-    )  # fmt: skip
-    df["model_flops_per_step"] = df["model_flops_per_step"].astype(float)
-    df["tokens_per_step"] = df["tokens_per_step"].astype(float)
-    return df
+    return job_steps_frame(rows)
 
 
 def _expected_counter_tflops(frame: pd.DataFrame) -> float:

@@ -83,8 +83,9 @@ def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"gpuwatt"}
-    # Package data travels with the services.
+    # Package data travels with the services and the core.
     for data in (
+        "gpuwatt/gpu_specs.toml",
         "gpuwatt/collector/sim/scenarios/demo.yaml",
         "gpuwatt/alerts/default_rules.yaml",
         "gpuwatt/dashboard/assets/gpuwatt.css",

@@ -55,6 +55,21 @@ def _collector(vm: VictoriaMetricsServer, spool: Path, interval_s: float, durati
     )
 
 
+def _kill_if_running(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def _summary(proc: subprocess.Popen[str], out: str) -> tuple[int, int, int]:
+    """(taken, delivered, kept) from a collector's last words; it must have stopped cleanly."""
+    assert proc.returncode == 0, out
+    m = re.search(r"(\d+) GPU samples taken, (\d+) delivered, (\d+) kept", out)
+    assert m, out
+    taken, delivered, kept = map(int, m.groups())
+    return taken, delivered, kept
+
+
 def _timestamps_by_gpu(vm: VictoriaMetricsServer) -> dict[tuple[str, str], list[int]]:
     out: dict[tuple[str, str], list[int]] = {}
     for series in vm.export('{__name__="nvidia_smi_gpu_lost"}'):
@@ -142,13 +157,8 @@ def test_store_killed_for_30s_loses_no_sample(
         out, _ = proc.communicate(timeout=120)
         out += f"\nvm stopped at {stopped_ms:.0f}, started at {started_ms:.0f}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
-    m = re.search(r"(\d+) GPU samples taken, (\d+) delivered, (\d+) kept", out)
-    assert m, out
-    taken, delivered, kept = map(int, m.groups())
+        _kill_if_running(proc)
+    taken, delivered, kept = _summary(proc, out)
     assert kept == 0 and delivered == taken, out
     # the outage really happened and the samples waited on disk, not in memory
     assert "store unreachable" in out and "received SIGTERM" in out
@@ -185,16 +195,11 @@ def test_sigkill_loses_at_most_one_tick_and_replays_the_spool(
         os.kill(first.pid, signal.SIGKILL)
         first.communicate(timeout=30)
     finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate()
+        _kill_if_running(first)
     vm.start()
     second = _collector(vm, spool, interval_s, duration_s=3)
     out, _ = second.communicate(timeout=120)
-    assert second.returncode == 0, out
-    m = re.search(r"(\d+) GPU samples taken, (\d+) delivered, (\d+) kept", out)
-    assert m, out
-    taken_second, delivered_second, kept = map(int, m.groups())
+    taken_second, delivered_second, kept = _summary(second, out)
     assert kept == 0
     # the second collector delivered the first one's spool and its own samples
     assert delivered_second == acknowledged + taken_second
@@ -240,13 +245,8 @@ def test_embedded_store_locked_by_another_writer_loses_nothing(tmp_path: Path) -
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
-    m = re.search(r"(\d+) GPU samples taken, (\d+) delivered, (\d+) kept", out)
-    assert m, out
-    taken, delivered, kept = map(int, m.groups())
+        _kill_if_running(proc)
+    taken, delivered, kept = _summary(proc, out)
     assert kept == 0 and delivered == taken, out
     with SqliteStore(db) as store:
         assert store.count_samples(0, 2**62) == taken

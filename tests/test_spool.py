@@ -96,6 +96,22 @@ def test_bound_drops_oldest_first_and_counts(
     spool.close()
 
 
+def _sigkill_after_300_appends(script: str) -> int:
+    """Run ``script`` (it appends for ever, printing each index once its append returned) and
+    SIGKILL it once it reported 300: the last index it reported."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acknowledged = -1
+    for line in proc.stdout:
+        acknowledged = int(line)
+        if acknowledged >= 300:
+            break
+    os.kill(proc.pid, 9)
+    proc.wait()
+    proc.stdout.close()
+    return acknowledged
+
+
 def test_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> None:
     """A child appends, reports each append, and is SIGKILLed: every reported line is on disk."""
     script = textwrap.dedent(
@@ -111,16 +127,7 @@ def test_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> None:
             i += 1
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    acknowledged = -1
-    for line in proc.stdout:
-        acknowledged = int(line)
-        if acknowledged >= 300:
-            break
-    os.kill(proc.pid, 9)
-    proc.wait()
-    proc.stdout.close()
+    acknowledged = _sigkill_after_300_appends(script)
     spool = Spool(tmp_path, segment_bytes=4096)
     got = _drain(spool)
     assert got[: acknowledged + 1] == _lines(0, acknowledged + 1)
@@ -199,11 +206,17 @@ def test_binary_restart_resumes_from_the_cursor(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_binary_frame_cut_short_by_a_crash_is_cut(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, binary=True)
-    spool.append_samples(_samples(0, 3))
+def _binary_segment(folder: Path, n: int) -> Path:
+    """A binary spool in ``folder`` with ``n`` samples written and closed: its one segment."""
+    spool = Spool(folder, binary=True)
+    spool.append_samples(_samples(0, n))
     spool.close()
-    (seg,) = tmp_path.glob("*.gws")
+    (seg,) = folder.glob("*.gws")
+    return seg
+
+
+def test_binary_frame_cut_short_by_a_crash_is_cut(tmp_path: Path) -> None:
+    seg = _binary_segment(tmp_path, 3)
     intact = seg.stat().st_size
     spool = Spool(tmp_path, binary=True)
     spool.append_samples(_samples(3, 3))
@@ -275,10 +288,7 @@ def test_a_segment_written_before_a_metric_was_added_reads_by_name(tmp_path: Pat
 
 
 def test_a_newer_segment_format_is_refused_with_a_clear_message(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, binary=True)
-    spool.append_samples(_samples(0, 1))
-    spool.close()
-    (seg,) = tmp_path.glob("*.gws")
+    seg = _binary_segment(tmp_path, 1)
     data = bytearray(seg.read_bytes())
     data[7] = 2  # the version byte
     seg.write_bytes(bytes(data))
@@ -301,16 +311,7 @@ def test_binary_sigkill_loses_nothing_that_append_returned(tmp_path: Path) -> No
             i += 1
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    acknowledged = -1
-    for line in proc.stdout:
-        acknowledged = int(line)
-        if acknowledged >= 300:
-            break
-    os.kill(proc.pid, 9)
-    proc.wait()
-    proc.stdout.close()
+    acknowledged = _sigkill_after_300_appends(script)
     spool = Spool(tmp_path, segment_bytes=8192, binary=True)
     got = _drain_samples(spool, max_lines=50)
     assert _same(got[: acknowledged + 1], _samples(0, acknowledged + 1))

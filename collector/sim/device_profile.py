@@ -23,6 +23,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gpuwatt.collector.sim.mig_scenario import architecture_profile_sms
 from gpuwatt.collector.sim.state import SimGpuState, SimMigState
@@ -225,6 +226,24 @@ def _mig_devices(gpu: ET.Element) -> tuple[MigProfile, ...]:
     return tuple(out)
 
 
+#: Readings that are one number at one path of a GPU's element: profile attribute, path
+_READINGS: tuple[tuple[str, str], ...] = (
+    ("utilization_gpu_pct", "utilization/gpu_util"),
+    ("utilization_memory_pct", "utilization/memory_util"),
+    ("temperature_c", "temperature/gpu_temp"),
+    ("slowdown_temp_c", "temperature/gpu_temp_slow_threshold"),
+    ("shutdown_temp_c", "temperature/gpu_temp_max_threshold"),
+    ("fan_speed_pct", "fan_speed"),
+    ("sm_clock_mhz", "clocks/sm_clock"),
+    ("memory_clock_mhz", "clocks/mem_clock"),
+    ("graphics_clock_mhz", "clocks/graphics_clock"),
+    ("sm_clock_max_mhz", "max_clocks/sm_clock"),
+    ("memory_clock_max_mhz", "max_clocks/mem_clock"),
+    ("pcie_tx_kib_per_s", "pci/tx_util"),
+    ("pcie_rx_kib_per_s", "pci/rx_util"),
+)
+
+
 def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
     name = _text(gpu, "product_name") or ""
     power = gpu.find("gpu_power_readings")
@@ -233,6 +252,7 @@ def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
     reasons, renamed = _reasons(gpu)
     mig_text = _text(gpu, "mig_mode/current_mig")
     ecc_text = _text(gpu, "ecc_mode/current_ecc")
+    readings: dict[str, Any] = {attr: _num(gpu, path) for attr, path in _READINGS}
     p = DeviceProfile(
         source=source,
         name=name,
@@ -242,25 +262,12 @@ def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
         memory_total_mib=_int(gpu, "fb_memory_usage/total"),
         memory_used_mib=_int(gpu, "fb_memory_usage/used"),
         memory_reserved_mib=_int(gpu, "fb_memory_usage/reserved"),
-        utilization_gpu_pct=_num(gpu, "utilization/gpu_util"),
-        utilization_memory_pct=_num(gpu, "utilization/memory_util"),
-        temperature_c=_num(gpu, "temperature/gpu_temp"),
-        slowdown_temp_c=_num(gpu, "temperature/gpu_temp_slow_threshold"),
-        shutdown_temp_c=_num(gpu, "temperature/gpu_temp_max_threshold"),
-        fan_speed_pct=_num(gpu, "fan_speed"),
         power_w=_num(power, "power_draw", "instant_power_draw", "average_power_draw"),
         power_limit_w=_num(power, "enforced_power_limit", "current_power_limit"),
         power_limit_default_w=_num(power, "default_power_limit"),
         power_limit_min_w=_num(power, "min_power_limit"),
-        sm_clock_mhz=_num(gpu, "clocks/sm_clock"),
-        memory_clock_mhz=_num(gpu, "clocks/mem_clock"),
-        graphics_clock_mhz=_num(gpu, "clocks/graphics_clock"),
-        sm_clock_max_mhz=_num(gpu, "max_clocks/sm_clock"),
-        memory_clock_max_mhz=_num(gpu, "max_clocks/mem_clock"),
         clock_event_reasons=reasons,
         reasons_renamed=renamed,
-        pcie_tx_kib_per_s=_num(gpu, "pci/tx_util"),
-        pcie_rx_kib_per_s=_num(gpu, "pci/rx_util"),
         pci_device_id=_pci_device_id(_text(gpu, "pci/pci_device_id")),
         pci_bus_id=_text(gpu, "pci/pci_bus_id") or "",
         ecc_enabled=ecc_text == "Enabled",
@@ -272,6 +279,7 @@ def _profile(gpu: ET.Element, source: str, driver: str | None) -> DeviceProfile:
         compute_processes=_processes(gpu),
         mig_enabled=None if mig_text is None else mig_text == "Enabled",
         mig_devices=_mig_devices(gpu),
+        **readings,
     )
     unsupported, failing = _refusals(p)
     return replace(p, unsupported=unsupported, failing=failing)

@@ -5,6 +5,7 @@ the schema); the simulator and the fake NVML read them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,6 +279,17 @@ class Scenario:
             if (host, index) in j.gpus and j.active_at(t_s):
                 return j
         return None
+
+    def job_ids_at(
+        self, hosts: Iterable[str], indices: Iterable[int], times_s: Iterable[float]
+    ) -> list[str | None]:
+        """The id of the job running on each (host, index, scenario time), None where none is:
+        a job column for samples of this scenario."""
+        out = []
+        for host, index, t_s in zip(hosts, indices, times_s, strict=True):
+            job = self.job_at(host, index, t_s)
+            out.append(job.id if job is not None else None)
+        return out
 
     def ground_truth(self) -> list[GroundTruth]:
         """Every injected problem, in scenario order (faults first, then idle jobs' GPUs)."""

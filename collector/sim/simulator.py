@@ -74,19 +74,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuwatt.collector.sim.fault_effects import FaultEffects
 from gpuwatt.collector.sim.hardware import build_states
 from gpuwatt.collector.sim.mig_sim import MigSimulation
-from gpuwatt.collector.sim.scenario import (
-    FaultSpec,
-    JobSpec,
-    Scenario,
-    gpu_profile,
+from gpuwatt.collector.sim.regimes import (
+    C_DRAM,
+    C_ENERGY_J,
+    C_FP16,
+    C_FP32,
+    C_HMMA,
+    C_NVL,
+    C_OCC,
+    C_SM,
+    N_COUNTERS,
+    boundaries,
+    build_regime,
 )
+from gpuwatt.collector.sim.scenario import JobSpec, Scenario, gpu_profile
 from gpuwatt.collector.sim.state import SimCluster, SimGpuState
 from gpuwatt.collector.sim.step_kernels import (
     CompiledJob,
     Regime,
-    Slots,
     clock_reasons,
     extra_reasons,
     pcie_bytes_per_s,
@@ -95,22 +103,12 @@ from gpuwatt.collector.sim.step_kernels import (
     train_step,
 )
 
-GIB = 1024**3
-
 STEP_S = 1.0
 THERMAL_TAU_S = 25.0
 MEMORY_THERMAL_TAU_S = 40.0
 THERMAL_SPAN_C = 8.0  # the clock falls linearly to the floor over this many K past slowdown
 THERMAL_FLOOR = 0.45
 POWER_CAP_FLOOR = 0.5
-BRAKE_DEFAULT_RATIO = 0.35
-LOCK_DEFAULT_RATIO = 0.6
-
-NVLINK_BYTES_PER_S = 270e9
-
-# rows of the cumulative-counter matrix
-_C_ENERGY_J, _C_SM, _C_OCC, _C_HMMA, _C_FP32, _C_FP16, _C_DRAM, _C_NVL = range(8)
-_N_COUNTERS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +152,13 @@ class Simulator:
             )
             hidden = self._mig.parent_jobs()
         self._jobs = [self._compile_job(j, static_rng) for j in (*scenario.jobs, *hidden)]
-        self._orphan_pids = {id(f): int(static_rng.integers(2000, 400000)) for f in scenario.faults}
-        self._leak_rates = {id(f): self._leak_rate_bytes_per_s(f) for f in scenario.faults}
-        self._energy_reset_j: dict[int, float] = {}
-        self._xids_fired: set[int] = set()
-        self._boundaries = _boundaries(scenario)
+        self._effects = FaultEffects(
+            scenario, self._pos, self._mem_base, self._mem_total, static_rng
+        )
+        self._boundaries = boundaries(scenario)
         if self._mig is not None:
             self._boundaries = sorted({*self._boundaries, *self._mig.boundaries()})
         self._regimes: dict[int, Regime] = {}
-        self._resets = [f for f in scenario.faults if f.kind == "energy_counter_reset"]
         zeros = np.zeros(n)
         off = np.zeros(n, dtype=bool)
         self._last = _Last(off, zeros, zeros, np.ones(n), off, off, off, zeros)
@@ -257,12 +253,12 @@ class Simulator:
         self._mem_temp_c = self._temp_c + 3.0
         self._mem_temp_prev_c = self._mem_temp_c.copy()
         self._pc_ratio = np.ones(n)
-        self._cum = np.zeros((_N_COUNTERS, n))
+        self._cum = np.zeros((N_COUNTERS, n))
         days = rng.uniform(1.0, 30.0, n)
-        self._cum[_C_ENERGY_J] = days * 86400.0 * self._idle_w
+        self._cum[C_ENERGY_J] = days * 86400.0 * self._idle_w
         self._cum_prev = self._cum.copy()
-        self._rate = np.zeros((_N_COUNTERS, n))
-        self._rate[_C_ENERGY_J] = self._idle_w
+        self._rate = np.zeros((N_COUNTERS, n))
+        self._rate[C_ENERGY_J] = self._idle_w
         self._power_w = self._idle_w.copy()
         self._headroom_w = self._limit_w - self._idle_w
 
@@ -270,16 +266,6 @@ class Simulator:
         idx = np.array([self._pos[g] for g in job.gpus], dtype=np.intp)
         base = int(rng.integers(2000, 400000))
         return CompiledJob(job, idx, tuple(base + 3 * rank for rank in range(len(job.gpus))))
-
-    def _leak_rate_bytes_per_s(self, fault: FaultSpec) -> float:
-        if fault.kind != "memory_leak":
-            return 0.0
-        if fault.params["rate_gib_per_h"] > 0:
-            return fault.params["rate_gib_per_h"] * GIB / 3600.0
-        duration = (fault.end_s - fault.start_s) if fault.end_s is not None else 3600.0
-        held = self._memory_held(fault.gpu, fault.start_s)
-        headroom = fault.params["max_fraction"] * self._mem_total[self._pos[fault.gpu]] - held
-        return max(headroom, 0.0) / duration
 
     # --- the dynamics -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -312,8 +298,8 @@ class Simulator:
         self._pc_ratio = np.minimum(np.maximum(target, POWER_CAP_FLOOR), 1.0)
 
         rate = reg.coef_compute * compute + reg.coef_comm * comm
-        rate[_C_SM] += 0.3 * spin  # NCCL spin kernels occupy some SMs, no tensor work
-        rate[_C_ENERGY_J] = power
+        rate[C_SM] += 0.3 * spin  # NCCL spin kernels occupy some SMs, no tensor work
+        rate[C_ENERGY_J] = power
         self._rate = rate
         self._power_w = power
         self._cool(power, reg.r_c_per_w)
@@ -335,7 +321,7 @@ class Simulator:
             extra_reasons(reg),
         )
         self._grid += 1
-        if self._resets:
+        if self._effects.resets:
             self._record_energy_resets(t0, float(self._grid))
 
     def _regime(self, t_s: float) -> Regime:
@@ -346,81 +332,8 @@ class Simulator:
         return reg
 
     def _build_regime(self, t_s: float) -> Regime:
-        n = len(self._refs)
-        lost = np.zeros(n, dtype=bool)
-        idle = np.zeros(n, dtype=bool)
-        cooling = np.ones(n)
-        brake = np.ones(n)
-        ratios = {kind: np.ones(n) for kind in ("hw_slowdown", "sw_thermal", "clock_lock")}
-        host_wait = np.zeros(n)
-        link = np.ones(n)
-        for f in self.scenario.faults:
-            if not f.active_at(t_s):
-                continue
-            k = self._pos[f.gpu]
-            sev = f.severity_at(t_s)  # gradual onset: 0..1
-
-            def eased(ratio: float, sev: float = sev) -> float:
-                return 1.0 - sev * (1.0 - ratio)
-
-            if f.kind == "gpu_lost":
-                lost[k] = True
-            elif f.kind == "idle_allocated":
-                idle[k] = True
-            elif f.kind == "thermal_slowdown":
-                cooling[k] = 1.0 + sev * (f.params["cooling_factor"] - 1.0)
-            elif f.kind == "power_brake":
-                mhz = f.params["clock_mhz"]
-                ratio = mhz / self._max_clock[k] if mhz > 0 else BRAKE_DEFAULT_RATIO
-                brake[k] = min(brake[k], eased(ratio), 1.0)
-            elif f.kind in ("hw_slowdown", "sw_thermal"):
-                ratios[f.kind][k] = min(ratios[f.kind][k], eased(f.params["clock_ratio"]))
-            elif f.kind == "clock_lock":
-                mhz = f.params["clock_mhz"]
-                ratio = mhz / self._max_clock[k] if mhz > 0 else LOCK_DEFAULT_RATIO
-                ratios["clock_lock"][k] = min(ratios["clock_lock"][k], eased(ratio))
-            elif f.kind == "slow_host":
-                host_wait[k] = sev * f.params["wait_fraction"]
-            elif f.kind == "slow_link":
-                link[k] = 1.0 + sev * (f.params["factor"] - 1.0)
-        out = lost | idle
-        running = [j for j in self._jobs if j.spec.active_at(t_s)]
-        training = Slots.build([j for j in running if j.spec.kind == "training"], out)
-        inference = Slots.build([j for j in running if j.spec.kind == "inference"], out)
-        intens = np.zeros(n)
-        dram_k = np.zeros(n)
-        working = np.zeros(n, dtype=bool)
-        for slots, dram in ((training, 0.35), (inference, 0.55)):
-            working[slots.gpus] = True
-            intens[slots.gpus] = np.repeat(
-                [j.intensity for j in slots.jobs], slots.sizes.astype(int)
-            )
-            dram_k[slots.gpus] = dram
-        coef_compute = np.zeros((_N_COUNTERS, n))
-        coef_comm = np.zeros((_N_COUNTERS, n))
-        coef_compute[_C_SM], coef_comm[_C_SM] = 0.95, 0.3
-        coef_compute[_C_OCC], coef_comm[_C_OCC] = 0.45, 0.1
-        coef_compute[_C_HMMA] = intens
-        coef_compute[_C_FP32] = 0.06
-        coef_compute[_C_FP16] = 0.02
-        coef_compute[_C_DRAM], coef_comm[_C_DRAM] = dram_k, 0.2
-        coef_comm[_C_NVL] = NVLINK_BYTES_PER_S / link  # a degraded link: same bytes, longer
-        return Regime(
-            lost=lost,
-            working=working,
-            brake=brake,
-            hw_slow=ratios["hw_slowdown"],
-            sw_thermal=ratios["sw_thermal"],
-            locked=ratios["clock_lock"],
-            host_wait=host_wait,
-            link=link,
-            r_c_per_w=self._r_c_per_w * cooling,
-            power_a=0.3 + 0.9 * intens,
-            rest_demand=np.where(lost, 0.0, 0.005),
-            coef_compute=coef_compute,
-            coef_comm=coef_comm,
-            training=training,
-            inference=inference,
+        return build_regime(
+            t_s, self.scenario.faults, self._jobs, self._pos, self._max_clock, self._r_c_per_w
         )
 
     def _cool(self, power: np.ndarray, r_c_per_w: np.ndarray) -> None:
@@ -436,14 +349,8 @@ class Simulator:
         )
 
     def _record_energy_resets(self, t0: float, t1: float) -> None:
-        """Remember the true energy at each reset instant inside (t0, t1] (the counter's new 0)."""
-        for f in self.scenario.faults:
-            if f.kind == "energy_counter_reset" and t0 < f.start_s <= t1:
-                k = self._pos[f.gpu]
-                into = f.start_s - (t1 - STEP_S) if t1 > 0 else 0.0
-                self._energy_reset_j[id(f)] = float(
-                    self._cum_prev[_C_ENERGY_J, k] + self._rate[_C_ENERGY_J, k] * into
-                )
+        cum_prev, rate = self._cum_prev[C_ENERGY_J], self._rate[C_ENERGY_J]
+        self._effects.record_energy_resets(t0, t1, STEP_S, cum_prev, rate)
 
     # --- publishing -----------------------------------------------------------------------------
     def _publish(self, t_s: float) -> None:
@@ -465,7 +372,7 @@ class Simulator:
         spin = last.spin if last.spin is not None else 0.0
         busy_pct = 100.0 * (last.compute + last.comm + spin) + 1.0 * last.util_noise
         util = np.where(last.working, np.minimum(np.maximum(busy_pct, 0.0), 100.0), 0.0).tolist()
-        util_mem = (100.0 * self._rate[_C_DRAM]).tolist()
+        util_mem = (100.0 * self._rate[C_DRAM]).tolist()
         clock_mhz = self._max_clock * last.r
         idle_mhz = np.minimum(self._idle_clock, clock_mhz)
         clock = np.where(last.working, quantise_mhz(clock_mhz), idle_mhz).tolist()
@@ -485,111 +392,23 @@ class Simulator:
             g.memory_temperature_c = mem_temp_l[k]
             g.fan_speed_pct = fan[k]
             g.power_w = power[k]
-            g.energy_mj = round(cum[_C_ENERGY_J][k] * 1000.0)
+            g.energy_mj = round(cum[C_ENERGY_J][k] * 1000.0)
             g.sm_clock_mhz = clock[k]
             g.graphics_clock_mhz = clock[k]
             g.memory_clock_mhz = self._mem_clock[k]
             g.clock_event_reasons = reasons[k]
             g.pcie_tx_kib_per_s = tx[k]
             g.pcie_rx_kib_per_s = rx[k]
-            g.sm_active_s = cum[_C_SM][k]
-            g.sm_occupancy_s = cum[_C_OCC][k]
-            g.tensor_hmma_active_s = cum[_C_HMMA][k]
-            g.tensor_any_active_s = cum[_C_HMMA][k]
-            g.fp32_active_s = cum[_C_FP32][k]
-            g.fp16_active_s = cum[_C_FP16][k]
-            g.dram_active_s = cum[_C_DRAM][k]
-            g.nvlink_tx_bytes = int(cum[_C_NVL][k])
-            g.nvlink_rx_bytes = int(cum[_C_NVL][k])
-        self._publish_processes(t_s)
-        self._publish_faults(t_s, cum[_C_ENERGY_J])
+            g.sm_active_s = cum[C_SM][k]
+            g.sm_occupancy_s = cum[C_OCC][k]
+            g.tensor_hmma_active_s = cum[C_HMMA][k]
+            g.tensor_any_active_s = cum[C_HMMA][k]
+            g.fp32_active_s = cum[C_FP32][k]
+            g.fp16_active_s = cum[C_FP16][k]
+            g.dram_active_s = cum[C_DRAM][k]
+            g.nvlink_tx_bytes = int(cum[C_NVL][k])
+            g.nvlink_rx_bytes = int(cum[C_NVL][k])
+        self._effects.publish_processes(self.cluster.gpus, self._jobs, t_s)
+        self._effects.publish_faults(self.cluster, t_s, cum[C_ENERGY_J])
         if self._mig is not None:
             self._mig.publish(t_s)
-
-    def _publish_processes(self, t_s: float) -> None:
-        procs: dict[int, list[tuple[int, int]]] = {}
-        for job in self._jobs:
-            if job.spec.active_at(t_s):
-                used = int(job.spec.memory_gib * GIB)
-                for k, pid in zip(job.idx.tolist(), job.pids, strict=True):
-                    procs.setdefault(k, []).append((pid, used))
-        for f in self.scenario.faults:
-            k = self._pos[f.gpu]
-            if f.kind == "idle_allocated" and f.active_at(t_s) and k not in procs:
-                procs[k] = [(self._orphan_pids[id(f)], int(f.params["memory_gib"] * GIB))]
-            elif f.kind == "memory_leak" and f.active_at(t_s):
-                leak = self._leaked_bytes(f, t_s, procs.get(k, []))
-                first = procs.get(k) or [(self._orphan_pids[id(f)], 0)]
-                procs[k] = [(first[0][0], first[0][1] + leak), *first[1:]]
-        for k, g in enumerate(self.cluster.gpus):
-            g.processes = procs.get(k, [])
-            g.memory_used_bytes = sum(b for _, b in g.processes)
-
-    def _leaked_bytes(self, f: FaultSpec, t_s: float, procs: list[tuple[int, int]]) -> int:
-        k = self._pos[f.gpu]
-        held = int(self._mem_base[k]) + sum(b for _, b in procs)
-        ceiling = f.params["max_fraction"] * self._mem_total[k] - held
-        grown = self._leak_rates[id(f)] * (t_s - f.start_s)
-        return int(max(0.0, min(grown, ceiling)))
-
-    def _memory_held(self, gpu: tuple[str, int], t_s: float) -> float:
-        job = self.scenario.job_at(*gpu, t_s)
-        base = int(self._mem_base[self._pos[gpu]])
-        return base + (job.memory_gib * GIB if job is not None else 0.0)
-
-    def _publish_faults(self, t_s: float, energy_j: list[float]) -> None:
-        """Fault-driven fields; only GPUs with such a fault are touched (tests script others)."""
-        gpus = self.cluster.gpus
-        for f in self.scenario.faults:
-            g = gpus[self._pos[f.gpu]]
-            if f.kind == "gpu_lost":
-                g.lost = False
-            elif f.kind == "ecc_errors":
-                g.ecc_sbe_volatile = g.ecc_dbe_volatile = g.remapped_rows_uncorrectable = 0
-                g.remapped_rows_pending = False
-        for f in self.scenario.faults:
-            k = self._pos[f.gpu]
-            g = gpus[k]
-            if f.start_s > t_s:
-                continue
-            if f.kind == "gpu_lost" and f.active_at(t_s):
-                g.lost = True
-            elif f.kind == "xid" and id(f) not in self._xids_fired:
-                self._xids_fired.add(id(f))
-                self.cluster.raise_xid(g, int(f.params["code"]))
-            elif f.kind == "ecc_errors":
-                until = t_s if f.end_s is None else min(t_s, f.end_s)
-                g.ecc_sbe_volatile += int(f.params["sbe_per_h"] * (until - f.start_s) / 3600.0)
-                g.ecc_dbe_volatile += f.params["dbe_count"]
-                g.remapped_rows_uncorrectable += f.params["dbe_count"]
-                g.remapped_rows_pending = g.remapped_rows_pending or f.params["dbe_count"] > 0
-        self._publish_energy_resets(t_s, energy_j)
-
-    def _publish_energy_resets(self, t_s: float, energy_j: list[float]) -> None:
-        latest: dict[int, tuple[float, float]] = {}
-        for f in self.scenario.faults:
-            if f.kind == "energy_counter_reset" and f.start_s <= t_s:
-                k = self._pos[f.gpu]
-                if k not in latest or f.start_s >= latest[k][0]:
-                    latest[k] = (f.start_s, self._energy_reset_j[id(f)])
-        for k, (_, zero_j) in latest.items():
-            self.cluster.gpus[k].energy_mj = round((energy_j[k] - zero_j) * 1000.0)
-
-
-#: how far ahead duty cycles and ramps are expanded into boundaries when a scenario has no duration
-BOUNDARY_HORIZON_S = 48 * 3600.0
-
-
-def _boundaries(scenario: Scenario) -> list[float]:
-    """Every time at which a job or a dynamic fault starts or ends (or its duty cycle switches,
-    or its ramp steps), sorted."""
-    times: set[float] = set()
-    items: list[JobSpec | FaultSpec] = [*scenario.jobs, *scenario.faults]
-    for item in items:
-        times.add(item.start_s)
-        if item.end_s is not None:
-            times.add(item.end_s)
-    horizon = scenario.duration_s or BOUNDARY_HORIZON_S
-    for f in scenario.faults:
-        times.update(f.switch_times(horizon))
-    return sorted(times)

@@ -15,8 +15,25 @@ from dataclasses import dataclass, field
 from gpuwatt.gpu_specs import GpuSpec
 
 
+@dataclass(kw_only=True)
+class GpmActivity:
+    """GPM-style cumulative activity counters of a GPU or a MIG device: seconds each unit was
+    active (x100/dt = percent)."""
+
+    sm_active_s: float = 0.0
+    sm_occupancy_s: float = 0.0
+    tensor_any_active_s: float = 0.0
+    tensor_hmma_active_s: float = 0.0
+    tensor_imma_active_s: float = 0.0
+    tensor_dfma_active_s: float = 0.0
+    fp64_active_s: float = 0.0
+    fp32_active_s: float = 0.0
+    fp16_active_s: float = 0.0
+    dram_active_s: float = 0.0
+
+
 @dataclass
-class SimGpuState:
+class SimGpuState(GpmActivity):
     # --- static facts (set once when the cluster is built) -------------------------------------
     host: str
     index: int
@@ -52,17 +69,7 @@ class SimGpuState:
     clock_event_reasons: int = 0  # NVML clocks-event reason bitmask
     pcie_tx_kib_per_s: float = 0.0
     pcie_rx_kib_per_s: float = 0.0
-    # GPM-style cumulative activity counters: seconds each unit was active (x100/dt = percent).
-    sm_active_s: float = 0.0
-    sm_occupancy_s: float = 0.0
-    tensor_any_active_s: float = 0.0
-    tensor_hmma_active_s: float = 0.0
-    tensor_imma_active_s: float = 0.0
-    tensor_dfma_active_s: float = 0.0
-    fp64_active_s: float = 0.0
-    fp32_active_s: float = 0.0
-    fp16_active_s: float = 0.0
-    dram_active_s: float = 0.0
+    # GPM-style cumulative activity counters: GpmActivity
     graphics_active_s: float | None = None  # any kernel running; None: not simulated
     nvlink_tx_bytes: int = 0  # cumulative
     nvlink_rx_bytes: int = 0
@@ -130,7 +137,7 @@ MIG_REFUSED: frozenset[str] = frozenset(
 
 
 @dataclass
-class SimMigState:
+class SimMigState(GpmActivity):
     """One MIG device (a GPU instance with one compute instance) of a simulated GPU.
 
     What NVML answers on its handle: identity, memory, processes and attributes; GPM comes through
@@ -152,17 +159,7 @@ class SimMigState:
     memory_used_bytes: int = 0
     memory_reserved_bytes: int = 0
     processes: list[tuple[int, int]] = field(default_factory=list)
-    # GPM-style cumulative activity, seconds (as on SimGpuState): percent of the instance's SMs
-    sm_active_s: float = 0.0
-    sm_occupancy_s: float = 0.0
-    tensor_any_active_s: float = 0.0
-    tensor_hmma_active_s: float = 0.0
-    tensor_imma_active_s: float = 0.0
-    tensor_dfma_active_s: float = 0.0
-    fp64_active_s: float = 0.0
-    fp32_active_s: float = 0.0
-    fp16_active_s: float = 0.0
-    dram_active_s: float = 0.0
+    # GPM-style cumulative activity (GpmActivity): percent of the instance's SMs
     graphics_active_s: float = 0.0  # any kernel running (GPM graphics-engine activity)
     nvlink_rx_bytes: int = 0
     nvlink_tx_bytes: int = 0

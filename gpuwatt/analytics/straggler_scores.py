@@ -197,6 +197,14 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     return pd.concat([gw, scores], axis=1)  # one frame, not a column at a time
 
 
+def _per_group(reduce: np.ufunc, groups: np.ndarray, n_groups: int, v: np.ndarray) -> np.ndarray:
+    """Per row: ``reduce`` (``np.fmax``, ``np.fmin``) of ``v`` over the row's group; NaN skipped,
+    NaN for a group of NaN only."""
+    out = np.full(n_groups, np.nan)
+    reduce.at(out, groups, v)
+    return out[groups]
+
+
 def _sync_outlier(
     groups: np.ndarray,
     n_groups: int,
@@ -207,22 +215,12 @@ def _sync_outlier(
     cfg: StragglerConfig,
 ) -> np.ndarray:
     """Per row: the one busy GPU of its group far busier than the others, which all wait alike."""
-
-    def group_max(v: np.ndarray) -> np.ndarray:  # NaN skipped; NaN for a group of NaN only
-        out = np.full(n_groups, np.nan)
-        np.fmax.at(out, groups, v)
-        return out[groups]
-
-    def group_min(v: np.ndarray) -> np.ndarray:
-        out = np.full(n_groups, np.nan)
-        np.fmin.at(out, groups, v)
-        return out[groups]
-
-    top = group_max(np.where(busy, util, np.nan))
+    top = _per_group(np.fmax, groups, n_groups, np.where(busy, util, np.nan))
     is_top = busy & (util >= top)
     n_top = np.bincount(groups[is_top], minlength=n_groups)[groups]
     others = np.where(busy & ~is_top, util, np.nan)
-    o_max, o_min = group_max(others), group_min(others)
+    o_max = _per_group(np.fmax, groups, n_groups, others)
+    o_min = _per_group(np.fmin, groups, n_groups, others)
     return (
         candidate
         & is_top
@@ -246,18 +244,13 @@ def _host_wait(
     rank far *less* busy than the others, all alike, yet doing as much tensor work per step: it
     sits idle between kernels, waiting on its host, at normal clocks."""
     n_rows = np.bincount(groups[busy], minlength=n_groups)[groups]
-    low = np.full(n_groups, np.nan)
-    np.fmin.at(low, groups, np.where(busy, util, np.nan))
-    is_low = busy & (util <= low[groups])
+    low = _per_group(np.fmin, groups, n_groups, np.where(busy, util, np.nan))
+    is_low = busy & (util <= low)
     n_low = np.bincount(groups[is_low], minlength=n_groups)[groups]
     others = np.where(busy & ~is_low, util, np.nan)
-    o_max = np.full(n_groups, np.nan)
-    o_min = np.full(n_groups, np.nan)
-    np.fmax.at(o_max, groups, others)
-    np.fmin.at(o_min, groups, others)
-    t_med = np.full(n_groups, np.nan)
-    np.fmax.at(t_med, groups, np.where(busy & ~is_low, tensor, np.nan))
-    o_max, o_min, t_med = o_max[groups], o_min[groups], t_med[groups]
+    o_max = _per_group(np.fmax, groups, n_groups, others)
+    o_min = _per_group(np.fmin, groups, n_groups, others)
+    t_med = _per_group(np.fmax, groups, n_groups, np.where(busy & ~is_low, tensor, np.nan))
     with np.errstate(invalid="ignore"):
         same_work = ~np.isfinite(tensor) | (tensor >= 0.9 * t_med)
         return (
