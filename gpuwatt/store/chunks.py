@@ -138,9 +138,11 @@ def compact(
     ncols: int,
     host_of: Mapping[int, str],
     cctx: zstandard.ZstdCompressor,
+    decimals: Mapping[int, int] | None = None,
 ) -> int:
     """Move the head's samples older than ``before_ns`` into chunks (merged with a block's
-    chunk where it has one); the number of samples moved."""
+    chunk where it has one); the number of samples moved. ``decimals``: the columns' stored
+    precision (``format.stored_decimals``)."""
     moved = 0
     all_cols = tuple(range(ncols))
     while True:
@@ -170,7 +172,7 @@ def compact(
                     int(new.time_ns.min()),
                     int(new.time_ns.max()),
                     len(new.time_ns),
-                    codec.encode(new, cctx),
+                    codec.encode(new, cctx, decimals),
                 ),
             )
         con.execute("DELETE FROM head WHERE time_ns >= ? AND time_ns < ?", (block, hi))
