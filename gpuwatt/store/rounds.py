@@ -184,13 +184,41 @@ def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
     return ctx
 
 
+#: How many bytes of decoded rounds a writing thread keeps (``_written``).
+WRITTEN_CACHE_BYTES = 64 << 20
+
+
+def _written() -> dict[bytes, np.ndarray]:
+    """The rounds this thread packed lately, decoded, by their stored bytes. The writer reads
+    each round back twice soon after writing it (its minute's rollup, its block's compaction):
+    those reads take the rows from here instead of decompressing every column again. Keyed by
+    the stored bytes, so a hit is the same round by construction; oldest dropped first past
+    ``WRITTEN_CACHE_BYTES``. Threads that never write (readers) keep it empty."""
+    cache: dict[bytes, np.ndarray] | None = getattr(_local, "written", None)
+    if cache is None:
+        cache = _local.written = {}
+        _local.written_bytes = 0
+    return cache
+
+
+def _remember(packed: bytes, rows: np.ndarray) -> None:
+    cache = _written()
+    cache[packed] = rows
+    _local.written_bytes += rows.nbytes
+    while _local.written_bytes > WRITTEN_CACHE_BYTES and cache:
+        _local.written_bytes -= cache.pop(next(iter(cache))).nbytes
+
+
 def pack_vals(raw: bytes, width: int) -> bytes:
     """A round's rows (little-endian float64, ``width`` words each) as stored."""
     cctx = _zstd()[0]
-    columns = np.frombuffer(raw, "<f8").reshape(-1, width).T.copy()
+    rows = np.frombuffer(raw, "<f8").reshape(-1, width)
+    columns = rows.T.copy()
     frames = [cctx.compress(columns[j].tobytes()) for j in range(width)]
     ends = np.cumsum([len(f) for f in frames], dtype="<u4")
-    return bytes((VALS_COLUMN_FRAMES,)) + ends.tobytes() + b"".join(frames)
+    packed = bytes((VALS_COLUMN_FRAMES,)) + ends.tobytes() + b"".join(frames)
+    _remember(packed, columns.T)
+    return packed
 
 
 def unpack_columns(data: bytes, width: int, cols: Sequence[int]) -> np.ndarray:
@@ -198,6 +226,11 @@ def unpack_columns(data: bytes, width: int, cols: Sequence[int]) -> np.ndarray:
     array of rows."""
     if data[:1] != bytes((VALS_COLUMN_FRAMES,)):
         raise ValueError(f"unknown head encoding {data[:1]!r}")
+    written = getattr(_local, "written", None)
+    if written:
+        rows = written.get(data)
+        if rows is not None:
+            return rows[:, list(cols)]
     dctx = _zstd()[1]
     base = 1 + 4 * width
     ends = np.frombuffer(data, dtype="<u4", count=width, offset=1).tolist()
