@@ -165,8 +165,14 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
 #: it asks for, straight into its array (bench/read_regression.py: the raw tail of a dashboard
 #: read; byte-shuffling the words saved ~6 % and cost 2.5x the decoding). A round of 32 GPUs is
 #: ~11 kB raw and ~2.7 kB stored, one page: what each collector round costs in writes
-#: (bench/store_write.py).
-VALS_COLUMN_FRAMES = 2
+#: (bench/store_write.py). Encoding 3 is encoding 2 where a column whose words are all the same
+#: (a static fact, a metric not measured in this round: about 19 of a round's 43 columns in the
+#: demo) is stored as that one word, 8 bytes, shorter than any zstd frame: no compression call
+#: to write it, none to read it.
+VALS_COLUMN_FRAMES_V2 = 2
+VALS_COLUMN_FRAMES = 3
+_READABLE = frozenset((VALS_COLUMN_FRAMES_V2, VALS_COLUMN_FRAMES))
+_WORD = 8
 _local = threading.local()
 
 
@@ -214,17 +220,22 @@ def pack_vals(raw: bytes, width: int) -> bytes:
     cctx = _zstd()[0]
     rows = np.frombuffer(raw, "<f8").reshape(-1, width)
     columns = rows.T.copy()
-    frames = [cctx.compress(columns[j].tobytes()) for j in range(width)]
+    words = columns.view(np.uint64)
+    same = (words == words[:, :1]).all(axis=1).tolist()
+    frames = [
+        columns[j, :1].tobytes() if same[j] else cctx.compress(columns[j].tobytes())
+        for j in range(width)
+    ]
     ends = np.cumsum([len(f) for f in frames], dtype="<u4")
     packed = bytes((VALS_COLUMN_FRAMES,)) + ends.tobytes() + b"".join(frames)
     _remember(packed, columns.T)
     return packed
 
 
-def unpack_columns(data: bytes, width: int, cols: Sequence[int]) -> np.ndarray:
-    """The columns ``cols`` (positions in a row) of a round stored by ``pack_vals``, as an
-    array of rows."""
-    if data[:1] != bytes((VALS_COLUMN_FRAMES,)):
+def unpack_columns(data: bytes, width: int, cols: Sequence[int], n_rows: int) -> np.ndarray:
+    """The columns ``cols`` (positions in a row) of a round of ``n_rows`` GPUs stored by
+    ``pack_vals``, as an array of rows."""
+    if not data or data[0] not in _READABLE:
         raise ValueError(f"unknown head encoding {data[:1]!r}")
     written = getattr(_local, "written", None)
     if written:
@@ -235,19 +246,19 @@ def unpack_columns(data: bytes, width: int, cols: Sequence[int]) -> np.ndarray:
     base = 1 + 4 * width
     ends = np.frombuffer(data, dtype="<u4", count=width, offset=1).tolist()
     view = memoryview(data)
-    out: np.ndarray | None = None
+    out = np.empty((len(cols), n_rows))
     for k, j in enumerate(cols):
-        lo = base + (ends[j - 1] if j else 0)
-        column = np.frombuffer(dctx.decompress(view[lo : base + ends[j]]), "<f8")
-        if out is None:
-            out = np.empty((len(cols), len(column)))
-        out[k] = column
-    return np.empty((0, len(cols))) if out is None else out.T
+        frame = view[base + (ends[j - 1] if j else 0) : base + ends[j]]
+        if len(frame) == _WORD:  # one word for every row
+            out[k] = np.frombuffer(frame, "<f8")[0]
+        else:
+            out[k] = np.frombuffer(dctx.decompress(frame), "<f8")
+    return out.T
 
 
-def unpack_vals(data: bytes, width: int) -> np.ndarray:
+def unpack_vals(data: bytes, width: int, n_rows: int) -> np.ndarray:
     """A round's rows as stored by ``pack_vals``."""
-    return unpack_columns(data, width, range(width))
+    return unpack_columns(data, width, range(width), n_rows)
 
 
 def insert(
@@ -268,7 +279,7 @@ def insert(
         old_ids = np.frombuffer(old[0], dtype="<i8")
         keep = ~np.isin(old_ids, ids)
         if keep.any():
-            rows = widen(unpack_vals(old[1], old[2] + 2)[keep], ncols)
+            rows = widen(unpack_vals(old[1], old[2] + 2, len(old_ids))[keep], ncols)
             new = np.frombuffer(vals, dtype="<f8").reshape(-1, ncols + 2)
             ids = np.concatenate([old_ids[keep], ids])
             vals = np.concatenate([rows, new]).tobytes()
@@ -336,7 +347,12 @@ def _decode_rounds(
     tt = np.repeat(np.array(times, dtype=np.int64), [len(x) >> 3 for x in gpu_ids])
     stored = [c for c in cols if c < ncols]  # a column added after these rounds: not measured
     wanted = [LOST, *(1 + c for c in stored), ncols + 1]
-    vv = np.concatenate([unpack_columns(v, ncols + 2, wanted) for v in vals])
+    vv = np.concatenate(
+        [
+            unpack_columns(v, ncols + 2, wanted, len(g) >> 3)
+            for v, g in zip(vals, gpu_ids, strict=True)
+        ]
+    )
     if only is not None:
         keep = np.isin(gid, only)
         gid, tt, vv = gid[keep], tt[keep], vv[keep]

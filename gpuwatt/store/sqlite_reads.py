@@ -83,7 +83,7 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
             f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
             chunk,
         ):
-            vv = rounds.unpack_vals(vals, ncols + 2)
+            vv = rounds.unpack_vals(vals, ncols + 2, len(ids) >> 3)
             for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
                 if wanted.get(g) == t:
                     full = np.full(len(all_cols), np.nan)
