@@ -115,21 +115,37 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
     row = ", ".join(f"s.{a}" if a in _MODEL_ATTRS else "None" for a in layout.row_attrs)
     row_names = (*layout.row_attrs, "tail")
 
+    # A GPU's gaps change and change back (slow counters are read every 30th round or so):
+    # the plans are kept by their gaps rather than made again each time.
+    plans: dict[tuple[int, ...], Masked] = {}
+
     def masked_for(row: tuple[Any, ...]) -> Masked | None:
         """The ``Masked`` plan of a row (None: every value is set)."""
-        masked = [i for i, v in enumerate(row) if v is None]
-        return Masked(layout, masked) if masked else None
+        masked = tuple([i for i, v in enumerate(row) if v is None])
+        if not masked:
+            return None
+        plan = plans.get(masked)
+        if plan is None:
+            if len(plans) >= 4096:
+                plans.clear()
+            plan = plans[masked] = Masked(layout, masked)
+        return plan
 
     def not_a_number(row: tuple[Any, ...]) -> Masked:
         """Called when a row does not pack: its plan if its only gaps are None values, else an
         error naming the value that is not a number."""
+        plan = masked_for(row)
+        if plan is not None:
+            try:
+                plan.pack(row)
+                return plan
+            except struct.error:
+                pass
         for name, v in zip(row_names, row, strict=True):
             if v is not None and not isinstance(v, int | float):
                 raise TypeError(f"{name}={v!r} is not a number")
-        plan = masked_for(row)
-        if plan is None:  # every value is a number, yet the row did not pack
-            raise TypeError(f"a row of numbers that does not pack as float64: {row!r}")
-        return plan
+        # every value is a number or None, yet the row did not pack
+        raise TypeError(f"a row of numbers that does not pack as float64: {row!r}")
 
     source = (
         "def encode(samples, get_state, new_state, parts_append, gids_append, times_append):\n"
