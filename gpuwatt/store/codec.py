@@ -191,21 +191,23 @@ def decode(data: bytes, dctx: zstandard.ZstdDecompressor | None = None) -> Rows:
     time_ns = _undelta(deltas, starts, lengths)
     lost = words[1].astype(np.float64)
     tail = _undelta(_unzigzag(words[2]), starts, lengths).astype(np.float64)
-    values = np.empty((m, n_sections))
+    cols = np.empty((n_sections, m))  # a row per section, returned transposed
     for j, (_col, transform, decimals) in enumerate(sections):
         w = words[3 + j]
         if transform == FLOAT_BITS:
-            values[:, j] = w.view(np.float64)
+            cols[j] = w.view(np.float64)
         elif transform == DECIMAL_DELTA:
-            values[:, j] = _undelta(_unzigzag(w), starts, lengths) / _POW10[decimals]
+            np.divide(_undelta(_unzigzag(w), starts, lengths), _POW10[decimals], out=cols[j])
         elif transform == DECIMAL_DELTA_GAPS:
             gaps = w == 0
-            d = np.where(gaps, 0, _unzigzag(w - np.uint64(1)))
-            v = _undelta(d, starts, lengths) / _POW10[decimals]
-            v[gaps] = np.nan
-            values[:, j] = v
+            w -= np.uint64(1)  # 1 + the zigzagged difference (0, not measured, wraps: unused)
+            d = _unzigzag(w)
+            d[gaps] = 0
+            np.divide(_undelta(d, starts, lengths), _POW10[decimals], out=cols[j])
+            cols[j][gaps] = np.nan
         else:
             raise ValueError(f"unknown section transform {transform}")
+    values = cols.T
     return Rows(gpu_id, time_ns, lost, tail, values, tuple(c for c, _, _ in sections))
 
 
