@@ -28,8 +28,9 @@ with zstd. Decoding reverses each step exactly: what comes back is bit for bit w
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import zstandard
@@ -52,6 +53,16 @@ ZSTD_LEVEL = 7  # bench/storage.py: 0.3 B/sample less than level 3 (~1 %), at ab
 _HEADER = struct.Struct("<BIHH")  # encoding, rows, runs, metric sections
 _RUN = struct.Struct("<qI")  # gpu id, rows
 _SECTION = struct.Struct("<HBB")  # column id, transform, decimals
+
+
+class Span(NamedTuple):
+    """The raw samples a read asks for: times in ``[start_ns, end_ns)``, the metric columns
+    ``col_ids``, only the GPUs ``gpu_ids`` (None: every GPU)."""
+
+    start_ns: int
+    end_ns: int
+    col_ids: Sequence[int]
+    gpu_ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

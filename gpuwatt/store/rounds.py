@@ -32,7 +32,7 @@ import numpy as np
 import zstandard
 
 from gpuwatt.model import GpuSample
-from gpuwatt.store.codec import Rows
+from gpuwatt.store.codec import Rows, Span
 
 LOST = 0
 TAIL_COLUMNS = ("energy_method", "tflops_method", "xid_last", "xid_count", "processes", "job_id")
@@ -317,16 +317,10 @@ def widen(rows: np.ndarray, ncols: int) -> np.ndarray:
 _CHUNK_ROUNDS = 256
 
 
-def read(
-    con: sqlite3.Connection,
-    start_ns: int,
-    end_ns: int,
-    col_ids: Sequence[int],
-    gpu_ids: np.ndarray | None = None,
-) -> Rows:
-    """The head's samples in ``[start_ns, end_ns)`` (only ``gpu_ids`` if given), in time order,
-    with the metric columns ``col_ids``. Rounds are decoded a chunk at a time, so memory follows
-    what is returned, not the width of what is stored."""
+def read(con: sqlite3.Connection, span: Span) -> Rows:
+    """The head's samples of ``span``, in time order. Rounds are decoded a chunk at a time, so
+    memory follows what is returned, not the width of what is stored."""
+    start_ns, end_ns, col_ids, gpu_ids = span
     cur = con.execute(
         "SELECT time_ns, ncols, gpu_ids, vals FROM head WHERE time_ns >= ? AND time_ns < ? "
         "ORDER BY time_ns",
