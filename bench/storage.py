@@ -34,8 +34,8 @@ from servers import InfluxDB1Server, VictoriaMetricsServer, http  # noqa: E402
 
 from gpuwatt.collector.sim.scenario import load_scenario, load_scenario_text  # noqa: E402
 from gpuwatt.collector.sim.source import SimulatedClusterSource  # noqa: E402
+from gpuwatt.line_protocol import LineEncoder  # noqa: E402
 from gpuwatt.model import GpuSample  # noqa: E402
-from gpuwatt.schema import LineEncoder  # noqa: E402
 from gpuwatt.store.sqlite import SqliteStore  # noqa: E402
 
 NS = 1_000_000_000

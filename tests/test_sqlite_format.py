@@ -149,13 +149,83 @@ def test_chunks_round_trip_bit_for_bit(runs: list[int], data: st.DataObject) -> 
     back = codec.decode(codec.encode(rows))
     for name in ("gpu_id", "time_ns", "lost", "tail"):
         assert getattr(back, name).tobytes() == getattr(rows, name).tobytes(), name
-    # a column with no value at all has no section; the others come back bit for bit
+    # a column with no value at all has no section; the others come back bit for bit, NaN
+    # (not measured) as NaN
     for j, c in enumerate(rows.col_ids):
         if c in back.col_ids:
             got = back.values[:, back.col_ids.index(c)]
-            assert got.view(np.uint64).tolist() == rows.values[:, j].view(np.uint64).tolist()
+            want = rows.values[:, j]
+            assert np.isnan(got).tolist() == np.isnan(want).tolist()
+            set_ = ~np.isnan(want)
+            assert got[set_].view(np.uint64).tolist() == want[set_].view(np.uint64).tolist()
         else:
             assert np.isnan(rows.values[:, j]).all()
+
+
+def _sections(chunk: bytes) -> list[tuple[int, int, int]]:
+    """(column id, transform, decimals) of each metric section of an encoded chunk."""
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().decompress(chunk[1:])
+    _, _, runs, k = codec._HEADER.unpack_from(b"\x00" + raw[: codec._HEADER.size - 1])
+    pos = codec._HEADER.size - 1 + runs * codec._RUN.size
+    return [codec._SECTION.unpack_from(raw, pos + i * codec._SECTION.size) for i in range(k)]
+
+
+def test_a_metric_sometimes_not_measured_keeps_the_integer_transform() -> None:
+    """GPM metrics are not measured in a GPU's first sample (no interval yet): that gap must not
+    push the whole column to raw float bits."""
+    m = 50
+    power = np.round(np.linspace(100.0, 300.0, m), 3)
+    power[[0, 7, 8, 49]] = np.nan
+    rows = codec.Rows(
+        np.repeat(np.array([1, 2], dtype=np.int64), [20, 30]),
+        T0 + np.r_[np.arange(20), np.arange(30)].astype(np.int64) * S,
+        np.zeros(m),
+        np.ones(m),
+        power.reshape(m, 1),
+        (9,),
+    )
+    data = codec.encode(rows)
+    assert _sections(data) == [(9, codec.DECIMAL_DELTA_GAPS, 3)]
+    back = codec.decode(data).values[:, 0]
+    assert np.isnan(back).tolist() == np.isnan(power).tolist()
+    assert back[~np.isnan(power)].tolist() == power[~np.isnan(power)].tolist()
+
+
+def test_full_precision_ratios_are_kept_to_their_stored_precision() -> None:
+    """Percentages to 0.001 percentage point, byte rates to 1 B/s, TFLOPS to 0.001 in chunks
+    (docs/storage.md, "Stored precision"); other columns exactly."""
+    attrs = ("sm_active_pct", "nvlink_tx_bytes_per_s", "tflops_estimate", "power_w", "energy_j")
+    decimals = format.stored_decimals(attrs)
+    assert decimals == {0: 3, 1: 0, 2: 3}
+    rng = np.random.default_rng(1)
+    m = 40
+    values = np.column_stack(
+        [
+            rng.uniform(0, 100, m),
+            rng.uniform(0, 5e10, m),
+            rng.uniform(0, 900, m),
+            rng.uniform(0, 700, m),  # not rounded: kept as float bits
+            np.round(np.cumsum(rng.uniform(0, 700, m)), 3),
+        ]
+    )
+    values[0, :3] = np.nan
+    rows = codec.Rows(
+        np.ones(m, np.int64),
+        T0 + np.arange(m, dtype=np.int64) * S,
+        np.zeros(m),
+        np.ones(m),
+        values,
+        tuple(range(5)),
+    )
+    back = codec.decode(codec.encode(rows, decimals=decimals)).values
+    assert np.isnan(back[0, :3]).all()
+    for j, digits in ((0, 3), (1, 0), (2, 3)):
+        assert back[1:, j].tolist() == np.round(values[1:, j], digits).tolist()
+        assert np.abs(back[1:, j] - values[1:, j]).max() <= 0.5 * 10.0**-digits
+    assert back[:, 3].tolist() == values[:, 3].tolist()
+    assert back[:, 4].tolist() == values[:, 4].tolist()
 
 
 def test_closed_blocks_are_compacted_and_late_samples_merged(tmp_path: Path, make_sample) -> None:

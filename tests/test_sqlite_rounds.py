@@ -173,3 +173,42 @@ def test_a_value_that_is_not_a_number_is_refused_with_its_name(tmp_path: Path, m
         assert store.count_samples(0, 2**62) == 0
         store.write_samples([make_sample(T0)])  # the writer's state survives the refusal
         assert store.latest() == [make_sample(T0)]
+
+
+def test_rounds_read_back_by_their_writer_equal_those_decoded_from_the_file(
+    tmp_path: Path, make_sample
+) -> None:
+    """The writing thread reads its recent rounds from its cache of them (``rounds._written``);
+    a thread that did not write them decompresses the file's copy: both give what was written."""
+    import threading
+
+    from gpuwatt.store import rounds
+
+    batches = cluster(make_sample, 200, shuffle=True)
+    with SqliteStore(tmp_path / "w.db") as store:
+        for b in batches:
+            store.write_samples(b)
+        assert rounds._written(), "the writer keeps its rounds"
+        mine = store.series(T0, T0 + 200 * S, ATTRS)
+        theirs: list[object] = []
+        reader = threading.Thread(
+            target=lambda: theirs.append(store.series(T0, T0 + 200 * S, ATTRS))
+        )
+        reader.start()
+        reader.join()
+    written = sorted(
+        (s.time_ns, s.host, s.gpu_index, *(getattr(s, a) for a in ATTRS))
+        for b in batches
+        for s in b
+    )
+    for frame in (mine, theirs[0]):
+        got = sorted(
+            tuple(r)
+            for r in frame[["time_ns", "host", "gpu_index", *ATTRS]].itertuples(index=False)
+        )
+        assert len(got) == len(written)
+        for g, w in zip(got, written, strict=True):
+            assert g[:3] == w[:3]
+            assert [None if isinstance(x, float) and math.isnan(x) else x for x in g[3:]] == [
+                None if x is None else pytest.approx(float(x)) for x in w[3:]
+            ]

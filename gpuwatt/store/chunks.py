@@ -17,7 +17,7 @@ import numpy as np
 import zstandard
 
 from gpuwatt.store import codec, rounds
-from gpuwatt.store.codec import Rows
+from gpuwatt.store.codec import Rows, Span
 
 BLOCK_NS = 600 * 1_000_000_000
 
@@ -89,15 +89,9 @@ def dedupe(rows: Rows) -> Rows:
     return take(rows, order[last])
 
 
-def read(
-    con: sqlite3.Connection,
-    start_ns: int,
-    end_ns: int,
-    col_ids: Sequence[int],
-    gpu_ids: np.ndarray | None = None,
-    hosts: Sequence[str] | None = None,
-) -> Rows:
-    """The chunks' samples in ``[start_ns, end_ns)`` with the metric columns ``col_ids``."""
+def read(con: sqlite3.Connection, span: Span, hosts: Sequence[str] | None = None) -> Rows:
+    """The chunks' samples of ``span`` (only the chunks of ``hosts`` if given)."""
+    start_ns, end_ns, col_ids, gpu_ids = span
     sql = "SELECT data FROM chunks WHERE start_ns > ? AND start_ns < ? AND t_max_ns >= ?"
     params: list[object] = [start_ns - BLOCK_NS, end_ns, start_ns]
     if hosts is not None:
@@ -138,9 +132,11 @@ def compact(
     ncols: int,
     host_of: Mapping[int, str],
     cctx: zstandard.ZstdCompressor,
+    decimals: Mapping[int, int] | None = None,
 ) -> int:
     """Move the head's samples older than ``before_ns`` into chunks (merged with a block's
-    chunk where it has one); the number of samples moved."""
+    chunk where it has one); the number of samples moved. ``decimals``: the columns' stored
+    precision (``format.stored_decimals``)."""
     moved = 0
     all_cols = tuple(range(ncols))
     while True:
@@ -151,7 +147,7 @@ def compact(
             return moved
         block = first // BLOCK_NS * BLOCK_NS
         hi = min(block + BLOCK_NS, before_ns)
-        rows = rounds.read(con, block, hi, all_cols)
+        rows = rounds.read(con, Span(block, hi, all_cols))
         hosts = np.array([host_of[g] for g in rows.gpu_id.tolist()], dtype=object)
         for host in sorted(set(hosts.tolist())):
             new = take(rows, np.flatnonzero(hosts == host))
@@ -170,7 +166,7 @@ def compact(
                     int(new.time_ns.min()),
                     int(new.time_ns.max()),
                     len(new.time_ns),
-                    codec.encode(new, cctx),
+                    codec.encode(new, cctx, decimals),
                 ),
             )
         con.execute("DELETE FROM head WHERE time_ns >= ? AND time_ns < ?", (block, hi))

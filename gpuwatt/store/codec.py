@@ -10,17 +10,27 @@ suit its values, within each run:
 - integers, and decimals with at most ``MAX_DECIMALS`` digits after the point (NVML's mW, mJ,
   MiB scaled to SI units): scaled to int64 and differenced (``DECIMAL_DELTA``), so counters and
   slow gauges become small numbers;
+- the same with some values not measured (``DECIMAL_DELTA_GAPS``): 0 for a value not measured,
+  otherwise 1 + the zigzagged difference from the run's previous measured value, so a metric
+  that is sometimes absent keeps the integer transform;
 - other floats: their IEEE-754 bits as they are (``FLOAT_BITS``); NaN (not measured) round-trips.
+
+A column may have a stored precision (``encode``'s ``decimals``: docs/storage.md lists them):
+its values are rounded to that many digits after the point before they are transformed, so
+that full-precision ratios (NVML's GPM percentages) cost what their useful digits cost.
 
 Signed differences are zigzag-encoded (small magnitudes have high bytes of zero), the sections
 are byte-shuffled (byte k of every word together, as Blosc does), and the whole is compressed
-with zstd. Decoding reverses each step exactly: what comes back is bit for bit what was written.
+with zstd. Decoding reverses each step exactly: what comes back is bit for bit what was encoded
+(after the rounding to a column's stored precision, where it has one).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import zstandard
@@ -33,6 +43,7 @@ FLOAT_BITS = 0
 DECIMAL_DELTA = 1
 DOD = 2
 DELTA = 3
+DECIMAL_DELTA_GAPS = 4
 
 MAX_DECIMALS = 6
 _POW10 = [10.0**k for k in range(MAX_DECIMALS + 1)]
@@ -42,6 +53,16 @@ ZSTD_LEVEL = 7  # bench/storage.py: 0.3 B/sample less than level 3 (~1 %), at ab
 _HEADER = struct.Struct("<BIHH")  # encoding, rows, runs, metric sections
 _RUN = struct.Struct("<qI")  # gpu id, rows
 _SECTION = struct.Struct("<HBB")  # column id, transform, decimals
+
+
+class Span(NamedTuple):
+    """The raw samples a read asks for: times in ``[start_ns, end_ns)``, the metric columns
+    ``col_ids``, only the GPUs ``gpu_ids`` (None: every GPU)."""
+
+    start_ns: int
+    end_ns: int
+    col_ids: Sequence[int]
+    gpu_ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -95,8 +116,23 @@ def _decimals(v: np.ndarray) -> int | None:
     return None
 
 
-def encode(rows: Rows, cctx: zstandard.ZstdCompressor | None = None) -> bytes:
-    """The chunk of ``rows`` (sorted by GPU, then time)."""
+def _fill_gaps(ints: np.ndarray, gaps: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """``ints`` with each gap holding the run's previous value (0 before the run's first)."""
+    at = np.arange(len(ints))
+    keep = ~gaps
+    keep[starts] = True
+    src = np.maximum.accumulate(np.where(keep, at, 0))
+    return np.where(gaps, 0, ints)[src]
+
+
+def encode(
+    rows: Rows,
+    cctx: zstandard.ZstdCompressor | None = None,
+    decimals: Mapping[int, int] | None = None,
+) -> bytes:
+    """The chunk of ``rows`` (sorted by GPU, then time). ``decimals``: the stored precision of
+    some columns (column id -> digits after the point, at most ``MAX_DECIMALS``): their values
+    are rounded to it."""
     m = len(rows.time_ns)
     gid = rows.gpu_id
     starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
@@ -109,12 +145,22 @@ def encode(rows: Rows, cctx: zstandard.ZstdCompressor | None = None) -> bytes:
     sections = []
     for j, col in enumerate(rows.col_ids):
         v = rows.values[:, j]
-        if np.isnan(v).all():
+        gaps = np.isnan(v)
+        if gaps.all():
             continue  # absent: no section
-        k = _decimals(v)
+        cap = None if decimals is None else decimals.get(col)
+        if cap is not None:
+            v = np.round(v, cap)
+        has_gaps = bool(gaps.any())
+        k = _decimals(v[~gaps] if has_gaps else v)
         if k is None:
             words.append(np.ascontiguousarray(v).view(np.uint64))
             sections.append((col, FLOAT_BITS, 0))
+        elif has_gaps:
+            ints = np.rint(np.where(gaps, 0.0, v) * _POW10[k]).astype(np.int64)
+            z = _zigzag(_delta(_fill_gaps(ints, gaps, starts), starts)) + np.uint64(1)
+            words.append(np.where(gaps, np.uint64(0), z))
+            sections.append((col, DECIMAL_DELTA_GAPS, k))
         else:
             ints = np.rint(v * _POW10[k]).astype(np.int64)
             words.append(_zigzag(_delta(ints, starts)))
@@ -156,15 +202,23 @@ def decode(data: bytes, dctx: zstandard.ZstdDecompressor | None = None) -> Rows:
     time_ns = _undelta(deltas, starts, lengths)
     lost = words[1].astype(np.float64)
     tail = _undelta(_unzigzag(words[2]), starts, lengths).astype(np.float64)
-    values = np.empty((m, n_sections))
+    cols = np.empty((n_sections, m))  # a row per section, returned transposed
     for j, (_col, transform, decimals) in enumerate(sections):
         w = words[3 + j]
         if transform == FLOAT_BITS:
-            values[:, j] = w.view(np.float64)
+            cols[j] = w.view(np.float64)
         elif transform == DECIMAL_DELTA:
-            values[:, j] = _undelta(_unzigzag(w), starts, lengths) / _POW10[decimals]
+            np.divide(_undelta(_unzigzag(w), starts, lengths), _POW10[decimals], out=cols[j])
+        elif transform == DECIMAL_DELTA_GAPS:
+            gaps = w == 0
+            w -= np.uint64(1)  # 1 + the zigzagged difference (0, not measured, wraps: unused)
+            d = _unzigzag(w)
+            d[gaps] = 0
+            np.divide(_undelta(d, starts, lengths), _POW10[decimals], out=cols[j])
+            cols[j][gaps] = np.nan
         else:
             raise ValueError(f"unknown section transform {transform}")
+    values = cols.T
     return Rows(gpu_id, time_ns, lost, tail, values, tuple(c for c, _, _ in sections))
 
 

@@ -29,6 +29,24 @@ CREATE TABLE IF NOT EXISTS columns (
 """
 
 
+#: Stored precision of float metrics whose sources give more digits than anyone reads (NVML's
+#: GPM percentages and the byte rates derived from its counters are full float64 ratios that
+#: change every sample: ~6 B each after compression, most of a chunk). Chunks keep them rounded
+#: to this many digits after the point (docs/storage.md, "Stored precision"); the head keeps
+#: samples as written. Suffix of the attribute -> digits.
+STORED_DECIMALS: dict[str, int] = {"_pct": 3, "_bytes_per_s": 0, "tflops_estimate": 3}
+
+
+def stored_decimals(attrs: Sequence[str]) -> dict[int, int]:
+    """Column id -> the digits after the point its float values are kept to in chunks."""
+    out = {}
+    for i, attr in enumerate(attrs):
+        for suffix, digits in STORED_DECIMALS.items():
+            if attr.endswith(suffix):
+                out[i] = digits
+    return out
+
+
 class FormatError(Exception):
     """The file is not an embedded store this version can read (the message says why)."""
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpuwatt.store import chunks, rounds
 from gpuwatt.store.chunks import BLOCK_NS
-from gpuwatt.store.codec import Rows
+from gpuwatt.store.codec import Rows, Span
 
 
 def read(
@@ -22,8 +22,9 @@ def read(
 ) -> Rows:
     """The raw samples in ``[start_ns, end_ns)``, from the chunks and the head (whose copy of a
     sample wins: it was written later)."""
-    old = chunks.read(con, start_ns, end_ns, col_ids, gpu_ids)
-    new = rounds.read(con, start_ns, end_ns, col_ids, gpu_ids)
+    span = Span(start_ns, end_ns, col_ids, gpu_ids)
+    old = chunks.read(con, span)
+    new = rounds.read(con, span)
     if len(old.time_ns) and len(new.time_ns) and head_overlaps_chunks(con, start_ns, end_ns):
         return chunks.dedupe(chunks.concat([old, new], col_ids))
     return chunks.concat([old, new], col_ids)

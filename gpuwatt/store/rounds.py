@@ -32,7 +32,7 @@ import numpy as np
 import zstandard
 
 from gpuwatt.model import GpuSample
-from gpuwatt.store.codec import Rows
+from gpuwatt.store.codec import Rows, Span
 
 LOST = 0
 TAIL_COLUMNS = ("energy_method", "tflops_method", "xid_last", "xid_count", "processes", "job_id")
@@ -115,21 +115,37 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
     row = ", ".join(f"s.{a}" if a in _MODEL_ATTRS else "None" for a in layout.row_attrs)
     row_names = (*layout.row_attrs, "tail")
 
+    # A GPU's gaps change and change back (slow counters are read every 30th round or so):
+    # the plans are kept by their gaps rather than made again each time.
+    plans: dict[tuple[int, ...], Masked] = {}
+
     def masked_for(row: tuple[Any, ...]) -> Masked | None:
         """The ``Masked`` plan of a row (None: every value is set)."""
-        masked = [i for i, v in enumerate(row) if v is None]
-        return Masked(layout, masked) if masked else None
+        masked = tuple([i for i, v in enumerate(row) if v is None])
+        if not masked:
+            return None
+        plan = plans.get(masked)
+        if plan is None:
+            if len(plans) >= 4096:
+                plans.clear()
+            plan = plans[masked] = Masked(layout, masked)
+        return plan
 
     def not_a_number(row: tuple[Any, ...]) -> Masked:
         """Called when a row does not pack: its plan if its only gaps are None values, else an
         error naming the value that is not a number."""
+        plan = masked_for(row)
+        if plan is not None:
+            try:
+                plan.pack(row)
+                return plan
+            except struct.error:
+                pass
         for name, v in zip(row_names, row, strict=True):
             if v is not None and not isinstance(v, int | float):
                 raise TypeError(f"{name}={v!r} is not a number")
-        plan = masked_for(row)
-        if plan is None:  # every value is a number, yet the row did not pack
-            raise TypeError(f"a row of numbers that does not pack as float64: {row!r}")
-        return plan
+        # every value is a number or None, yet the row did not pack
+        raise TypeError(f"a row of numbers that does not pack as float64: {row!r}")
 
     source = (
         "def encode(samples, get_state, new_state, parts_append, gids_append, times_append):\n"
@@ -165,8 +181,14 @@ def compile_encoder(key_attrs: Sequence[str], layout: Layout) -> Any:
 #: it asks for, straight into its array (bench/read_regression.py: the raw tail of a dashboard
 #: read; byte-shuffling the words saved ~6 % and cost 2.5x the decoding). A round of 32 GPUs is
 #: ~11 kB raw and ~2.7 kB stored, one page: what each collector round costs in writes
-#: (bench/store_write.py).
-VALS_COLUMN_FRAMES = 2
+#: (bench/store_write.py). Encoding 3 is encoding 2 where a column whose words are all the same
+#: (a static fact, a metric not measured in this round: about 19 of a round's 43 columns in the
+#: demo) is stored as that one word, 8 bytes, shorter than any zstd frame: no compression call
+#: to write it, none to read it.
+VALS_COLUMN_FRAMES_V2 = 2
+VALS_COLUMN_FRAMES = 3
+_READABLE = frozenset((VALS_COLUMN_FRAMES_V2, VALS_COLUMN_FRAMES))
+_WORD = 8
 _local = threading.local()
 
 
@@ -176,43 +198,83 @@ def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
     ctx = getattr(_local, "ctx", None)
     if ctx is None:
         ctx = _local.ctx = (
-            zstandard.ZstdCompressor(level=1, write_content_size=True),
+            # Level -1: the same size as level 1 for a round's columns (a few hundred bytes
+            # each), and write_samples ~13 % cheaper (zstd sets up smaller tables per call).
+            zstandard.ZstdCompressor(level=-1, write_content_size=True),
             zstandard.ZstdDecompressor(),
         )
     return ctx
 
 
+#: How many bytes of decoded rounds a writing thread keeps (``_written``).
+WRITTEN_CACHE_BYTES = 64 << 20
+
+
+def _written() -> dict[bytes, np.ndarray]:
+    """The rounds this thread packed lately, decoded, by their stored bytes. The writer reads
+    each round back twice soon after writing it (its minute's rollup, its block's compaction):
+    those reads take the rows from here instead of decompressing every column again. Keyed by
+    the stored bytes, so a hit is the same round by construction; oldest dropped first past
+    ``WRITTEN_CACHE_BYTES``. Threads that never write (readers) keep it empty."""
+    cache: dict[bytes, np.ndarray] | None = getattr(_local, "written", None)
+    if cache is None:
+        cache = _local.written = {}
+        _local.written_bytes = 0
+    return cache
+
+
+def _remember(packed: bytes, rows: np.ndarray) -> None:
+    cache = _written()
+    cache[packed] = rows
+    _local.written_bytes += rows.nbytes
+    while _local.written_bytes > WRITTEN_CACHE_BYTES and cache:
+        _local.written_bytes -= cache.pop(next(iter(cache))).nbytes
+
+
 def pack_vals(raw: bytes, width: int) -> bytes:
     """A round's rows (little-endian float64, ``width`` words each) as stored."""
     cctx = _zstd()[0]
-    columns = np.frombuffer(raw, "<f8").reshape(-1, width).T.copy()
-    frames = [cctx.compress(columns[j].tobytes()) for j in range(width)]
+    rows = np.frombuffer(raw, "<f8").reshape(-1, width)
+    columns = rows.T.copy()
+    words = columns.view(np.uint64)
+    same = (words == words[:, :1]).all(axis=1).tolist()
+    frames = [
+        columns[j, :1].tobytes() if same[j] else cctx.compress(columns[j].tobytes())
+        for j in range(width)
+    ]
     ends = np.cumsum([len(f) for f in frames], dtype="<u4")
-    return bytes((VALS_COLUMN_FRAMES,)) + ends.tobytes() + b"".join(frames)
+    packed = bytes((VALS_COLUMN_FRAMES,)) + ends.tobytes() + b"".join(frames)
+    _remember(packed, columns.T)
+    return packed
 
 
-def unpack_columns(data: bytes, width: int, cols: Sequence[int]) -> np.ndarray:
-    """The columns ``cols`` (positions in a row) of a round stored by ``pack_vals``, as an
-    array of rows."""
-    if data[:1] != bytes((VALS_COLUMN_FRAMES,)):
+def unpack_columns(data: bytes, width: int, cols: Sequence[int], n_rows: int) -> np.ndarray:
+    """The columns ``cols`` (positions in a row) of a round of ``n_rows`` GPUs stored by
+    ``pack_vals``, as an array of rows."""
+    if not data or data[0] not in _READABLE:
         raise ValueError(f"unknown head encoding {data[:1]!r}")
+    written = getattr(_local, "written", None)
+    if written:
+        rows = written.get(data)
+        if rows is not None:
+            return rows[:, list(cols)]
     dctx = _zstd()[1]
     base = 1 + 4 * width
     ends = np.frombuffer(data, dtype="<u4", count=width, offset=1).tolist()
     view = memoryview(data)
-    out: np.ndarray | None = None
+    out = np.empty((len(cols), n_rows))
     for k, j in enumerate(cols):
-        lo = base + (ends[j - 1] if j else 0)
-        column = np.frombuffer(dctx.decompress(view[lo : base + ends[j]]), "<f8")
-        if out is None:
-            out = np.empty((len(cols), len(column)))
-        out[k] = column
-    return np.empty((0, len(cols))) if out is None else out.T
+        frame = view[base + (ends[j - 1] if j else 0) : base + ends[j]]
+        if len(frame) == _WORD:  # one word for every row
+            out[k] = np.frombuffer(frame, "<f8")[0]
+        else:
+            out[k] = np.frombuffer(dctx.decompress(frame), "<f8")
+    return out.T
 
 
-def unpack_vals(data: bytes, width: int) -> np.ndarray:
+def unpack_vals(data: bytes, width: int, n_rows: int) -> np.ndarray:
     """A round's rows as stored by ``pack_vals``."""
-    return unpack_columns(data, width, range(width))
+    return unpack_columns(data, width, range(width), n_rows)
 
 
 def insert(
@@ -233,7 +295,7 @@ def insert(
         old_ids = np.frombuffer(old[0], dtype="<i8")
         keep = ~np.isin(old_ids, ids)
         if keep.any():
-            rows = widen(unpack_vals(old[1], old[2] + 2)[keep], ncols)
+            rows = widen(unpack_vals(old[1], old[2] + 2, len(old_ids))[keep], ncols)
             new = np.frombuffer(vals, dtype="<f8").reshape(-1, ncols + 2)
             ids = np.concatenate([old_ids[keep], ids])
             vals = np.concatenate([rows, new]).tobytes()
@@ -255,16 +317,10 @@ def widen(rows: np.ndarray, ncols: int) -> np.ndarray:
 _CHUNK_ROUNDS = 256
 
 
-def read(
-    con: sqlite3.Connection,
-    start_ns: int,
-    end_ns: int,
-    col_ids: Sequence[int],
-    gpu_ids: np.ndarray | None = None,
-) -> Rows:
-    """The head's samples in ``[start_ns, end_ns)`` (only ``gpu_ids`` if given), in time order,
-    with the metric columns ``col_ids``. Rounds are decoded a chunk at a time, so memory follows
-    what is returned, not the width of what is stored."""
+def read(con: sqlite3.Connection, span: Span) -> Rows:
+    """The head's samples of ``span``, in time order. Rounds are decoded a chunk at a time, so
+    memory follows what is returned, not the width of what is stored."""
+    start_ns, end_ns, col_ids, gpu_ids = span
     cur = con.execute(
         "SELECT time_ns, ncols, gpu_ids, vals FROM head WHERE time_ns >= ? AND time_ns < ? "
         "ORDER BY time_ns",
@@ -301,7 +357,12 @@ def _decode_rounds(
     tt = np.repeat(np.array(times, dtype=np.int64), [len(x) >> 3 for x in gpu_ids])
     stored = [c for c in cols if c < ncols]  # a column added after these rounds: not measured
     wanted = [LOST, *(1 + c for c in stored), ncols + 1]
-    vv = np.concatenate([unpack_columns(v, ncols + 2, wanted) for v in vals])
+    vv = np.concatenate(
+        [
+            unpack_columns(v, ncols + 2, wanted, len(g) >> 3)
+            for v, g in zip(vals, gpu_ids, strict=True)
+        ]
+    )
     if only is not None:
         keep = np.isin(gid, only)
         gid, tt, vv = gid[keep], tt[keep], vv[keep]

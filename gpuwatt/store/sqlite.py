@@ -475,7 +475,9 @@ class SqliteStore:
     def _compact(self, con: sqlite3.Connection, before_ns: int) -> None:
         self._flush_last_times(con)  # head rows after last_times_until must stay in the head
         host_of = dict(con.execute("SELECT id, host FROM gpus").fetchall())
-        chunks.compact(con, before_ns, len(self._columns.attrs), host_of, self._cctx)
+        attrs = self._columns.attrs
+        decimals = format.stored_decimals(attrs)
+        chunks.compact(con, before_ns, len(attrs), host_of, self._cctx, decimals)
 
     @_store_errors
     def compact(self) -> None:

@@ -28,6 +28,7 @@ from gpuwatt.store import (
     rounds,
 )
 from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.codec import Span
 from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
 
 NS_PER_S = 1_000_000_000
@@ -83,7 +84,7 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
             f"WHERE time_ns IN ({', '.join('?' * len(chunk))})",
             chunk,
         ):
-            vv = rounds.unpack_vals(vals, ncols + 2)
+            vv = rounds.unpack_vals(vals, ncols + 2, len(ids) >> 3)
             for i, g in enumerate(np.frombuffer(ids, dtype="<i8").tolist()):
                 if wanted.get(g) == t:
                     full = np.full(len(all_cols), np.nan)
@@ -96,7 +97,7 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
         if g not in found:
             by_chunk.setdefault((floor_ns(t, BLOCK_NS), hosts[g]), []).append(g)
     for (block, host), gids in by_chunk.items():
-        got = chunks.read(con, block, block + BLOCK_NS, all_cols, np.array(gids), [host])
+        got = chunks.read(con, Span(block, block + BLOCK_NS, all_cols, np.array(gids)), [host])
         for i, (g, t) in enumerate(zip(got.gpu_id.tolist(), got.time_ns.tolist(), strict=True)):
             if wanted[g] == t:
                 found[g] = (got.lost[i], got.tail[i], got.values[i])
