@@ -134,6 +134,7 @@ def gpu_windows(
         scored = score_windows(full, cfg)
         rows_in = rows
         gw = full
+        scored_codes: np.ndarray | None = gw["gpu_code"].to_numpy()
     else:
         lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
         near = in_range | (t >= start_ns - lookback_ns)
@@ -145,15 +146,20 @@ def gpu_windows(
         scored = score_windows(full, cfg)
         rows_in = _dense(rows.loc[in_range].reset_index(drop=True))
         in_full = _windows_in_range(rows_near, in_range[near])
+        scored_codes = None
         if in_full is None:  # a window holds rows on both sides of the range's start
             gw = per_gpu_window(rows_in, sums=sums, means=means)
             mark_idle(gw, idle_util_pct=idle_util_pct)
         else:  # the range's windows of ``full`` are those of the range's rows
+            scored_codes = full["gpu_code"].to_numpy()[in_full]
             gw = _dense(full.loc[in_full].reset_index(drop=True))
-    # straggler seconds: the seen time of the rows in a window where the GPU was flagged
-    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", "gpu"]]
+    # straggler seconds: the seen time of the rows in a window where the GPU was flagged; the
+    # GPUs matched by ``scored``'s codes where ``gw``'s rows have them (integers, not strings)
+    gpu = "gpu" if scored_codes is None else "gpu_code"
+    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", gpu]]
     flagged = pd.MultiIndex.from_frame(fl)
-    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
+    gw_gpus = gw["gpu"] if scored_codes is None else scored_codes
+    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw_gpus])
     gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
     # idle: decided per window (its mean utilisation), so raw samples and buckets agree
     gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
