@@ -92,8 +92,16 @@ def job_rows(
     gw = summary.gpu_windows
     if gw.empty or "job_id" not in gw.columns:
         return []
-    used = ("job_id", "gpu", "tflops", "power_w", "host", "gpu_index", "idle")
-    used += ("utilization_gpu_pct",)
+    used = {
+        "job_id",
+        "gpu",
+        "tflops",
+        "power_w",
+        "host",
+        "gpu_index",
+        "idle",
+        "utilization_gpu_pct",
+    }
     gw = gw.loc[
         gw["job_id"].notna() & (gw["job_id"].astype(str) != ""), [c for c in gw if c in used]
     ]

@@ -39,15 +39,15 @@ def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def _peer_groups(
-    gw: pd.DataFrame, models: tuple[np.ndarray, np.ndarray]
+    gw: pd.DataFrame, model_codes: tuple[np.ndarray, np.ndarray]
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """First-choice peer group per row as codes into labels: ``job:<id>``, else
     ``node:<host>`` (its job-less GPUs of the same model); and whether the row has a job.
-    ``models``: ``label_codes(gw, "name")`` (hashing the names once, not twice)."""
+    ``model_codes``: ``label_codes(gw, "name")`` (hashing the names once, not twice)."""
     jcodes, juniq = label_codes(gw, "job_id")
     has_job = jcodes >= 0
     hcodes, huniq = label_codes(gw, "host")
-    mcodes, muniq = models
+    mcodes, muniq = model_codes
     nm = max(len(muniq), 1)
     m = np.maximum(mcodes, 0)
     # a job that mixes models is compared model by model (their clocks differ by design)
