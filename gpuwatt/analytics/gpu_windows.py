@@ -195,7 +195,8 @@ def straggler_findings(w: GpuWindows, cfg: StragglerConfig) -> StragglerFindings
     found = find_stragglers(sw, cfg, reasons_sampled=w.step_ns >= 10 * NS_PER_S)
     first_window = int(w.gw["window_start_ns"].min()) if len(w.gw) else 0
     found = [s for s in found if s.last_ns >= first_window]  # not one that ended before
-    in_range = sw.loc[sw["window_start_ns"].to_numpy() >= first_window].reset_index(drop=True)
+    keep = sw["window_start_ns"].to_numpy() >= first_window
+    in_range = sw if keep.all() else sw.loc[keep].reset_index(drop=True)  # no context: no copy
     return StragglerFindings(found, in_range)
 
 
