@@ -275,14 +275,11 @@ def gpu_table(ctx: PageContext, part: pd.DataFrame, row: JobRow) -> Any:
         util=("utilization_gpu_pct", "mean"), power=("power_w", "mean"),
         tflops=("tflops", "mean"), energy_j=("energy_delta_j", "sum"),
     )  # fmt: skip
+    uuids, hosts, indexes = (per[c].to_numpy() for c in ("uuid", "host", "index"))
     per = per.iloc[
         sorted(  # stragglers first: at 1,000 GPUs they would sit on a page of their own
             range(len(per)),
-            key=lambda i: (
-                per["uuid"].iloc[i] not in strag,
-                natural_key(str(per["host"].iloc[i])),
-                int(per["index"].iloc[i]),
-            ),
+            key=lambda i: (uuids[i] not in strag, natural_key(str(hosts[i])), int(indexes[i])),
         )
     ]
     data = []

@@ -73,9 +73,11 @@ def add_row_tflops(rows: pd.DataFrame, *, tensor_precision: str = "bf16") -> pd.
     n = len(rows)
     tflops = np.full(n, np.nan)
     src = np.full(n, SRC_NONE, dtype=np.int8)
-    names = rows["name"].astype(str).to_numpy()
-    for name in pd.unique(names):
-        idx = np.flatnonzero(names == name)
+    # one model per code: comparing every row's name string per model cost ~5 ms at 1,024 GPUs
+    model_codes, models = pd.factorize(rows["name"].astype(str).to_numpy())  # no name: -1
+    one_model = len(models) == 1 and bool((model_codes == 0).all())
+    for k, name in enumerate(models):
+        idx = np.arange(n) if one_model else np.flatnonzero(model_codes == k)
         spec = lookup(name)
         vals = np.full(len(idx), np.nan)
         codes = np.full(len(idx), SRC_NONE, dtype=np.int8)
@@ -91,7 +93,7 @@ def add_row_tflops(rows: pd.DataFrame, *, tensor_precision: str = "bf16") -> pd.
                 ub = np.full(len(idx), spec is not None and not spec.has_gpm)
             codes[fin] = np.where(ub[fin], SRC_UPPER_BOUND, SRC_GPM)
         if spec is not None and spec.has_gpm:
-            computed = pipe_tflops(rows.iloc[idx], spec, tensor_precision)
+            computed = pipe_tflops(rows.iloc[idx] if len(idx) < n else rows, spec, tensor_precision)
             fill = ~np.isfinite(vals) & np.isfinite(computed)
             vals = np.where(fill, computed, vals)
             codes[fill] = SRC_GPM

@@ -160,12 +160,14 @@ def _max_power_w(rows: pd.DataFrame) -> np.ndarray:
 
     if "name" not in rows.columns:
         return np.full(len(rows), FALLBACK_MAX_POWER_W)
-    names = rows["name"].astype(str)
-    tdp = {}
-    for name in names.unique():
+    # per distinct name, spread by code: ``Series.map`` of the strings was ~10 ms at 1,000 GPUs
+    codes, names = pd.factorize(rows["name"].astype(str), use_na_sentinel=False)
+    tdp = np.full(len(names), FALLBACK_MAX_POWER_W)
+    for k, name in enumerate(names):
         spec = lookup(name)
-        tdp[name] = spec.tdp_w if spec is not None else FALLBACK_MAX_POWER_W
-    return names.map(tdp).to_numpy(dtype=float)
+        if spec is not None:
+            tdp[k] = spec.tdp_w
+    return tdp[codes]
 
 
 def gpu_energy_quality(rows: pd.DataFrame) -> pd.DataFrame:

@@ -103,7 +103,10 @@ def gpu_windows(
         start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
     t_all = rows["time_ns"].to_numpy(dtype=np.int64)
     ok = measured(rows)
-    lost = lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
+    ok_in = ok[t_all >= start_ns]
+    lost = (
+        [] if ok_in.all() else lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok_in)
+    )
     if not ok.any():
         return "every GPU was lost in the analysed range" if len(rows) else "no samples"
     if not ok.all():
@@ -131,26 +134,53 @@ def gpu_windows(
         scored = score_windows(full, cfg)
         rows_in = rows
         gw = full
+        scored_codes: np.ndarray | None = gw["gpu_code"].to_numpy()
     else:
         lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
         near = in_range | (t >= start_ns - lookback_ns)
         # the context's energy is before the range: not in the peers' waiting energy either
         rows.loc[~in_range, "energy_delta_j"] = 0.0
-        full = per_gpu_window(rows.loc[near].reset_index(drop=True), sums=sums, means=means)
+        rows_near = rows if near.all() else rows.loc[near].reset_index(drop=True)
+        full = per_gpu_window(rows_near, sums=sums, means=means)
         mark_idle(full, idle_util_pct=idle_util_pct)
         scored = score_windows(full, cfg)
         rows_in = _dense(rows.loc[in_range].reset_index(drop=True))
-        gw = per_gpu_window(rows_in, sums=sums, means=means)
-        mark_idle(gw, idle_util_pct=idle_util_pct)
-    # straggler seconds: the seen time of the rows in a window where the GPU was flagged
-    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", "gpu"]]
+        in_full = _windows_in_range(rows_near, in_range[near])
+        scored_codes = None
+        if in_full is None:  # a window holds rows on both sides of the range's start
+            gw = per_gpu_window(rows_in, sums=sums, means=means)
+            mark_idle(gw, idle_util_pct=idle_util_pct)
+        else:  # the range's windows of ``full`` are those of the range's rows
+            scored_codes = full["gpu_code"].to_numpy()[in_full]
+            gw = _dense(full.loc[in_full].reset_index(drop=True))
+    # straggler seconds: the seen time of the rows in a window where the GPU was flagged; the
+    # GPUs matched by ``scored``'s codes where ``gw``'s rows have them (integers, not strings)
+    gpu = "gpu" if scored_codes is None else "gpu_code"
+    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", gpu]]
     flagged = pd.MultiIndex.from_frame(fl)
-    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
+    gw_gpus = gw["gpu"] if scored_codes is None else scored_codes
+    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw_gpus])
     gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
     # idle: decided per window (its mean utilisation), so raw samples and buckets agree
     gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
     gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
     return GpuWindows(rows_in, gw, step_ns, scored, lost)
+
+
+def _windows_in_range(rows: pd.DataFrame, in_range: np.ndarray) -> np.ndarray | None:
+    """Which rows of ``per_gpu_window(rows)`` are windows of the rows in range (in its output
+    order), or None when a window mixes rows in and out of the range. Taking them from the
+    context's table is ~20 ms less than a second ``per_gpu_window`` at 1,024 GPUs x 1 h."""
+    gcodes = rows["gpu_code"].to_numpy(dtype=np.int64)
+    w = rows["window_start_ns"].to_numpy(dtype=np.int64)
+    new_run = np.ones(len(rows), dtype=bool)
+    new_run[1:] = (gcodes[1:] != gcodes[:-1]) | (w[1:] != w[:-1])
+    starts = np.flatnonzero(new_run)
+    n_in = np.add.reduceat(in_range.astype(np.int64), starts) if len(starts) else starts
+    if ((n_in > 0) & (n_in < np.diff(np.append(starts, len(rows))))).any():
+        return None
+    order = np.lexsort((gcodes[starts], w[starts]))  # as ``per_gpu_window`` orders them
+    return (n_in > 0)[order]
 
 
 def _dense(rows: pd.DataFrame) -> pd.DataFrame:
@@ -165,7 +195,8 @@ def straggler_findings(w: GpuWindows, cfg: StragglerConfig) -> StragglerFindings
     found = find_stragglers(sw, cfg, reasons_sampled=w.step_ns >= 10 * NS_PER_S)
     first_window = int(w.gw["window_start_ns"].min()) if len(w.gw) else 0
     found = [s for s in found if s.last_ns >= first_window]  # not one that ended before
-    in_range = sw.loc[sw["window_start_ns"].to_numpy() >= first_window].reset_index(drop=True)
+    keep = sw["window_start_ns"].to_numpy() >= first_window
+    in_range = sw if keep.all() else sw.loc[keep].reset_index(drop=True)  # no context: no copy
     return StragglerFindings(found, in_range)
 
 

@@ -38,13 +38,16 @@ def _col(gw: pd.DataFrame, name: str) -> np.ndarray:
     return np.full(len(gw), np.nan)
 
 
-def _peer_groups(gw: pd.DataFrame) -> tuple[np.ndarray, list[str], np.ndarray]:
+def _peer_groups(
+    gw: pd.DataFrame, model_codes: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, list[str], np.ndarray]:
     """First-choice peer group per row as codes into labels: ``job:<id>``, else
-    ``node:<host>`` (its job-less GPUs of the same model); and whether the row has a job."""
+    ``node:<host>`` (its job-less GPUs of the same model); and whether the row has a job.
+    ``model_codes``: ``label_codes(gw, "name")`` (hashing the names once, not twice)."""
     jcodes, juniq = label_codes(gw, "job_id")
     has_job = jcodes >= 0
     hcodes, huniq = label_codes(gw, "host")
-    mcodes, muniq = label_codes(gw, "name")
+    mcodes, muniq = model_codes
     nm = max(len(muniq), 1)
     m = np.maximum(mcodes, 0)
     # a job that mixes models is compared model by model (their clocks differ by design)
@@ -85,8 +88,8 @@ def score_windows(gw: pd.DataFrame, cfg: StragglerConfig) -> pd.DataFrame:
     w = gw["window_start_ns"].to_numpy(dtype=np.int64)
     order = np.lexsort((w, gw["gpu_code"].to_numpy(dtype=np.int64)))  # by GPU, then window
     gw = gw.take(order).reset_index(drop=True)
-    gcodes, guniq, has_job = _peer_groups(gw)
     mcodes, muniq = label_codes(gw, "name")
+    gcodes, guniq, has_job = _peer_groups(gw, (mcodes, muniq))
     util = _col(gw, "utilization_gpu_pct")
     clock = _col(gw, "sm_clock_mhz")
     power = _col(gw, "power_w")

