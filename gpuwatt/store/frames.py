@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+#: The column of a bucketed read that holds each bucket's seen time in seconds (``Store.series``).
+SEEN_COLUMN = "seen_s"
+
+
 def frame(
     columns: dict[str, Any], attrs: Sequence[str], gpus: list[tuple[Any, ...]]
 ) -> pd.DataFrame:
@@ -45,6 +49,9 @@ def frame(
     )
     for a in attrs:
         out[a] = columns[a][order]
+    if "seen_ns" in columns:  # a bucketed read: each bucket's seen time (NaN: not known)
+        seen = np.asarray(columns["seen_ns"], dtype=np.int64)[order]
+        out[SEEN_COLUMN] = np.where(seen >= 0, seen / 1e9, np.nan)
     return out
 
 

@@ -28,7 +28,13 @@ from gpuwatt.store import (
     rounds,
 )
 from gpuwatt.store.base import SeriesRead
-from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
+from gpuwatt.store.rollup_rule import (
+    NULL_TIME,
+    SLOT_LOOKAHEAD_NS,
+    SLOT_LOOKBEHIND_NS,
+    combine,
+    samples_as_level,
+)
 
 NS_PER_S = 1_000_000_000
 MINUTE_NS = 60 * NS_PER_S
@@ -158,12 +164,21 @@ def _raw_level(
     ids = None if scope.gpu_ids is None else tuple(scope.gpu_ids.tolist())
     key = (step_ns, start_ns, end_ns, scope.attrs, ids)
     if key not in scope.memo:
-        samples = raw.read(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
-        level = as_level(
+        # the samples' slots end at their GPU's next sample (rollup_rule.sample_seen_ns)
+        samples = raw.read(
+            con,
+            start_ns - SLOT_LOOKBEHIND_NS,
+            end_ns + SLOT_LOOKAHEAD_NS,
+            scope.col_ids,
+            scope.gpu_ids,
+        )
+        level = samples_as_level(
             samples.time_ns,
             samples.gpu_id,
             samples.lost,
             {a: samples.values[:, j] for j, a in enumerate(scope.attrs)},
+            start_ns=start_ns,
+            end_ns=end_ns,
         )
         scope.memo[key] = combine(level, step_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=0)
     return scope.memo[key]
@@ -275,7 +290,7 @@ def _column_ids(con: sqlite3.Connection, attrs: Sequence[str]) -> tuple[int, ...
 
 def _no_rows(attrs: Sequence[str]) -> dict[str, np.ndarray]:
     e = np.zeros(0, np.int64)
-    return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e} | {
+    return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e, "seen_ns": e} | {
         a: np.zeros(0) for a in attrs
     }
 
