@@ -16,6 +16,7 @@ from gpuwatt.analytics.accounting import (
     measured,
     slot_ends_ns,
     slot_ns_of,
+    stored_seen_s,
 )
 from gpuwatt.analytics.balance import mark_idle
 from gpuwatt.analytics.efficiency import add_row_tflops
@@ -112,8 +113,9 @@ def gpu_windows(
     slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
     bucket_ns = round(step_s * NS_PER_S) if step_s else None
     slot_end = slot_ends_ns(rows, end_ns=now_ns, slot_ns=slot, bucket_ns=bucket_ns)
-    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end)
-    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end)
+    stored_s = stored_seen_s(rows)
+    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end, fill_s=stored_s)
+    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end, stored_s=stored_s)
     add_row_tflops(rows, tensor_precision=tensor_precision)
     add_bit_columns(rows)
     t = rows["time_ns"].to_numpy(dtype=np.int64)

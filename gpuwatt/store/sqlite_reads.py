@@ -33,6 +33,7 @@ from gpuwatt.store.rollup_rule import (
     SLOT_LOOKAHEAD_NS,
     SLOT_LOOKBEHIND_NS,
     combine,
+    sample_seen_ns,
     samples_as_level,
 )
 
@@ -140,9 +141,18 @@ def series_columns(
         gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
     scope = _Scope(attrs, _column_ids(con, attrs), gpu_ids, memo)
     if step_s is None:
-        samples = raw.read(con, start_ns, end_ns, scope.col_ids, gpu_ids)
-        columns = {"time_ns": samples.time_ns, "gpu_id": samples.gpu_id}
-        return columns | {a: samples.values[:, j] for j, a in enumerate(attrs)}, attrs
+        # each sample with its seen time (rollup_rule.sample_seen_ns), as its minute has it
+        samples = raw.read(
+            con, start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS, scope.col_ids, gpu_ids
+        )
+        seen_ns = sample_seen_ns(samples.time_ns, samples.gpu_id, samples.lost)
+        keep = (samples.time_ns >= start_ns) & (samples.time_ns < end_ns)
+        columns = {
+            "time_ns": samples.time_ns[keep],
+            "gpu_id": samples.gpu_id[keep],
+            "seen_ns": seen_ns[keep],
+        }
+        return columns | {a: samples.values[keep, j] for j, a in enumerate(attrs)}, attrs
     step_ns = int(step_s) * NS_PER_S
     if step_ns <= 0:
         raise ValueError("step_s must be positive")
