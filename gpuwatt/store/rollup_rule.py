@@ -45,7 +45,7 @@ INTERVAL_SPACINGS = 3
 #: How far before and beyond the samples of a bucket a roller reads so that each sample's
 #: neighbours that decide its slot are known (``samples_as_level``).
 SLOT_LOOKBEHIND_NS = INTERVAL_SPACINGS * MAX_SLOT_NS
-SLOT_LOOKAHEAD_NS = 2 * MAX_SLOT_NS
+SLOT_LOOKAHEAD_NS = 3 * MAX_SLOT_NS
 
 
 def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) -> np.ndarray:
@@ -55,11 +55,12 @@ def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) ->
     time to its GPU's next sample (of any kind, a marker included), unless that is more than
     ``JITTER_FACTOR`` sampling intervals away (a gap: a collector down, a GPU gone without a
     marker), in which case one interval. The sampling interval is the longest of the GPU's last
-    ``INTERVAL_SPACINGS`` spacings up to the sample. No slot is longer than ``MAX_SLOT_NS``
-    (a GPU's first samples, a lone sample: a minute at most). Only the samples within
-    ``SLOT_LOOKBEHIND_NS`` before and ``SLOT_LOOKAHEAD_NS`` after a sample decide its slot, so
-    a roller reading that much around its bucket gives each sample the slot a read of all the
-    samples would; the samples may come in any order."""
+    ``INTERVAL_SPACINGS`` spacings up to the sample; a spacing no more than ``JITTER_FACTOR``
+    times the one after it (the sampling slowed down) is no gap either. No slot is longer than
+    ``MAX_SLOT_NS`` (a GPU's first samples, a lone sample: a minute at most). Only the samples
+    within ``SLOT_LOOKBEHIND_NS`` before and ``SLOT_LOOKAHEAD_NS`` after a sample decide its
+    slot, so a roller reading that much around its bucket gives each sample the slot a read of
+    all the samples would; the samples may come in any order."""
     t = np.asarray(time_ns, dtype=np.int64)
     g = np.asarray(gpu_id, dtype=np.int64)
     order = np.lexsort((t, g))
@@ -78,7 +79,12 @@ def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) ->
         back[k:] = np.where(gs[k:] == gs[:-k], prev_gap[:-k], big)
         interval = np.maximum(interval, back)
     interval = np.minimum(interval, MAX_SLOT_NS)
-    slot = np.where(nxt_gap <= JITTER_FACTOR * interval, nxt_gap, interval)
+    # the spacing after the next sample: a sampling interval that grows is not a gap
+    after = np.full(n, big, dtype=np.int64)
+    after[:-1] = np.where(nxt_gap[:-1] < big, nxt_gap[1:], big)
+    after = np.where(after < big, np.minimum(after, MAX_SLOT_NS), 0)
+    sampling = nxt_gap <= JITTER_FACTOR * np.maximum(interval, after)
+    slot = np.where(sampling, nxt_gap, interval)
     slot = np.minimum(slot, MAX_SLOT_NS)
     out = np.empty(n, dtype=np.int64)
     out[order] = slot
