@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.store.base import SEEN_COLUMN
+from gpuwatt.store.rollup_rule import sample_seen_ns
 
 #: Columns that say a row holds a measurement; a row with none of them (a bucket holding only
 #: lost-GPU markers, a marker itself) is not seen.
@@ -74,6 +75,19 @@ def stored_seen_s(rows: pd.DataFrame) -> np.ndarray:
     if SEEN_COLUMN not in rows.columns:
         return np.full(len(rows), np.nan)
     return pd.to_numeric(rows[SEEN_COLUMN], errors="coerce").to_numpy(dtype=float)
+
+
+def add_sample_seen(rows: pd.DataFrame, measured_rows: np.ndarray) -> None:
+    """Give raw samples (rows sorted by GPU then time, lost-GPU markers included) that came
+    without a seen time their slot by the stores' rule (``rollup_rule.sample_seen_ns``): the
+    rows of the range and the context rows before it are all the neighbours there are (the
+    newest sample of a GPU counts one interval)."""
+    stored = stored_seen_s(rows)
+    if len(rows) == 0 or np.isfinite(stored).all():
+        return
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    seen_ns = sample_seen_ns(t, rows["gpu_code"].to_numpy(dtype=np.int64), ~measured_rows)
+    rows[SEEN_COLUMN] = np.where(np.isfinite(stored), stored, seen_ns / 1e9)
 
 
 def add_row_seen(

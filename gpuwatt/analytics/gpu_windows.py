@@ -12,6 +12,7 @@ import pandas as pd
 
 from gpuwatt.analytics.accounting import (
     add_row_seen,
+    add_sample_seen,
     keep_in_range,
     measured,
     slot_ends_ns,
@@ -104,6 +105,8 @@ def gpu_windows(
         start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
     t_all = rows["time_ns"].to_numpy(dtype=np.int64)
     ok = measured(rows)
+    if not step_s:  # raw samples: each one's slot, where the store did not give it
+        add_sample_seen(rows, ok)
     lost = lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok[t_all >= start_ns])
     if not ok.any():
         return "every GPU was lost in the analysed range" if len(rows) else "no samples"

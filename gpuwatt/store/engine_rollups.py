@@ -11,8 +11,10 @@ bucket is always safe; engines need no server-side tasks (InfluxDB 1.x continuou
 tasks and 3.x processing engines all differ, and none exists in VictoriaMetrics).
 
 Points: measurement ``gpuwatt_rollup_1m`` / ``gpuwatt_rollup_1h`` (VictoriaMetrics names them
-``gpuwatt_rollup_1m_<field>``), the raw samples' tags, integer fields ``n``, ``n_ok`` and
-``t_last_ms`` (newest non-lost sample; absent when none), and one float field per metric under
+``gpuwatt_rollup_1m_<field>``), the raw samples' tags, integer fields ``n``, ``n_ok``,
+``t_last_ms`` (newest non-lost sample; absent when none) and ``seen_ns`` (the bucket's seen time,
+``rollup_rule``; absent in points written before it, which read as not known), and one float
+field per metric under
 its model attribute name, in model units (absent: not measured). A point's timestamp is its
 bucket's start plus ``n`` milliseconds: a re-roll that saw more samples writes a *newer* point in
 the same bucket, and readers keep the newest point of each (bucket, GPU) (``newest_per_bucket``).
@@ -47,7 +49,16 @@ from gpuwatt.store import LAST_VALUE_ATTRS
 if TYPE_CHECKING:
     import pandas as pd
 
-from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS, NULL_TIME, combine
+from gpuwatt.store.rollup_rule import (
+    KEYS,
+    MINUTE_NS,
+    NULL_TIME,
+    SLOT_LOOKAHEAD_NS,
+    SLOT_LOOKBEHIND_NS,
+    UNKNOWN_SEEN,
+    combine,
+    sample_seen_ns,
+)
 
 HOUR_NS = 60 * MINUTE_NS
 NS_PER_MS = 1_000_000
@@ -56,6 +67,7 @@ MEASUREMENTS: dict[int, str] = {MINUTE_NS: "gpuwatt_rollup_1m", HOUR_NS: "gpuwat
 FIELD_N = "n"
 FIELD_N_OK = "n_ok"
 FIELD_T_LAST = "t_last_ms"
+FIELD_SEEN = "seen_ns"
 #: The metrics kept in rollups: every numeric field of the schema (as the embedded store's).
 ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Kind.STR)
 
@@ -112,7 +124,8 @@ class RollupSource(Protocol):
     """What an engine offers to keep and read rollups (``influx_rollups``, ``promql_rollups``).
 
     Column dicts follow ``rollup_rule``: ``time_ns``, ``gpu_id`` (from ``ids``), ``n``, ``n_ok``,
-    ``t_last_ns`` and one float64 column per attribute (NaN: not measured)."""
+    ``t_last_ns``, ``seen_ns`` (rollup points; ``UNKNOWN_SEEN`` where a point has none) and one
+    float64 column per attribute (NaN: not measured)."""
 
     def raw_level(
         self,
@@ -158,13 +171,15 @@ def rollup_lines(level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Id
     values = {a: cols[a].tolist() for a in attrs}
     level_ms = level_ns // NS_PER_MS
     out = []
-    for i, (t, gid, n, n_ok, t_last) in enumerate(
+    seen = cols["seen_ns"].tolist() if "seen_ns" in cols else [UNKNOWN_SEEN] * len(cols["n"])
+    for i, (t, gid, n, n_ok, t_last, seen_ns) in enumerate(
         zip(
             cols["time_ns"].tolist(),
             cols["gpu_id"].tolist(),
             cols["n"].tolist(),
             cols["n_ok"].tolist(),
             cols["t_last_ns"].tolist(),
+            seen,
             strict=True,
         )
     ):
@@ -180,6 +195,8 @@ def rollup_lines(level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Id
         fields = [f"{FIELD_N}={n}i", f"{FIELD_N_OK}={n_ok}i"]
         if t_last != NULL_TIME:
             fields.append(f"{FIELD_T_LAST}={t_last // NS_PER_MS}i")
+        if seen_ns >= 0:
+            fields.append(f"{FIELD_SEEN}={seen_ns}i")
         for a in attrs:
             v = values[a][i]
             if math.isfinite(v):
@@ -202,7 +219,7 @@ def roll(
     ids = GpuIds()
     end_ns = bucket_ns + level_ns
     if level_ns == MINUTE_NS:
-        rows = source.raw_level(bucket_ns, end_ns, attrs, hosts, ids)
+        rows = raw_with_seen(source, bucket_ns, end_ns, attrs, hosts, ids)
         below = 0
     else:
         rows = newest_per_bucket(
@@ -214,6 +231,25 @@ def roll(
     out = combine(rows, level_ns, attrs, LAST_VALUE_ATTRS, level_ns=below)
     source.write_lines(source.rollup_lines(level_ns, out, ids.idents))
     return len(out["time_ns"])
+
+
+def raw_with_seen(
+    source: RollupSource,
+    start_ns: int,
+    end_ns: int,
+    attrs: Sequence[str],
+    hosts: Sequence[str] | None,
+    ids: GpuIds,
+) -> dict[str, np.ndarray]:
+    """The raw samples in ``[start_ns, end_ns)`` as level columns with their seen time: read
+    with the samples around the range that decide their slots (``rollup_rule``)."""
+    cols = source.raw_level(
+        start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS, attrs, hosts, ids
+    )
+    t = cols["time_ns"]
+    seen = sample_seen_ns(t, cols["gpu_id"], cols["n_ok"] == 0)
+    keep = (t >= start_ns) & (t < end_ns)
+    return {k: v[keep] for k, v in cols.items()} | {"seen_ns": seen[keep]}
 
 
 def roll_range(
@@ -327,7 +363,7 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
 def _below(read: _Read, level_ns: int, lo: int, hi: int) -> dict[str, np.ndarray]:
     """``[lo, hi)`` as ``level_ns`` rows aggregated from the level below."""
     if level_ns == MINUTE_NS:
-        raw = read.source.raw_level(lo, hi, read.attrs, read.hosts, read.ids)
+        raw = raw_with_seen(read.source, lo, hi, read.attrs, read.hosts, read.ids)
         return combine(raw, MINUTE_NS, read.attrs, LAST_VALUE_ATTRS, level_ns=0)
     return combine(_level(read, MINUTE_NS, lo, hi), level_ns, read.attrs, LAST_VALUE_ATTRS)
 
@@ -351,7 +387,7 @@ def frame(
     then host, index and uuid."""
     import pandas as pd
 
-    from gpuwatt.store.base import KEY_COLUMNS
+    from gpuwatt.store.base import KEY_COLUMNS, SEEN_COLUMN
 
     if not len(cols["time_ns"]):
         dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
@@ -374,6 +410,9 @@ def frame(
     )
     for a in attrs:
         out[a] = cols[a][order]
+    if "seen_ns" in cols:
+        seen = cols["seen_ns"][order]
+        out[SEEN_COLUMN] = np.where(seen >= 0, seen / 1e9, np.nan)
     return out
 
 

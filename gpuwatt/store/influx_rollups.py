@@ -5,10 +5,11 @@ run on InfluxDB 1.x, on 2.x through its v1-compatibility ``/query`` and on 3.x C
 
 Packed points: one point per bucket and *host* (tag ``host``), its GPUs in a string field
 ``gpus`` (JSON ``[[index, uuid, name], ...]``) and each column (``n``, ``n_ok``, ``t_last_ns``,
-one per metric) a string field holding the host's values as little-endian int64/float64, base64,
-padded to a multiple of 3 values so that a column of many points decodes in one call. Measured
-on InfluxDB 1.6.7 with 1,024 GPUs (``bench/dashboard.py --store influxdb``): one numeric series
-per GPU and field made an hour of minutes 12,000 cursors and 10 MB of JSON numbers (~2 s to
+``seen_ns``, one per metric) a string field holding the host's values as little-endian
+int64/float64, base64, padded to a multiple of 3 values so that a column of many points decodes
+in one call (``seen_ns`` is absent from points written before it). Measured on InfluxDB 1.6.7
+with 1,024 GPUs (``bench/dashboard.py --store influxdb``): one numeric series per GPU and field
+made an hour of minutes 12,000 cursors and 10 MB of JSON numbers (~2 s to
 answer and parse); packed, it is 128 series per field and strings that parse at once. A metric
 no GPU of the host measured is left out (NaN).
 """
@@ -35,6 +36,7 @@ from gpuwatt.store import StoreRejected
 from gpuwatt.store.engine_rollups import (
     FIELD_N,
     FIELD_N_OK,
+    FIELD_SEEN,
     MEASUREMENTS,
     NS_PER_MS,
     GpuIds,
@@ -44,14 +46,21 @@ from gpuwatt.store.engine_rollups import (
     empty_level,
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident
-from gpuwatt.store.rollup_rule import KEYS, as_level
+from gpuwatt.store.rollup_rule import KEYS, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
     from gpuwatt.store.influx import InfluxStore
 
 FIELD_GPUS = "gpus"
 FIELD_T_LAST_NS = "t_last_ns"
-_INT_COLUMNS = (FIELD_N, FIELD_N_OK, FIELD_T_LAST_NS)
+#: The packed int64 columns and the level column each holds (``seen_ns`` is absent from points
+#: written before it, and reads as ``UNKNOWN_SEEN``).
+_INT_COLUMNS = {
+    FIELD_N: "n",
+    FIELD_N_OK: "n_ok",
+    FIELD_T_LAST_NS: "t_last_ns",
+    FIELD_SEEN: "seen_ns",
+}
 #: How long the oldest rollup point of a level is trusted from memory (it moves only with
 #: retention); the newest is asked for on every read.
 NEWEST_TTL_S = 5.0  # how long a read trusts the span of the rollups it learnt
@@ -174,8 +183,9 @@ class InfluxRollups:
             rows = order[lo:hi]
             gpus = json.dumps([list(idents[g][1:]) for g in gid[rows].tolist()])
             fields = [f"{FIELD_GPUS}={_string_field(gpus)}"]
-            for name, key in ((FIELD_N, "n"), (FIELD_N_OK, "n_ok"), (FIELD_T_LAST_NS, "t_last_ns")):
-                fields.append(f'{name}="{_pack(cols[key][rows].astype("<i8"))}"')
+            for name, key in _INT_COLUMNS.items():
+                if key in cols:
+                    fields.append(f'{name}="{_pack(cols[key][rows].astype("<i8"))}"')
             for a in attrs:
                 v = cols[a][rows]
                 if not np.isnan(v).all():
@@ -230,13 +240,15 @@ class InfluxRollups:
             _unpack(col, padded, "<i8" if i < len(_INT_COLUMNS) else "<f8")[keep]
             for i, col in enumerate(columns)
         ]
-        return {
-            "time_ns": np.repeat(np.array(times, dtype=np.int64), counts),
-            "gpu_id": np.array([g for gl in gpu_lists for g in gl], dtype=np.int64),
-            "n": unpacked[0],
-            "n_ok": unpacked[1],
-            "t_last_ns": unpacked[2],
-        } | {a: unpacked[3 + i] for i, a in enumerate(attrs)}
+        ints = len(_INT_COLUMNS)
+        return (
+            {
+                "time_ns": np.repeat(np.array(times, dtype=np.int64), counts),
+                "gpu_id": np.array([g for gl in gpu_lists for g in gl], dtype=np.int64),
+            }
+            | dict(zip(_INT_COLUMNS.values(), unpacked[:ints], strict=True))
+            | {a: unpacked[ints + i] for i, a in enumerate(attrs)}
+        )
 
 
 def _ident_measurement(name: str) -> str:
@@ -256,8 +268,10 @@ def _pack(values: np.ndarray) -> str:
 
 
 def _unpack(column: list[str | None], padded: np.ndarray, dtype: str) -> np.ndarray:
-    """A column of packed values, one string per point of ``padded`` values (None: all NaN)."""
-    missing = base64.b64encode(np.full(3, np.nan).tobytes()).decode("ascii")
+    """A column of packed values, one string per point of ``padded`` values (None: all NaN,
+    or for int64 all ``UNKNOWN_SEEN``: a column the point was written without)."""
+    fill = np.full(3, np.nan) if dtype == "<f8" else np.full(3, UNKNOWN_SEEN, dtype="<i8")
+    missing = base64.b64encode(fill.tobytes()).decode("ascii")
     parts = [
         v if v is not None else missing * (int(p) // 3) for v, p in zip(column, padded, strict=True)
     ]

@@ -19,6 +19,7 @@ from gpuwatt.schema import FIELD_LOST, MEASUREMENT
 from gpuwatt.store.engine_rollups import (
     FIELD_N,
     FIELD_N_OK,
+    FIELD_SEEN,
     FIELD_T_LAST,
     MEASUREMENTS,
     NS_PER_MS,
@@ -30,7 +31,7 @@ from gpuwatt.store.engine_rollups import (
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
 from gpuwatt.store.promql_frames import gpu_ident
-from gpuwatt.store.rollup_rule import NULL_TIME, as_level
+from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
     from gpuwatt.store.promql import PromStore
@@ -115,7 +116,7 @@ class PromRollups:
         ids: GpuIds,
     ) -> dict[str, np.ndarray]:
         prefix = MEASUREMENTS[level_ns] + "_"
-        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, *attrs]
+        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, FIELD_SEEN, *attrs]
         host_matcher = ""
         if hosts is not None:
             pattern = regex_alternatives(hosts) if hosts else "$^"
@@ -144,8 +145,11 @@ class PromRollups:
             "t_last_ns": np.where(
                 np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
             ),
+            "seen_ns": np.where(
+                np.isnan(data[:, 3]), UNKNOWN_SEEN, np.nan_to_num(data[:, 3]).astype(np.int64)
+            ),
         }
-        return out | {a: data[:, 3 + i] for i, a in enumerate(attrs)}
+        return out | {a: data[:, 4 + i] for i, a in enumerate(attrs)}
 
     def _pivot(
         self, answers: Sequence[list[dict[str, Any]]], width: int, ids: GpuIds
