@@ -15,7 +15,8 @@ that start and end anywhere, 1 minute to 7 days long:
   range within 0.5 %.
 
 The store is built once per module and backend; the InfluxDB data are loaded through the
-store's own writer into Debian's influxd (a few seconds).
+store's own writer into Debian's influxd and rolled up there as collectors roll them
+(``engine_rollups.roll_range``), so that bucketed reads come from the engine's rollups.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gpuwatt.analytics.inputs import context_reads, joined
 from gpuwatt.collector.sim.scenario import load_scenario
 from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.model import GpuSample
+from gpuwatt.store import engine_rollups
 from gpuwatt.store.base import Store, series_many
 
 NS = 1_000_000_000
@@ -148,6 +150,8 @@ def store(request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory) ->
     try:
         for b in batches:
             s.write_samples(b)
+        # the engine's own rollups, as collectors keep them (collector.rollup_writer)
+        assert engine_rollups.roll_range(s.rollups, T0, T0 + HOURS * H) > 0
         yield s
     finally:
         s.close()

@@ -54,8 +54,9 @@ def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) ->
     A lost-GPU marker stands for nothing. Any other sample stands for its *slot*: from its
     time to its GPU's next sample (of any kind, a marker included), unless that is more than
     ``JITTER_FACTOR`` sampling intervals away (a gap: a collector down, a GPU gone without a
-    marker), in which case one interval. The sampling interval is the longest of the GPU's last
-    ``INTERVAL_SPACINGS`` spacings up to the sample; a spacing no more than ``JITTER_FACTOR``
+    marker), in which case one interval (no longer than the spacing from the previous sample).
+    The sampling interval is the longest of the GPU's last ``INTERVAL_SPACINGS`` spacings up to
+    the sample; a spacing no more than ``JITTER_FACTOR``
     times the one after it (the sampling slowed down) is no gap either. No slot is longer than
     ``MAX_SLOT_NS`` (a GPU's first samples, a lone sample: a minute at most). Only the samples
     within ``SLOT_LOOKBEHIND_NS`` before and ``SLOT_LOOKAHEAD_NS`` after a sample decide its
@@ -84,7 +85,7 @@ def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) ->
     after[:-1] = np.where(nxt_gap[:-1] < big, nxt_gap[1:], big)
     after = np.where(after < big, np.minimum(after, MAX_SLOT_NS), 0)
     sampling = nxt_gap <= JITTER_FACTOR * np.maximum(interval, after)
-    slot = np.where(sampling, nxt_gap, interval)
+    slot = np.where(sampling, nxt_gap, np.minimum(interval, prev_gap))
     slot = np.minimum(slot, MAX_SLOT_NS)
     out = np.empty(n, dtype=np.int64)
     out[order] = slot
