@@ -24,7 +24,7 @@ from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.store import engine_rollups, open_store
 from gpuwatt.store.base import SEEN_COLUMN
-from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, GpuIds
+from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, GpuIds, Scope
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -73,7 +73,7 @@ class Engine:
 
     def count_points(self, level_ns: int) -> int:
         """Rollup points of a level kept in the engine, stale ones too, one per GPU."""
-        points = self.source.rollup_points(level_ns, 0, 2**62, (), None, GpuIds())
+        points = self.source.rollup_points(level_ns, 0, 2**62, Scope((), None))
         return len(points["time_ns"])
 
 

@@ -75,25 +75,47 @@ ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Ki
 Ident = tuple[str, int, str, str]
 
 
+#: How long a read trusts the newest rollup point of a level it learnt, and the oldest (which
+#: moves only with retention).
+NEWEST_TTL_S = 5.0
+OLDEST_TTL_S = 600.0
+
+
 class SpanCache:
-    """The span of an engine's rollups per level, kept ``ttl_s``: a span a few seconds old only
-    ends earlier than the engine's (a read then takes a little more from the level below), never
-    later."""
+    """The span of an engine's rollups per level: the newest point kept ``NEWEST_TTL_S`` (a
+    span a few seconds old only ends earlier than the engine's: a read then takes a little more
+    from the level below, never less), the oldest ``OLDEST_TTL_S``. ``oldest`` and ``newest``
+    ask the engine for the time of a level's oldest and newest point (None: none)."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
+    def __init__(
+        self, oldest: Callable[[int], int | None], newest: Callable[[int], int | None]
+    ) -> None:
+        self._ask_oldest, self._ask_newest = oldest, newest
         self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._oldest: dict[int, tuple[float, int]] = {}
 
-    def get(
-        self, level_ns: int, ask: Callable[[int], tuple[int, int] | None]
-    ) -> tuple[int, int] | None:
+    def get(self, level_ns: int) -> tuple[int, int] | None:
         cached = self._spans.get(level_ns)
-        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
             return cached[1]
-        span = ask(level_ns)
+        span = self._span(level_ns)
         if span is not None:
             self._spans[level_ns] = (time.monotonic(), span)
         return span
+
+    def _span(self, level_ns: int) -> tuple[int, int] | None:
+        cached = self._oldest.get(level_ns)
+        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
+            oldest = self._ask_oldest(level_ns)
+            if oldest is None:
+                return None
+            self._oldest[level_ns] = (time.monotonic(), oldest)
+        else:
+            oldest = cached[1]
+        newest = self._ask_newest(level_ns)
+        if newest is None:
+            return None
+        return min(oldest, newest), newest
 
 
 class RollupsUnsupported(GpuwattError):
@@ -120,6 +142,16 @@ class GpuIds:
         return gid
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What a read of an engine's raw samples or rollup points asks for: the attributes, the
+    hosts (None: all) and the ids its GPUs get (shared by the parts of one read)."""
+
+    attrs: tuple[str, ...]
+    hosts: Sequence[str] | None
+    ids: GpuIds = field(default_factory=GpuIds)
+
+
 class RollupSource(Protocol):
     """What an engine offers to keep and read rollups (``influx_rollups``, ``promql_rollups``).
 
@@ -127,24 +159,11 @@ class RollupSource(Protocol):
     ``t_last_ns``, ``seen_ns`` (rollup points; ``UNKNOWN_SEEN`` where a point has none) and one
     float64 column per attribute (NaN: not measured)."""
 
-    def raw_level(
-        self,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
-    ) -> dict[str, np.ndarray]:
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         """Raw samples in ``[start_ns, end_ns)`` as level columns (``rollup_rule.as_level``)."""
 
     def rollup_points(
-        self,
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
     ) -> dict[str, np.ndarray]:
         """Every rollup point of ``level_ns`` timed in ``[start_ns, end_ns)`` (stale ones too),
         ``time_ns`` being the point's own time."""
@@ -216,36 +235,29 @@ def roll(
     """(Re)compute the ``level_ns`` bucket starting at ``bucket_ns`` for ``hosts`` (None: every
     host) from what the engine holds, and write it; the number of GPU points written. An hour is
     built from its minutes, which must have been rolled first."""
-    ids = GpuIds()
+    scope = Scope(tuple(attrs), hosts)
     end_ns = bucket_ns + level_ns
     if level_ns == MINUTE_NS:
-        rows = raw_with_seen(source, bucket_ns, end_ns, attrs, hosts, ids)
+        rows = raw_with_seen(source, bucket_ns, end_ns, scope)
         below = 0
     else:
         rows = newest_per_bucket(
-            source.rollup_points(MINUTE_NS, bucket_ns, end_ns, attrs, hosts, ids), MINUTE_NS
+            source.rollup_points(MINUTE_NS, bucket_ns, end_ns, scope), MINUTE_NS
         )
         below = MINUTE_NS
     if not len(rows["time_ns"]):
         return 0
     out = combine(rows, level_ns, attrs, LAST_VALUE_ATTRS, level_ns=below)
-    source.write_lines(source.rollup_lines(level_ns, out, ids.idents))
+    source.write_lines(source.rollup_lines(level_ns, out, scope.ids.idents))
     return len(out["time_ns"])
 
 
 def raw_with_seen(
-    source: RollupSource,
-    start_ns: int,
-    end_ns: int,
-    attrs: Sequence[str],
-    hosts: Sequence[str] | None,
-    ids: GpuIds,
+    source: RollupSource, start_ns: int, end_ns: int, scope: Scope
 ) -> dict[str, np.ndarray]:
     """The raw samples in ``[start_ns, end_ns)`` as level columns with their seen time: read
     with the samples around the range that decide their slots (``rollup_rule``)."""
-    cols = source.raw_level(
-        start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS, attrs, hosts, ids
-    )
+    cols = source.raw_level(start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS, scope)
     t = cols["time_ns"]
     seen = sample_seen_ns(t, cols["gpu_id"], cols["n_ok"] == 0)
     keep = (t >= start_ns) & (t < end_ns)
@@ -299,10 +311,12 @@ def level_for(step_ns: int) -> int:
 @dataclass
 class _Read:
     source: RollupSource
-    attrs: tuple[str, ...]
-    hosts: Sequence[str] | None
-    ids: GpuIds
+    scope: Scope
     spans: dict[int, tuple[int, int] | None]
+
+    @property
+    def attrs(self) -> tuple[str, ...]:
+        return self.scope.attrs
 
 
 def read_levels(
@@ -322,13 +336,13 @@ def read_levels(
     spans = {lv: source.rollup_span(lv) for lv in LEVELS if lv <= level}
     if spans[MINUTE_NS] is None:
         return None
-    read = _Read(source, tuple(attrs), hosts, GpuIds(), spans)
+    read = _Read(source, Scope(tuple(attrs), hosts), spans)
     cols = _level(read, level, start_ns, end_ns)
     if step_ns != level:
         cols = combine(cols, step_ns, read.attrs, LAST_VALUE_ATTRS, level_ns=level)
     if len(cols["time_ns"]):  # a bucket cut by the range's start is keyed at the start
         cols["time_ns"] = np.maximum(cols["time_ns"], start_ns)
-    return cols, read.ids.idents
+    return cols, read.scope.ids.idents
 
 
 def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, np.ndarray]:
@@ -344,10 +358,7 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
         if first < last:
             tasks.append(
                 lambda: newest_per_bucket(
-                    read.source.rollup_points(
-                        level_ns, first, last, read.attrs, read.hosts, read.ids
-                    ),
-                    level_ns,
+                    read.source.rollup_points(level_ns, first, last, read.scope), level_ns
                 )
             )
             below = [(start_ns, first), (last, end_ns)]
@@ -363,7 +374,7 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
 def _below(read: _Read, level_ns: int, lo: int, hi: int) -> dict[str, np.ndarray]:
     """``[lo, hi)`` as ``level_ns`` rows aggregated from the level below."""
     if level_ns == MINUTE_NS:
-        raw = raw_with_seen(read.source, lo, hi, read.attrs, read.hosts, read.ids)
+        raw = raw_with_seen(read.source, lo, hi, read.scope)
         return combine(raw, MINUTE_NS, read.attrs, LAST_VALUE_ATTRS, level_ns=0)
     return combine(_level(read, MINUTE_NS, lo, hi), level_ns, read.attrs, LAST_VALUE_ATTRS)
 

@@ -42,6 +42,7 @@ from gpuwatt.store.engine_rollups import (
     GpuIds,
     Ident,
     RollupsUnsupported,
+    Scope,
     SpanCache,
     empty_level,
 )
@@ -61,10 +62,6 @@ _INT_COLUMNS = {
     FIELD_T_LAST_NS: "t_last_ns",
     FIELD_SEEN: "seen_ns",
 }
-#: How long the oldest rollup point of a level is trusted from memory (it moves only with
-#: retention); the newest is asked for on every read.
-NEWEST_TTL_S = 5.0  # how long a read trusts the span of the rollups it learnt
-OLDEST_TTL_S = 600.0
 #: How long the hosts that no rollups name are trusted from memory (a new Telegraf-only host
 #: is read raw at most this late; until then its GPUs are missing from bucketed reads).
 UNROLLED_TTL_S = 30.0
@@ -75,15 +72,14 @@ class InfluxRollups:
 
     def __init__(self, store: InfluxStore) -> None:
         self.store = store
-        self._oldest: dict[int, tuple[float, int]] = {}
-        self._spans = SpanCache(NEWEST_TTL_S)
+        self._spans = SpanCache(self._oldest_ns, self._newest_ns)
         self._unrolled: tuple[float, frozenset[str]] | None = None
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        return self._spans.get(level_ns, self._span)
+        return self._spans.get(level_ns)
 
     def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
         """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.
@@ -111,25 +107,17 @@ class InfluxRollups:
         )
         return {decode_name(str(row[-1])) for s in series for row in s.get("values") or []}
 
-    def _span(self, level_ns: int) -> tuple[int, int] | None:
+    def _oldest_ns(self, level_ns: int) -> int | None:
+        return self._time_of(f'SELECT first("{FIELD_N}") FROM {ident(MEASUREMENTS[level_ns])}')
+
+    def _newest_ns(self, level_ns: int) -> int | None:
+        # looked for in the last day first, which is cheap (InfluxDB reads only the shards the
+        # time range names), then anywhere
         measurement = ident(MEASUREMENTS[level_ns])
-        cached = self._oldest.get(level_ns)
-        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
-            oldest = self._time_of(f'SELECT first("{FIELD_N}") FROM {measurement}')
-            if oldest is None:
-                return None
-            self._oldest[level_ns] = (time.monotonic(), oldest)
-        else:
-            oldest = cached[1]
-        # The newest point: looked for in the last day first, which is cheap (InfluxDB reads
-        # only the shards the time range names), then anywhere.
         day_ago = time.time_ns() - 86_400 * 10**9
-        newest = self._time_of(
+        return self._time_of(
             f'SELECT last("{FIELD_N}") FROM {measurement} WHERE time >= {day_ago}'
         ) or self._time_of(f'SELECT last("{FIELD_N}") FROM {measurement}')
-        if newest is None:
-            return None
-        return min(oldest, newest), newest
 
     def _time_of(self, influxql: str) -> int | None:
         for s in self.store.query(influxql):
@@ -139,14 +127,8 @@ class InfluxRollups:
                 return row[0] if isinstance(row[0], int) else None
         return None
 
-    def raw_level(
-        self,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
-    ) -> dict[str, np.ndarray]:
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
+        attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         selects = [ident(FIELD_LOST)] + [ident(FIELD_BY_ATTR[a].field) for a in attrs]
         series = self.store.query(
             f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE '
@@ -197,14 +179,9 @@ class InfluxRollups:
         return out
 
     def rollup_points(
-        self,
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
     ) -> dict[str, np.ndarray]:
+        attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         names = [FIELD_GPUS, *_INT_COLUMNS, *attrs]
         series = self.store.query(
             f"SELECT {', '.join(map(ident, names))} FROM {ident(MEASUREMENTS[level_ns])} "
