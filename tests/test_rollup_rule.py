@@ -146,6 +146,17 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     )
     inside = (t >= lo_ns) & (t < hi_ns)
     assert cols["seen_ns"].tolist() == whole[inside].tolist()
+    # the narrowest read that holds every GPU's neighbours gives the same
+    narrow = rollup_rule.read_around(
+        lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+        lambda i: (t[i], gid[i]),
+        lo_ns,
+        hi_ns,
+    )
+    cols = rollup_rule.samples_as_level(
+        t[narrow], gid[narrow], lost[narrow], {}, start_ns=lo_ns, end_ns=hi_ns
+    )
+    assert cols["seen_ns"].tolist() == whole[inside].tolist()
 
 
 def test_seen_time_adds_up_and_a_bucket_without_it_stays_unknown() -> None:

@@ -53,10 +53,9 @@ from gpuwatt.store.rollup_rule import (
     KEYS,
     MINUTE_NS,
     NULL_TIME,
-    SLOT_LOOKAHEAD_NS,
-    SLOT_LOOKBEHIND_NS,
     UNKNOWN_SEEN,
     combine,
+    read_around,
     sample_seen_ns,
 )
 
@@ -257,7 +256,12 @@ def raw_with_seen(
 ) -> dict[str, np.ndarray]:
     """The raw samples in ``[start_ns, end_ns)`` as level columns with their seen time: read
     with the samples around the range that decide their slots (``rollup_rule``)."""
-    cols = source.raw_level(start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS, scope)
+    cols = read_around(
+        lambda lo, hi: source.raw_level(lo, hi, scope),
+        lambda c: (c["time_ns"], c["gpu_id"]),
+        start_ns,
+        end_ns,
+    )
     t = cols["time_ns"]
     seen = sample_seen_ns(t, cols["gpu_id"], cols["n_ok"] == 0)
     keep = (t >= start_ns) & (t < end_ns)

@@ -62,6 +62,7 @@ from gpuwatt.store.rollup_rule import (
     SLOT_LOOKAHEAD_NS,
     SLOT_LOOKBEHIND_NS,
     combine,
+    read_around,
     samples_as_level,
 )
 from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, NS_PER_S, floor_ns
@@ -522,11 +523,12 @@ class SqliteStore:
                 break
             hi = min(end_ns, floor_ns(first, MINUTE_NS) + BLOCK_NS)
             # A sample's slot depends on its GPU's neighbours: read a little around the block.
-            samples = raw.read(
-                con,
-                lo - SLOT_LOOKBEHIND_NS,
-                hi + SLOT_LOOKAHEAD_NS,
-                tuple(range(len(columns.attrs))),
+            all_cols = tuple(range(len(columns.attrs)))
+            samples = read_around(
+                lambda a, b: raw.read(con, a, b, all_cols),  # noqa: B023 (called at once)
+                lambda rows: (rows.time_ns, rows.gpu_id),
+                lo,
+                hi,
             )
             level = samples_as_level(
                 samples.time_ns,

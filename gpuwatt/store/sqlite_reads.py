@@ -28,11 +28,11 @@ from gpuwatt.store import (
     rounds,
 )
 from gpuwatt.store.base import SeriesRead
+from gpuwatt.store.codec import Rows
 from gpuwatt.store.rollup_rule import (
     NULL_TIME,
-    SLOT_LOOKAHEAD_NS,
-    SLOT_LOOKBEHIND_NS,
     combine,
+    read_around,
     sample_seen_ns,
     samples_as_level,
 )
@@ -142,9 +142,7 @@ def series_columns(
     scope = _Scope(attrs, _column_ids(con, attrs), gpu_ids, memo)
     if step_s is None:
         # each sample with its seen time (rollup_rule.sample_seen_ns), as its minute has it
-        samples = raw.read(
-            con, start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS, scope.col_ids, gpu_ids
-        )
+        samples = _read_around(con, start_ns, end_ns, scope.col_ids, gpu_ids)
         seen_ns = sample_seen_ns(samples.time_ns, samples.gpu_id, samples.lost)
         keep = (samples.time_ns >= start_ns) & (samples.time_ns < end_ns)
         columns = {
@@ -165,6 +163,23 @@ def series_columns(
     return columns, attrs
 
 
+def _read_around(
+    con: sqlite3.Connection,
+    start_ns: int,
+    end_ns: int,
+    col_ids: Sequence[int],
+    gpu_ids: np.ndarray | None,
+) -> Rows:
+    """The raw samples in ``[start_ns, end_ns)`` and those around it that decide their slots
+    (``rollup_rule.read_around``)."""
+    return read_around(
+        lambda lo, hi: raw.read(con, lo, hi, col_ids, gpu_ids),
+        lambda rows: (rows.time_ns, rows.gpu_id),
+        start_ns,
+        end_ns,
+    )
+
+
 def _raw_level(
     con: sqlite3.Connection, scope: _Scope, step_ns: int, start_ns: int, end_ns: int
 ) -> dict[str, Any]:
@@ -175,13 +190,7 @@ def _raw_level(
     key = (step_ns, start_ns, end_ns, scope.attrs, ids)
     if key not in scope.memo:
         # the samples' slots end at their GPU's next sample (rollup_rule.sample_seen_ns)
-        samples = raw.read(
-            con,
-            start_ns - SLOT_LOOKBEHIND_NS,
-            end_ns + SLOT_LOOKAHEAD_NS,
-            scope.col_ids,
-            scope.gpu_ids,
-        )
+        samples = _read_around(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
         level = samples_as_level(
             samples.time_ns,
             samples.gpu_id,
