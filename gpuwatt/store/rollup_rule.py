@@ -53,7 +53,7 @@ SLOT_LOOKAHEAD_NS = 3 * MAX_SLOT_NS
 
 #: The margins a roller tries before the full look-around, narrowest first: reading less is
 #: enough where every GPU has its neighbours within it (``has_neighbours``).
-NEAR_MARGINS_NS: tuple[int, ...] = (8 * 10**9, MAX_SLOT_NS)
+NEAR_MARGINS_NS: tuple[int, ...] = (8 * 10**9, 100 * 10**9)  # 1-s, 30-s sampling
 
 
 def has_neighbours(time_ns: np.ndarray, gpu_id: np.ndarray, start_ns: int, end_ns: int) -> bool:
