@@ -150,6 +150,7 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     narrow = rollup_rule.read_around(
         lambda a, b: np.flatnonzero((t >= a) & (t < b)),
         lambda i: (t[i], gid[i]),
+        np.concatenate,
         lo_ns,
         hi_ns,
     )

@@ -108,7 +108,7 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
     """A range at 1 h and its last hour at 1 min (the dashboard's 24 h view) read together:
     the same frames as two ``series`` calls, with the not-yet-rolled raw samples aggregated
     once, not once per read."""
-    from gpuwatt.store import raw
+    from gpuwatt.store import sqlite_reads
     from gpuwatt.store.base import SeriesRead, series_many
 
     with SqliteStore(tmp_path / "m.db") as store:
@@ -120,13 +120,13 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
             SeriesRead(end - 3600 * S, end, FIELDS, 60, ["node1"]),
         ]
         raw_aggregations: list[tuple[int, int]] = []
-        read_raw = raw.read
+        aggregate = sqlite_reads.samples_as_level
 
-        def counted(con: Any, start_ns: int, end_ns: int, *args: Any) -> Any:
+        def counted(*args: Any, start_ns: int, end_ns: int) -> Any:
             raw_aggregations.append((start_ns, end_ns))
-            return read_raw(con, start_ns, end_ns, *args)
+            return aggregate(*args, start_ns=start_ns, end_ns=end_ns)
 
-        monkeypatch.setattr(raw, "read", counted)
+        monkeypatch.setattr(sqlite_reads, "samples_as_level", counted)
 
         def traced(read: Callable[[], object]) -> tuple[Any, int]:
             raw_aggregations.clear()

@@ -259,6 +259,7 @@ def raw_with_seen(
     cols = read_around(
         lambda lo, hi: source.raw_level(lo, hi, scope),
         lambda c: (c["time_ns"], c["gpu_id"]),
+        lambda parts: {k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
         start_ns,
         end_ns,
     )

@@ -51,44 +51,53 @@ SLOT_LOOKBEHIND_NS = INTERVAL_SPACINGS * MAX_SLOT_NS
 SLOT_LOOKAHEAD_NS = 3 * MAX_SLOT_NS
 
 
-#: The margins a roller tries before the full look-around, narrowest first: reading less is
-#: enough where every GPU has its neighbours within it (``has_neighbours``).
-NEAR_MARGINS_NS: tuple[int, ...] = (8 * 10**9, 100 * 10**9)  # 1-s, 30-s sampling
+#: The margin a roller reads around its bucket first: enough where every GPU has its
+#: neighbours within it (``neighbours_within``); a side where one lacks them is then read out
+#: to the full look-around.
+NEAR_MARGIN_NS = 8 * 10**9
 
 
-def has_neighbours(time_ns: np.ndarray, gpu_id: np.ndarray, start_ns: int, end_ns: int) -> bool:
+def neighbours_within(
+    time_ns: np.ndarray, gpu_id: np.ndarray, start_ns: int, end_ns: int
+) -> tuple[bool, bool]:
     """Whether samples read around ``[start_ns, end_ns)`` hold, for every GPU with a sample in
-    it, the ``INTERVAL_SPACINGS`` samples before and the two after that decide the slots of its
-    samples in it (``sample_seen_ns``): then a wider read gives the same slots."""
+    it, the ``INTERVAL_SPACINGS`` samples before it and the two after it that decide the slots
+    of its samples in it (``sample_seen_ns``): per side, a wider read then gives the same."""
     t = np.asarray(time_ns, dtype=np.int64)
     g = np.asarray(gpu_id, dtype=np.int64)
     inside = (t >= start_ns) & (t < end_ns)
     if not inside.any():
-        return True
+        return True, True
     gpus, codes = np.unique(g, return_inverse=True)
     size = len(gpus)
-    has = np.bincount(codes[inside], minlength=size) > 0
-    before = np.bincount(codes[t < start_ns], minlength=size)
-    after = np.bincount(codes[t >= end_ns], minlength=size)
-    return bool(np.all(~has | ((before >= INTERVAL_SPACINGS) & (after >= 2))))
+    absent = np.bincount(codes[inside], minlength=size) == 0
+    before = np.bincount(codes[t < start_ns], minlength=size) >= INTERVAL_SPACINGS
+    after = np.bincount(codes[t >= end_ns], minlength=size) >= 2
+    return bool(np.all(absent | before)), bool(np.all(absent | after))
 
 
 def read_around(
     read: Callable[[int, int], _T],
     times: Callable[[_T], tuple[np.ndarray, np.ndarray]],
+    concat: Callable[[list[_T]], _T],
     start_ns: int,
     end_ns: int,
 ) -> _T:
-    """``read(lo, hi)`` of the samples around ``[start_ns, end_ns)`` that decide their slots:
-    the narrowest of ``NEAR_MARGINS_NS`` that holds every GPU's neighbours (``has_neighbours``;
-    ``times`` gives a read's sample times and GPU ids), else the full look-around
-    (``SLOT_LOOKBEHIND_NS`` before, ``SLOT_LOOKAHEAD_NS`` after). At 1-s sampling a minute's
-    roll reads 16 s more than the minute, not six minutes more."""
-    for margin in NEAR_MARGINS_NS:
-        got = read(start_ns - margin, end_ns + margin)
-        if has_neighbours(*times(got), start_ns, end_ns):
-            return got
-    return read(start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS)
+    """``read(lo, hi)`` of the samples in ``[start_ns, end_ns)`` and those around it that decide
+    their slots: ``NEAR_MARGIN_NS`` each side, and on a side where a GPU lacks its neighbours
+    (``neighbours_within``; ``times`` gives a read's sample times and GPU ids) the rest of the
+    full look-around (``SLOT_LOOKBEHIND_NS`` before, ``SLOT_LOOKAHEAD_NS`` after), read apart
+    and joined by ``concat``. At 1-s sampling a minute's roll reads 16 s more than the minute,
+    not six minutes more; at the newest data the read after it finds nothing."""
+    lo, hi = start_ns - NEAR_MARGIN_NS, end_ns + NEAR_MARGIN_NS
+    got = read(lo, hi)
+    before_ok, after_ok = neighbours_within(*times(got), start_ns, end_ns)
+    parts = [got]
+    if not before_ok:
+        parts.insert(0, read(start_ns - SLOT_LOOKBEHIND_NS, lo))
+    if not after_ok:
+        parts.append(read(hi, end_ns + SLOT_LOOKAHEAD_NS))
+    return got if len(parts) == 1 else concat(parts)
 
 
 def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) -> np.ndarray:

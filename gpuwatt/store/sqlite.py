@@ -527,6 +527,7 @@ class SqliteStore:
             samples = read_around(
                 lambda a, b: raw.read(con, a, b, all_cols),  # noqa: B023 (called at once)
                 lambda rows: (rows.time_ns, rows.gpu_id),
+                lambda parts: chunks.concat(parts, all_cols),  # noqa: B023 (called at once)
                 lo,
                 hi,
             )

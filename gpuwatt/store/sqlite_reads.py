@@ -175,6 +175,7 @@ def _read_around(
     return read_around(
         lambda lo, hi: raw.read(con, lo, hi, col_ids, gpu_ids),
         lambda rows: (rows.time_ns, rows.gpu_id),
+        lambda parts: chunks.concat(parts, col_ids),
         start_ns,
         end_ns,
     )
