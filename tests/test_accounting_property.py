@@ -2,7 +2,9 @@
 
 A store holds 60 hours of a small simulated cluster (tests/data/accounting_cluster.yaml: a
 straggler, an idle allocated GPU, a lost GPU, an energy counter reset) sampled every 30 s, with
-a four-hour collector gap. For ranges that start and end anywhere, 1 minute to 7 days long:
+a four-hour collector gap, late rounds, a missed round and ten minutes sampled every 10 s. The
+gap, the loss and the irregular sampling lie inside hours, not on bucket boundaries. For ranges
+that start and end anywhere, 1 minute to 7 days long:
 
 - energy, GPU-hours (seen time), idle energy and straggler seconds of a range equal the sum of
   its two parts within 0.1 %;
@@ -13,7 +15,8 @@ a four-hour collector gap. For ranges that start and end anywhere, 1 minute to 7
   range within 0.5 %.
 
 The store is built once per module and backend; the InfluxDB data are loaded through the
-store's own writer into Debian's influxd (a few seconds).
+store's own writer into Debian's influxd and rolled up there as collectors roll them
+(``engine_rollups.roll_range``), so that bucketed reads come from the engine's rollups.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gpuwatt.analytics.inputs import context_reads, joined
 from gpuwatt.collector.sim.scenario import load_scenario
 from gpuwatt.collector.sim.source import SimulatedClusterSource
 from gpuwatt.model import GpuSample
+from gpuwatt.store import engine_rollups
 from gpuwatt.store.base import Store, series_many
 
 NS = 1_000_000_000
@@ -40,7 +44,12 @@ H = 3600 * NS
 T0 = 19_676 * 86_400 * NS  # a midnight (UTC), so buckets of every size start with the data
 HOURS = 60
 SAMPLE_S = 30
-GAP = (T0 + 30 * H, T0 + 34 * H)  # the collector is down: these samples never reach the store
+M = 60 * NS
+GAP = (T0 + 30 * H + 20 * M, T0 + 34 * H + 20 * M)  # the collector is down: never stored
+LATE = (T0 + 10 * H + 7 * M, T0 + 10 * H + 53 * M)  # every third round 11 s late
+MISSED_NS = T0 + 12 * H + 30 * M + 30 * NS  # a round never taken
+FAST = (T0 + 14 * H + 25 * M, T0 + 14 * H + 35 * M)  # sampled every 10 s
+LOST_NS = T0 + 40 * H + 20 * M  # node-1 GPU 3 falls off the bus
 SCENARIO = Path(__file__).parent / "data" / "accounting_cluster.yaml"
 RESET_GPU = ("node-0", 1)
 RESET_S = 72001  # the driver reload (tests/data/accounting_cluster.yaml)
@@ -56,15 +65,29 @@ class Cluster:
     jobs: dict[str, str]
 
 
+def _sample_times() -> list[int]:
+    """When the collector samples: every 30 s, but late, missed and faster where the test's
+    irregularities are."""
+    times = []
+    for k, t in enumerate(range(T0, T0 + HOURS * H, SAMPLE_S * NS)):
+        if t == MISSED_NS:
+            continue
+        if LATE[0] <= t < LATE[1] and k % 3 == 0:
+            t += 11 * NS
+        times.append(t)
+        if FAST[0] <= t < FAST[1]:
+            times += [t + 10 * NS, t + 20 * NS]
+    return times
+
+
 def _simulate() -> Cluster:
     source = SimulatedClusterSource(load_scenario(str(SCENARIO)), start_ns=T0)
     source.open()
     samples: list[GpuSample] = []
     try:
-        for batch in source.backfill(
-            T0 + HOURS * H, interval_s=SAMPLE_S, slow_interval_s=10 * SAMPLE_S
-        ):
-            if not GAP[0] <= batch[0].time_ns < GAP[1]:
+        for k, t in enumerate(_sample_times()):
+            batch = source.sample_at(t, include_slow=k % 10 == 0)
+            if not GAP[0] <= t < GAP[1]:
                 samples += batch
     finally:
         source.close()
@@ -127,6 +150,8 @@ def store(request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory) ->
     try:
         for b in batches:
             s.write_samples(b)
+        # the engine's own rollups, as collectors keep them (collector.rollup_writer)
+        assert engine_rollups.roll_range(s.rollups, T0, T0 + HOURS * H) > 0
         yield s
     finally:
         s.close()
@@ -192,7 +217,12 @@ ranges = st.tuples(
 @example((T0 + 20 * H - 50 * NS, 2 * 60 * NS, 0.37))  # across the counter reset
 @example((T0 + 25 * H + 17 * NS, 4 * H, 0.31))  # the straggler's onset, split inside it
 @example((T0 + 29 * H + 59 * 60 * NS, 5 * H, 0.1))  # across the collector gap
-@example((T0 + 39 * H + 58 * 60 * NS + 7, 3 * 60 * NS, 0.5))  # the GPU lost
+@example((T0 + 30 * H + 19 * 60 * NS + 3, 30 * 60 * NS, 0.5))  # the gap's start, inside an hour
+@example((T0 + 34 * H + 7 * 60 * NS, 2 * H, 0.11))  # the gap's end, inside an hour
+@example((T0 + 39 * H + 58 * 60 * NS + 7, 3 * 60 * NS, 0.5))  # before the GPU is lost
+@example((T0 + 40 * H + 3 * 60 * NS + 7, 30 * 60 * NS, 0.55))  # the GPU lost, inside an hour
+@example((T0 + 9 * H + 55 * 60 * NS, 2 * H, 0.47))  # late rounds and a missed one
+@example((T0 + 14 * H + 20 * 60 * NS + 5, 20 * 60 * NS, 0.5))  # a faster sampling
 @example((T0 - 2 * H, 7 * 24 * H, 0.5))  # everything: seven days
 @example((T0 + 30 * H + 32 * 60 * NS + 7, 14_255 * NS, 0.86))  # from inside the collector gap
 @example((T0 + 5 * H + 5 * 60 * NS + 45_130_000_000, 72 * NS, 0.833))  # a part without a sample
@@ -226,8 +256,9 @@ def test_a_range_is_the_sum_of_its_parts_at_every_level_and_the_power_drawn(
     want_j = simulator_energy_j(cluster, a, b)
     assert _close(raw["energy_j"], want_j, 5e-3, ABS["energy_j"]), (raw["energy_j"], want_j)
     assert _close(minute["energy_j"], want_j, 5e-3, ABS["energy_j"])
-    # seen time is never longer than the range, per GPU
-    assert minute["seen_s"] <= 8 * (b - a) / NS + 1e-6
+    # seen time is never longer than the range, per GPU, but for the slot of a sample taken
+    # just before the range's end (a sample's slot counts in the range of its sample)
+    assert minute["seen_s"] <= 8 * ((b - a) / NS + SAMPLE_S) + 1e-6
 
 
 def test_the_lost_gpu_is_listed_and_its_lost_time_is_in_no_figure(
@@ -238,9 +269,38 @@ def test_the_lost_gpu_is_listed_and_its_lost_time_is_in_no_figure(
     s = analyze(frame, now_ns=b, start_ns=a, window_s=60, jobs=cluster.jobs, step_s=60)
     (lost,) = s.lost
     assert (lost.host, lost.gpu_index) == ("node-1", 3)
-    assert lost.last_seen_ns is not None and lost.last_seen_ns >= T0 + 40 * H - 60 * NS
-    assert T0 + 40 * H <= lost.lost_since_ns < T0 + 40 * H + 60 * NS
+    assert lost.last_seen_ns is not None and lost.last_seen_ns >= LOST_NS - 60 * NS
+    assert LOST_NS <= lost.lost_since_ns < LOST_NS + 60 * NS
     g = s.energy_by_gpu.set_index(["host", "gpu_index"])
-    # one hour seen of three, to the minute; the other GPUs all three
-    assert g.loc[("node-1", 3), "seen_s"] == pytest.approx(3600, abs=60)
+    # 80 minutes seen of three hours, to the sample; the other GPUs all three
+    assert g.loc[("node-1", 3), "seen_s"] == pytest.approx(80 * 60, abs=SAMPLE_S)
     assert g.drop(index=("node-1", 3))["seen_s"].to_numpy() == pytest.approx(3 * 3600)
+
+
+@pytest.mark.parametrize("step_s", [None, 60, 3600])
+def test_time_counts_only_while_seen_to_the_second_at_every_level(
+    store: Store, cluster: Cluster, step_s: int | None
+) -> None:
+    """Over whole hours around events inside them, every level gives each GPU the time it was
+    seen, to the second: the collector gap's four hours, the lost GPU's time after its loss,
+    and the irregular sampling none."""
+    if not _knows_seen_time(store):
+        pytest.skip("this store does not give the seen time of a bucket (docs/accounting.md)")
+    cases = [
+        ((T0 + 30 * H, T0 + 35 * H), {k: 3600.0 for k in cluster.truth}),
+        ((T0 + 40 * H, T0 + 41 * H), {k: 3600.0 for k in cluster.truth} | {("node-1", 3): 1200.0}),
+        ((T0 + 10 * H, T0 + 11 * H), {k: 3600.0 for k in cluster.truth}),
+        ((T0 + 14 * H, T0 + 15 * H), {k: 3600.0 for k in cluster.truth}),
+    ]
+    for (a, b), want in cases:
+        frame = joined(series_many(store, context_reads(a, b, step_s)))
+        s = analyze(frame, now_ns=b, start_ns=a, window_s=60, jobs=cluster.jobs, step_s=step_s)
+        g = s.energy_by_gpu.set_index(["host", "gpu_index"])["seen_s"]
+        got = {k: float(v) for k, v in g.items()}
+        assert got == pytest.approx(want, abs=1.0), ((a - T0) / H, step_s, got)
+
+
+def _knows_seen_time(store: Store) -> bool:
+    from gpuwatt.store.base import SEEN_COLUMN
+
+    return SEEN_COLUMN in store.series(T0, T0 + H, ["power_w"], step_s=60).columns

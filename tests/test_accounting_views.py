@@ -84,6 +84,7 @@ def test_every_view_report_and_analysis_agree_on_the_same_seconds(
     hours = {p: s.cluster["gpu_hours"].value for p, s in views.items()}
     straggler = {p: s.cluster["straggler_minutes"].value for p, s in views.items()}
     one_hour = views["1h"]
+    print("energy_kwh", energy, "gpu_hours", hours, "straggler_min", straggler)  # pytest -s
     assert energy["1h"] is not None and energy["1h"] > 0
     # 32 GPUs seen for the 46 minutes
     assert hours["1h"] == pytest.approx(32 * MINUTES / 60, rel=1e-3)

@@ -96,3 +96,79 @@ def test_buckets_of_buckets_equal_buckets_of_samples(
     via_minutes = _as_dict(rollup_rule.combine(minutes, step_ns, ATTRS, LAST))
     direct = _as_dict(rollup_rule.combine(raw, step_ns, ATTRS, LAST, level_ns=0))
     assert _close(via_minutes, direct)
+
+
+S = 10**9
+
+
+def _slots_s(times_s: list[float], lost: list[bool] | None = None) -> list[float]:
+    t = np.array([round(x * S) for x in times_s], dtype=np.int64)
+    flags = np.array(lost if lost is not None else [False] * len(t))
+    return (rollup_rule.sample_seen_ns(t, np.zeros(len(t), np.int64), flags) / S).tolist()
+
+
+def test_a_sample_stands_for_the_time_to_the_next_unless_that_is_a_gap() -> None:
+    # regular 30 s, then a collector gap of an hour: the sample before it counts one interval
+    assert _slots_s([0, 30, 60, 90, 3690, 3720, 3750]) == [30, 30, 30, 30, 30, 30, 30]
+    # a late round (11 s), then a missed one: the late one is sampling, the missed one a gap
+    late_then_missed = [0, 30, 71, 90, 120, 150, 180, 240, 270]
+    assert _slots_s(late_then_missed) == [30, 41, 19, 30, 30, 30, 30, 30, 30]
+    # faster, then slower sampling: no time lost at either change
+    assert _slots_s([0, 30, 40, 50, 60, 90, 120]) == [30, 10, 10, 10, 30, 30, 30]
+    # a lost-GPU marker ends the slot before it and stands for nothing
+    assert _slots_s([0, 30, 60, 90], [False, False, True, True]) == [30, 30, 0, 0]
+    # a lone sample: at most a minute; sparse sampling: a minute per sample
+    assert _slots_s([5]) == [60]
+    assert _slots_s([0, 300, 600]) == [60, 60, 60]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 90), min_size=2, max_size=150),
+    st.integers(0, 10 * MINUTE_NS),
+    st.integers(1, 10 * MINUTE_NS),
+)
+def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
+    spacings_s: list[int], lo_ns: int, length_ns: int
+) -> None:
+    """``samples_as_level`` over ``[lo, hi)`` from the samples read with the lookbehind and
+    lookahead gives each sample the seen time a read of every sample gives it."""
+    t = np.cumsum(np.array(spacings_s, dtype=np.int64) * S)
+    gid = np.arange(len(t)) % 2
+    lost = (np.arange(len(t)) % 7) == 3
+    whole = rollup_rule.sample_seen_ns(t, gid, lost)
+    hi_ns = lo_ns + length_ns
+    near = (t >= lo_ns - rollup_rule.SLOT_LOOKBEHIND_NS) & (
+        t < hi_ns + rollup_rule.SLOT_LOOKAHEAD_NS
+    )
+    cols = rollup_rule.samples_as_level(
+        t[near], gid[near], lost[near], {}, start_ns=lo_ns, end_ns=hi_ns
+    )
+    inside = (t >= lo_ns) & (t < hi_ns)
+    assert cols["seen_ns"].tolist() == whole[inside].tolist()
+    # the narrowest read that holds every GPU's neighbours gives the same
+    narrow = rollup_rule.read_around(
+        lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+        lambda i: (t[i], gid[i]),
+        np.concatenate,
+        lo_ns,
+        hi_ns,
+    )
+    cols = rollup_rule.samples_as_level(
+        t[narrow], gid[narrow], lost[narrow], {}, start_ns=lo_ns, end_ns=hi_ns
+    )
+    assert cols["seen_ns"].tolist() == whole[inside].tolist()
+
+
+def test_seen_time_adds_up_and_a_bucket_without_it_stays_unknown() -> None:
+    t = np.arange(0, 3 * MINUTE_NS, 20 * S, dtype=np.int64)
+    gid = np.zeros(len(t), np.int64)
+    lost = np.zeros(len(t), bool)
+    raw = rollup_rule.as_level(t, gid, lost, {}, seen_ns=rollup_rule.sample_seen_ns(t, gid, lost))
+    minutes = rollup_rule.combine(raw, MINUTE_NS, (), (), level_ns=0)
+    assert minutes["seen_ns"].tolist() == [60 * S] * 3
+    assert rollup_rule.combine(minutes, 3 * MINUTE_NS, (), ())["seen_ns"].tolist() == [180 * S]
+    old = {k: v for k, v in minutes.items() if k != "seen_ns"}  # rolled before the column
+    assert rollup_rule.combine(old, 3 * MINUTE_NS, (), ())["seen_ns"].tolist() == [-1]
+    mixed = minutes | {"seen_ns": np.array([60 * S, -1, 60 * S])}
+    assert rollup_rule.combine(mixed, 3 * MINUTE_NS, (), ())["seen_ns"].tolist() == [-1]

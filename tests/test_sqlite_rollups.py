@@ -108,7 +108,7 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
     """A range at 1 h and its last hour at 1 min (the dashboard's 24 h view) read together:
     the same frames as two ``series`` calls, with the not-yet-rolled raw samples aggregated
     once, not once per read."""
-    from gpuwatt.store import raw
+    from gpuwatt.store import sqlite_reads
     from gpuwatt.store.base import SeriesRead, series_many
 
     with SqliteStore(tmp_path / "m.db") as store:
@@ -120,13 +120,13 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
             SeriesRead(end - 3600 * S, end, FIELDS, 60, ["node1"]),
         ]
         raw_aggregations: list[tuple[int, int]] = []
-        read_raw = raw.read
+        aggregate = sqlite_reads.samples_as_level
 
-        def counted(con: Any, start_ns: int, end_ns: int, *args: Any) -> Any:
+        def counted(*args: Any, start_ns: int, end_ns: int) -> Any:
             raw_aggregations.append((start_ns, end_ns))
-            return read_raw(con, start_ns, end_ns, *args)
+            return aggregate(*args, start_ns=start_ns, end_ns=end_ns)
 
-        monkeypatch.setattr(raw, "read", counted)
+        monkeypatch.setattr(sqlite_reads, "samples_as_level", counted)
 
         def traced(read: Callable[[], object]) -> tuple[Any, int]:
             raw_aggregations.clear()
@@ -149,3 +149,27 @@ def test_series_many_equals_separate_reads_and_aggregates_the_raw_tail_once(
         for frame, (want, _) in zip(got, separate, strict=True):
             assert not frame.empty and frame["time_ns"].max() >= end - 100 * S
             pd.testing.assert_frame_equal(frame, want)
+
+
+def test_rollups_written_before_the_seen_time_read_as_before(tmp_path: Path, make_sample) -> None:
+    """A database whose rollups were written without ``seen_ns`` (an earlier gpuwatt) reads:
+    the buckets' seen time is not known (NaN) and the analysis counts them whole, as before;
+    a bucket recomputed later has it."""
+    from gpuwatt.analytics import analyze
+    from gpuwatt.store.base import SEEN_COLUMN
+    from gpuwatt.store.rollups import KEY_COLS
+
+    with SqliteStore(tmp_path / "old.db") as store:
+        write_hours(store, make_sample, 0, 2 * 3600 + 900)
+        store.flush_rollups()
+        new = store.series(T0, T0 + 2 * 3600 * S, ["power_w"], step_s=60)
+        assert (new[SEEN_COLUMN] > 0).any()
+    with contextlib.closing(sqlite3.connect(tmp_path / "old.db")) as con, con:
+        con.execute("DELETE FROM rollups WHERE col = ?", (KEY_COLS["seen_ns"],))
+    with SqliteStore(tmp_path / "old.db") as store:
+        for step_s in (60, 3600):
+            old = store.series(T0, T0 + 2 * 3600 * S, ["power_w", "energy_j"], step_s=step_s)
+            assert len(old) and old[SEEN_COLUMN].isna().all(), step_s
+            s = analyze(old, now_ns=T0 + 2 * 3600 * S, start_ns=T0, step_s=step_s)
+            # counted whole: every GPU that holds a measurement in a bucket, for the bucket
+            assert s.cluster["gpu_hours"].value == pytest.approx(6 * 2), step_s

@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gpuwatt.model import METRIC_FIELDS, GpuSample
 from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, engine_rollups, open_store
+from gpuwatt.store.base import SEEN_COLUMN
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -116,10 +118,15 @@ def test_full_sample_round_trips_through_latest(backend: Backend, make_sample) -
     assert got[1].temperature_gpu_c is None and got[1].utilization_gpu_pct is None
 
 
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """A frame's columns but the seen time, which a store gives where it knows it."""
+    return [c for c in df.columns if c != SEEN_COLUMN]
+
+
 def test_none_is_nan_in_series_never_zero(backend: Backend) -> None:
     backend.load([sparse(T0 + i * S) for i in range(3)])
     df = backend.store.series(T0, T0 + 10 * S, ["power_w", "temperature_gpu_c", "energy_j"])
-    assert list(df.columns) == [*KEY_COLUMNS, "power_w", "temperature_gpu_c", "energy_j"]
+    assert metric_columns(df) == [*KEY_COLUMNS, "power_w", "temperature_gpu_c", "energy_j"]
     assert df["power_w"].tolist() == [70.5] * 3
     assert df["temperature_gpu_c"].isna().all()
     assert df["energy_j"].isna().all()
@@ -158,8 +165,12 @@ def test_series_raw(backend: Backend, make_sample) -> None:
     samples.append(lost(T0 + 4 * S, "node1", 0))
     backend.load(samples)
     df = backend.store.series(T0 + S, T0 + 5 * S)
-    assert list(df.columns) == [*KEY_COLUMNS, *METRIC_FIELDS]
+    assert metric_columns(df) == [*KEY_COLUMNS, *METRIC_FIELDS]
     assert len(df) == 7  # 3 rounds x 2 GPUs, plus the lost marker (NaN metrics)
+    if SEEN_COLUMN in df.columns:  # each sample's slot: a second, the lost marker none
+        is_lost = df["power_w"].isna().to_numpy()
+        assert df.loc[is_lost, SEEN_COLUMN].tolist() == [0.0]
+        assert df.loc[~is_lost, SEEN_COLUMN].tolist() == [1.0] * 6
     assert df["time_ns"].tolist() == sorted(df["time_ns"].tolist())
     assert df["gpu_index"].dtype == "int64" and df["time_ns"].dtype == "int64"
     first = df.iloc[0]
@@ -232,7 +243,7 @@ def test_count_samples(backend: Backend, make_sample) -> None:
 def test_empty_store_reads(backend: Backend) -> None:
     assert backend.store.latest() == []
     df = backend.store.series(T0, T0 + 60 * S, ["power_w"], step_s=60)
-    assert df.empty and list(df.columns) == [*KEY_COLUMNS, "power_w"]
+    assert df.empty and metric_columns(df) == [*KEY_COLUMNS, "power_w"]
 
 
 def test_unknown_field_is_an_error(backend: Backend) -> None:

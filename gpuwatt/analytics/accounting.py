@@ -20,6 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpuwatt.store.base import SEEN_COLUMN
+from gpuwatt.store.rollup_rule import sample_seen_ns
+
 #: Columns that say a row holds a measurement; a row with none of them (a bucket holding only
 #: lost-GPU markers, a marker itself) is not seen.
 MEASURED_COLUMNS: tuple[str, ...] = ("utilization_gpu_pct", "power_w", "energy_j")
@@ -66,14 +69,50 @@ def slot_ends_ns(
     return np.minimum(np.minimum(own_end, nxt), end_ns)
 
 
-def add_row_seen(rows: pd.DataFrame, *, start_ns: int, slot_end_ns: np.ndarray) -> pd.DataFrame:
-    """Add ``seen_s``: the part of each row's slot inside ``[start_ns, slot end)`` (rows
-    sorted by GPU then time), and ``carried``: a context row whose slot reaches into the range
-    (its GPU was seen from before the range's start into it)."""
+def stored_seen_s(rows: pd.DataFrame) -> np.ndarray:
+    """Per row, the seen time the store gave with it (``Store.series``: a raw sample's slot,
+    a bucket's sum of them), NaN where it gave none (a store or a rollup without it)."""
+    if SEEN_COLUMN not in rows.columns:
+        return np.full(len(rows), np.nan)
+    return pd.to_numeric(rows[SEEN_COLUMN], errors="coerce").to_numpy(dtype=float)
+
+
+def add_sample_seen(rows: pd.DataFrame, measured_rows: np.ndarray) -> None:
+    """Give raw samples (rows sorted by GPU then time, lost-GPU markers included) that came
+    without a seen time their slot by the stores' rule (``rollup_rule.sample_seen_ns``): the
+    rows of the range and the context rows before it are all the neighbours there are (the
+    newest sample of a GPU counts one interval)."""
+    stored = stored_seen_s(rows)
+    if len(rows) == 0 or np.isfinite(stored).all():
+        return
     t = rows["time_ns"].to_numpy(dtype=np.int64)
-    seen_ns = np.maximum(slot_end_ns - np.maximum(t, start_ns), 0)
+    seen_ns = sample_seen_ns(t, rows["gpu_code"].to_numpy(dtype=np.int64), ~measured_rows)
+    rows[SEEN_COLUMN] = np.where(np.isfinite(stored), stored, seen_ns / 1e9)
+
+
+def add_row_seen(
+    rows: pd.DataFrame,
+    *,
+    start_ns: int,
+    slot_end_ns: np.ndarray,
+    stored_s: np.ndarray | None = None,
+) -> pd.DataFrame:
+    """Add ``seen_s`` and ``carried`` to rows sorted by GPU then time.
+
+    A row with a stored seen time (``stored_s`` finite) counts it whole where it lies in the
+    range and nothing before it: each sample's slot counts in the range its sample lies in.
+    Any other row counts the part of its slot inside ``[start_ns, slot end)``, and is
+    ``carried`` when it is a context row whose slot reaches into the range (its GPU was seen
+    from before the range's start into it)."""
+    t = rows["time_ns"].to_numpy(dtype=np.int64)
+    seen_ns = np.maximum(slot_end_ns - np.maximum(t, start_ns), 0).astype(float)
+    carried = (t < start_ns) & (seen_ns > 0)
+    if stored_s is not None:
+        known = np.isfinite(stored_s)
+        seen_ns = np.where(known, np.where(t >= start_ns, stored_s * 1e9, 0.0), seen_ns)
+        carried &= ~known
     rows["seen_s"] = seen_ns / 1e9
-    rows["carried"] = (t < start_ns) & (seen_ns > 0)
+    rows["carried"] = carried
     return rows
 
 

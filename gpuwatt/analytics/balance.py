@@ -171,8 +171,11 @@ def idle_gpus(gw: pd.DataFrame, *, min_windows: int, window_ns: int) -> list[Idl
         mem_v = float(mem) if mem is not None and np.isfinite(mem) else None
         procs_v = float(procs) if procs is not None and np.isfinite(procs) else None
         energy = this["energy_delta_j"].sum(min_count=1) if "energy_delta_j" in this else np.nan
-        # the seen time of those windows, clipped to the range: never longer than the range
-        minutes = this["seen_s"].sum() / 60 if "seen_s" in this else n * window_ns / 60e9
+        # the seen time of those windows (in the range only): never longer than the windows
+        # (a sample's slot counts whole in its window, docs/accounting.md rule 3)
+        minutes = n * window_ns / 60e9
+        if "seen_s" in this:
+            minutes = min(this["seen_s"].sum() / 60, minutes)
         cls = idle_class(job, mem_v, procs_v)
         expl = explain_idle(
             cls,

@@ -63,14 +63,21 @@ def median_step_ns(rows: pd.DataFrame) -> int:
 
 
 def add_row_energy(
-    rows: pd.DataFrame, *, step_ns: int, slot_end_ns: np.ndarray | None = None
+    rows: pd.DataFrame,
+    *,
+    step_ns: int,
+    slot_end_ns: np.ndarray | None = None,
+    fill_s: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Add ``energy_delta_j`` and ``energy_src`` (SRC_*) to rows sorted by GPU then time.
 
     ``slot_end_ns`` (``analytics.accounting.slot_ends_ns``): where each row's slot ends. With
     it, a row that starts a run (or has no counter) is filled with its power over its slot,
     and a counter step is checked against the time from the previous row to this row's slot
-    end (a bucket's counter is its newest sample's, anywhere in the bucket)."""
+    end (a bucket's counter is its newest sample's, anywhere in the bucket). ``fill_s``: per
+    row, the time it was seen (the store's seen time; NaN: not known): where known, a row
+    filled from power is filled over that time rather than its slot (a bucket in which a run
+    starts, after a gap inside it, was seen only for the part after the gap)."""
     n = len(rows)
     g = rows["gpu_code"].to_numpy()
     t = rows["time_ns"].to_numpy(dtype=np.int64)
@@ -126,6 +133,8 @@ def add_row_energy(
         if step_ns > 0:
             dt_ns = np.minimum(dt_ns, 3 * step_ns)
         slot_ns = None if slot_end_ns is None else np.maximum(slot_end_ns - t, 0)
+        if slot_ns is not None and fill_s is not None:
+            slot_ns = np.where(np.isfinite(fill_s), np.nan_to_num(fill_s) * 1e9, slot_ns)
         if slot_ns is not None:
             dt_ns = slot_ns
         use = ~has_counter & np.isfinite(p)

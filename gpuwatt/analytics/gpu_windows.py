@@ -12,10 +12,12 @@ import pandas as pd
 
 from gpuwatt.analytics.accounting import (
     add_row_seen,
+    add_sample_seen,
     keep_in_range,
     measured,
     slot_ends_ns,
     slot_ns_of,
+    stored_seen_s,
 )
 from gpuwatt.analytics.balance import mark_idle
 from gpuwatt.analytics.efficiency import add_row_tflops
@@ -103,6 +105,8 @@ def gpu_windows(
         start_ns = int(rows["time_ns"].min()) if len(rows) else now_ns
     t_all = rows["time_ns"].to_numpy(dtype=np.int64)
     ok = measured(rows)
+    if not step_s:  # raw samples: each one's slot, where the store did not give it
+        add_sample_seen(rows, ok)
     ok_in = ok[t_all >= start_ns]
     lost = (
         [] if ok_in.all() else lost_gpus(rows.loc[t_all >= start_ns].reset_index(drop=True), ok_in)
@@ -115,8 +119,9 @@ def gpu_windows(
     slot = slot_ns_of(step_s, step_ns, now_ns - start_ns)
     bucket_ns = round(step_s * NS_PER_S) if step_s else None
     slot_end = slot_ends_ns(rows, end_ns=now_ns, slot_ns=slot, bucket_ns=bucket_ns)
-    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end)
-    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end)
+    stored_s = stored_seen_s(rows)
+    add_row_energy(rows, step_ns=slot, slot_end_ns=slot_end, fill_s=stored_s)
+    add_row_seen(rows, start_ns=start_ns, slot_end_ns=slot_end, stored_s=stored_s)
     add_row_tflops(rows, tensor_precision=tensor_precision)
     add_bit_columns(rows)
     t = rows["time_ns"].to_numpy(dtype=np.int64)

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 #: Columns that identify a row in every frame a store returns.
 KEY_COLUMNS: tuple[str, ...] = ("time_ns", "host", "gpu_index", "uuid", "name")
+#: The column that gives each row's seen time in seconds, where the store knows it
+#: (``Store.series``; docs/accounting.md, rule 3).
+SEEN_COLUMN = "seen_s"
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,13 @@ class Store(Protocol):
         last value of counters (``schema.COUNTER_ATTRS``), served from rollups where they exist.
         A bucket is keyed at its start, or at ``start_ns`` when the range starts inside it (it
         then holds only the samples from ``start_ns`` on: docs/accounting.md, rule 4).
+
+        A store that knows the seen time adds the column ``seen_s`` (``SEEN_COLUMN``): a raw
+        sample's slot (``rollup_rule.sample_seen_ns``: up to its GPU's next sample, at most one
+        sampling interval, 0 for a lost-GPU marker), a bucket's the sum of its samples' slots,
+        the same whichever level served it; NaN for a bucket rolled before the column existed.
+        The embedded store gives it; a store without the column has its rows counted by their
+        slot (docs/accounting.md, rule 3).
         """
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:

@@ -11,8 +11,10 @@ bucket is always safe; engines need no server-side tasks (InfluxDB 1.x continuou
 tasks and 3.x processing engines all differ, and none exists in VictoriaMetrics).
 
 Points: measurement ``gpuwatt_rollup_1m`` / ``gpuwatt_rollup_1h`` (VictoriaMetrics names them
-``gpuwatt_rollup_1m_<field>``), the raw samples' tags, integer fields ``n``, ``n_ok`` and
-``t_last_ms`` (newest non-lost sample; absent when none), and one float field per metric under
+``gpuwatt_rollup_1m_<field>``), the raw samples' tags, integer fields ``n``, ``n_ok``,
+``t_last_ms`` (newest non-lost sample; absent when none) and ``seen_ns`` (the bucket's seen time,
+``rollup_rule``; absent in points written before it, which read as not known), and one float
+field per metric under
 its model attribute name, in model units (absent: not measured). A point's timestamp is its
 bucket's start plus ``n`` milliseconds: a re-roll that saw more samples writes a *newer* point in
 the same bucket, and readers keep the newest point of each (bucket, GPU) (``newest_per_bucket``).
@@ -47,7 +49,15 @@ from gpuwatt.store import LAST_VALUE_ATTRS
 if TYPE_CHECKING:
     import pandas as pd
 
-from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS, NULL_TIME, combine
+from gpuwatt.store.rollup_rule import (
+    KEYS,
+    MINUTE_NS,
+    NULL_TIME,
+    UNKNOWN_SEEN,
+    combine,
+    read_around,
+    sample_seen_ns,
+)
 
 HOUR_NS = 60 * MINUTE_NS
 NS_PER_MS = 1_000_000
@@ -56,6 +66,7 @@ MEASUREMENTS: dict[int, str] = {MINUTE_NS: "gpuwatt_rollup_1m", HOUR_NS: "gpuwat
 FIELD_N = "n"
 FIELD_N_OK = "n_ok"
 FIELD_T_LAST = "t_last_ms"
+FIELD_SEEN = "seen_ns"
 #: The metrics kept in rollups: every numeric field of the schema (as the embedded store's).
 ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Kind.STR)
 
@@ -63,25 +74,47 @@ ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Ki
 Ident = tuple[str, int, str, str]
 
 
+#: How long a read trusts the newest rollup point of a level it learnt, and the oldest (which
+#: moves only with retention).
+NEWEST_TTL_S = 5.0
+OLDEST_TTL_S = 600.0
+
+
 class SpanCache:
-    """The span of an engine's rollups per level, kept ``ttl_s``: a span a few seconds old only
-    ends earlier than the engine's (a read then takes a little more from the level below), never
-    later."""
+    """The span of an engine's rollups per level: the newest point kept ``NEWEST_TTL_S`` (a
+    span a few seconds old only ends earlier than the engine's: a read then takes a little more
+    from the level below, never less), the oldest ``OLDEST_TTL_S``. ``oldest`` and ``newest``
+    ask the engine for the time of a level's oldest and newest point (None: none)."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
+    def __init__(
+        self, oldest: Callable[[int], int | None], newest: Callable[[int], int | None]
+    ) -> None:
+        self._ask_oldest, self._ask_newest = oldest, newest
         self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._oldest: dict[int, tuple[float, int]] = {}
 
-    def get(
-        self, level_ns: int, ask: Callable[[int], tuple[int, int] | None]
-    ) -> tuple[int, int] | None:
+    def get(self, level_ns: int) -> tuple[int, int] | None:
         cached = self._spans.get(level_ns)
-        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
             return cached[1]
-        span = ask(level_ns)
+        span = self._span(level_ns)
         if span is not None:
             self._spans[level_ns] = (time.monotonic(), span)
         return span
+
+    def _span(self, level_ns: int) -> tuple[int, int] | None:
+        cached = self._oldest.get(level_ns)
+        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
+            oldest = self._ask_oldest(level_ns)
+            if oldest is None:
+                return None
+            self._oldest[level_ns] = (time.monotonic(), oldest)
+        else:
+            oldest = cached[1]
+        newest = self._ask_newest(level_ns)
+        if newest is None:
+            return None
+        return min(oldest, newest), newest
 
 
 class RollupsUnsupported(GpuwattError):
@@ -108,30 +141,28 @@ class GpuIds:
         return gid
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What a read of an engine's raw samples or rollup points asks for: the attributes, the
+    hosts (None: all) and the ids its GPUs get (shared by the parts of one read)."""
+
+    attrs: tuple[str, ...]
+    hosts: Sequence[str] | None
+    ids: GpuIds = field(default_factory=GpuIds)
+
+
 class RollupSource(Protocol):
     """What an engine offers to keep and read rollups (``influx_rollups``, ``promql_rollups``).
 
     Column dicts follow ``rollup_rule``: ``time_ns``, ``gpu_id`` (from ``ids``), ``n``, ``n_ok``,
-    ``t_last_ns`` and one float64 column per attribute (NaN: not measured)."""
+    ``t_last_ns``, ``seen_ns`` (rollup points; ``UNKNOWN_SEEN`` where a point has none) and one
+    float64 column per attribute (NaN: not measured)."""
 
-    def raw_level(
-        self,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
-    ) -> dict[str, np.ndarray]:
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         """Raw samples in ``[start_ns, end_ns)`` as level columns (``rollup_rule.as_level``)."""
 
     def rollup_points(
-        self,
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
     ) -> dict[str, np.ndarray]:
         """Every rollup point of ``level_ns`` timed in ``[start_ns, end_ns)`` (stale ones too),
         ``time_ns`` being the point's own time."""
@@ -158,13 +189,15 @@ def rollup_lines(level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Id
     values = {a: cols[a].tolist() for a in attrs}
     level_ms = level_ns // NS_PER_MS
     out = []
-    for i, (t, gid, n, n_ok, t_last) in enumerate(
+    seen = cols["seen_ns"].tolist() if "seen_ns" in cols else [UNKNOWN_SEEN] * len(cols["n"])
+    for i, (t, gid, n, n_ok, t_last, seen_ns) in enumerate(
         zip(
             cols["time_ns"].tolist(),
             cols["gpu_id"].tolist(),
             cols["n"].tolist(),
             cols["n_ok"].tolist(),
             cols["t_last_ns"].tolist(),
+            seen,
             strict=True,
         )
     ):
@@ -180,6 +213,8 @@ def rollup_lines(level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Id
         fields = [f"{FIELD_N}={n}i", f"{FIELD_N_OK}={n_ok}i"]
         if t_last != NULL_TIME:
             fields.append(f"{FIELD_T_LAST}={t_last // NS_PER_MS}i")
+        if seen_ns >= 0:
+            fields.append(f"{FIELD_SEEN}={seen_ns}i")
         for a in attrs:
             v = values[a][i]
             if math.isfinite(v):
@@ -199,21 +234,39 @@ def roll(
     """(Re)compute the ``level_ns`` bucket starting at ``bucket_ns`` for ``hosts`` (None: every
     host) from what the engine holds, and write it; the number of GPU points written. An hour is
     built from its minutes, which must have been rolled first."""
-    ids = GpuIds()
+    scope = Scope(tuple(attrs), hosts)
     end_ns = bucket_ns + level_ns
     if level_ns == MINUTE_NS:
-        rows = source.raw_level(bucket_ns, end_ns, attrs, hosts, ids)
+        rows = raw_with_seen(source, bucket_ns, end_ns, scope)
         below = 0
     else:
         rows = newest_per_bucket(
-            source.rollup_points(MINUTE_NS, bucket_ns, end_ns, attrs, hosts, ids), MINUTE_NS
+            source.rollup_points(MINUTE_NS, bucket_ns, end_ns, scope), MINUTE_NS
         )
         below = MINUTE_NS
     if not len(rows["time_ns"]):
         return 0
     out = combine(rows, level_ns, attrs, LAST_VALUE_ATTRS, level_ns=below)
-    source.write_lines(source.rollup_lines(level_ns, out, ids.idents))
+    source.write_lines(source.rollup_lines(level_ns, out, scope.ids.idents))
     return len(out["time_ns"])
+
+
+def raw_with_seen(
+    source: RollupSource, start_ns: int, end_ns: int, scope: Scope
+) -> dict[str, np.ndarray]:
+    """The raw samples in ``[start_ns, end_ns)`` as level columns with their seen time: read
+    with the samples around the range that decide their slots (``rollup_rule``)."""
+    cols = read_around(
+        lambda lo, hi: source.raw_level(lo, hi, scope),
+        lambda c: (c["time_ns"], c["gpu_id"]),
+        lambda parts: {k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
+        start_ns,
+        end_ns,
+    )
+    t = cols["time_ns"]
+    seen = sample_seen_ns(t, cols["gpu_id"], cols["n_ok"] == 0)
+    keep = (t >= start_ns) & (t < end_ns)
+    return {k: v[keep] for k, v in cols.items()} | {"seen_ns": seen[keep]}
 
 
 def roll_range(
@@ -263,10 +316,12 @@ def level_for(step_ns: int) -> int:
 @dataclass
 class _Read:
     source: RollupSource
-    attrs: tuple[str, ...]
-    hosts: Sequence[str] | None
-    ids: GpuIds
+    scope: Scope
     spans: dict[int, tuple[int, int] | None]
+
+    @property
+    def attrs(self) -> tuple[str, ...]:
+        return self.scope.attrs
 
 
 def read_levels(
@@ -286,13 +341,13 @@ def read_levels(
     spans = {lv: source.rollup_span(lv) for lv in LEVELS if lv <= level}
     if spans[MINUTE_NS] is None:
         return None
-    read = _Read(source, tuple(attrs), hosts, GpuIds(), spans)
+    read = _Read(source, Scope(tuple(attrs), hosts), spans)
     cols = _level(read, level, start_ns, end_ns)
     if step_ns != level:
         cols = combine(cols, step_ns, read.attrs, LAST_VALUE_ATTRS, level_ns=level)
     if len(cols["time_ns"]):  # a bucket cut by the range's start is keyed at the start
         cols["time_ns"] = np.maximum(cols["time_ns"], start_ns)
-    return cols, read.ids.idents
+    return cols, read.scope.ids.idents
 
 
 def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, np.ndarray]:
@@ -308,10 +363,7 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
         if first < last:
             tasks.append(
                 lambda: newest_per_bucket(
-                    read.source.rollup_points(
-                        level_ns, first, last, read.attrs, read.hosts, read.ids
-                    ),
-                    level_ns,
+                    read.source.rollup_points(level_ns, first, last, read.scope), level_ns
                 )
             )
             below = [(start_ns, first), (last, end_ns)]
@@ -327,7 +379,7 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
 def _below(read: _Read, level_ns: int, lo: int, hi: int) -> dict[str, np.ndarray]:
     """``[lo, hi)`` as ``level_ns`` rows aggregated from the level below."""
     if level_ns == MINUTE_NS:
-        raw = read.source.raw_level(lo, hi, read.attrs, read.hosts, read.ids)
+        raw = raw_with_seen(read.source, lo, hi, read.scope)
         return combine(raw, MINUTE_NS, read.attrs, LAST_VALUE_ATTRS, level_ns=0)
     return combine(_level(read, MINUTE_NS, lo, hi), level_ns, read.attrs, LAST_VALUE_ATTRS)
 
@@ -351,7 +403,7 @@ def frame(
     then host, index and uuid."""
     import pandas as pd
 
-    from gpuwatt.store.base import KEY_COLUMNS
+    from gpuwatt.store.base import KEY_COLUMNS, SEEN_COLUMN
 
     if not len(cols["time_ns"]):
         dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
@@ -374,6 +426,9 @@ def frame(
     )
     for a in attrs:
         out[a] = cols[a][order]
+    if "seen_ns" in cols:
+        seen = cols["seen_ns"][order]
+        out[SEEN_COLUMN] = np.where(seen >= 0, seen / 1e9, np.nan)
     return out
 
 

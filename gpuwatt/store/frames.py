@@ -11,6 +11,7 @@ import numpy as np
 from gpuwatt.line_protocol import parse_processes
 from gpuwatt.model import EnergyMethod, GpuSample, TflopsMethod, make_gpu_sample
 from gpuwatt.schema import FIELD_BY_ATTR, FIELDS, Kind
+from gpuwatt.store.base import SEEN_COLUMN
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,6 +46,9 @@ def frame(
     )
     for a in attrs:
         out[a] = columns[a][order]
+    if "seen_ns" in columns:  # each row's seen time (NaN: not known; Store.series)
+        seen = np.asarray(columns["seen_ns"], dtype=np.int64)[order]
+        out[SEEN_COLUMN] = np.where(seen >= 0, seen / 1e9, np.nan)
     return out
 
 

@@ -202,7 +202,7 @@ def _beside(rolled: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
 
     if not len(raw):
         return rolled.reset_index(drop=True)
-    raw = raw[list(rolled.columns)]
+    raw = raw.reindex(columns=list(rolled.columns))  # a raw bucket's seen time: not known
     if not len(rolled):
         return raw.reset_index(drop=True)
     both = pd.concat([rolled, raw], ignore_index=True)

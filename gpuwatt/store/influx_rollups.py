@@ -5,10 +5,11 @@ run on InfluxDB 1.x, on 2.x through its v1-compatibility ``/query`` and on 3.x C
 
 Packed points: one point per bucket and *host* (tag ``host``), its GPUs in a string field
 ``gpus`` (JSON ``[[index, uuid, name], ...]``) and each column (``n``, ``n_ok``, ``t_last_ns``,
-one per metric) a string field holding the host's values as little-endian int64/float64, base64,
-padded to a multiple of 3 values so that a column of many points decodes in one call. Measured
-on InfluxDB 1.6.7 with 1,024 GPUs (``bench/dashboard.py --store influxdb``): one numeric series
-per GPU and field made an hour of minutes 12,000 cursors and 10 MB of JSON numbers (~2 s to
+``seen_ns``, one per metric) a string field holding the host's values as little-endian
+int64/float64, base64, padded to a multiple of 3 values so that a column of many points decodes
+in one call (``seen_ns`` is absent from points written before it). Measured on InfluxDB 1.6.7
+with 1,024 GPUs (``bench/dashboard.py --store influxdb``): one numeric series per GPU and field
+made an hour of minutes 12,000 cursors and 10 MB of JSON numbers (~2 s to
 answer and parse); packed, it is 128 series per field and strings that parse at once. A metric
 no GPU of the host measured is left out (NaN).
 """
@@ -35,27 +36,32 @@ from gpuwatt.store import StoreRejected
 from gpuwatt.store.engine_rollups import (
     FIELD_N,
     FIELD_N_OK,
+    FIELD_SEEN,
     MEASUREMENTS,
     NS_PER_MS,
     GpuIds,
     Ident,
     RollupsUnsupported,
+    Scope,
     SpanCache,
     empty_level,
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident
-from gpuwatt.store.rollup_rule import KEYS, as_level
+from gpuwatt.store.rollup_rule import KEYS, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
     from gpuwatt.store.influx import InfluxStore
 
 FIELD_GPUS = "gpus"
 FIELD_T_LAST_NS = "t_last_ns"
-_INT_COLUMNS = (FIELD_N, FIELD_N_OK, FIELD_T_LAST_NS)
-#: How long the oldest rollup point of a level is trusted from memory (it moves only with
-#: retention); the newest is asked for on every read.
-NEWEST_TTL_S = 5.0  # how long a read trusts the span of the rollups it learnt
-OLDEST_TTL_S = 600.0
+#: The packed int64 columns and the level column each holds (``seen_ns`` is absent from points
+#: written before it, and reads as ``UNKNOWN_SEEN``).
+_INT_COLUMNS = {
+    FIELD_N: "n",
+    FIELD_N_OK: "n_ok",
+    FIELD_T_LAST_NS: "t_last_ns",
+    FIELD_SEEN: "seen_ns",
+}
 #: How long the hosts that no rollups name are trusted from memory (a new Telegraf-only host
 #: is read raw at most this late; until then its GPUs are missing from bucketed reads).
 UNROLLED_TTL_S = 30.0
@@ -66,15 +72,14 @@ class InfluxRollups:
 
     def __init__(self, store: InfluxStore) -> None:
         self.store = store
-        self._oldest: dict[int, tuple[float, int]] = {}
-        self._spans = SpanCache(NEWEST_TTL_S)
+        self._spans = SpanCache(self._oldest_ns, self._newest_ns)
         self._unrolled: tuple[float, frozenset[str]] | None = None
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        return self._spans.get(level_ns, self._span)
+        return self._spans.get(level_ns)
 
     def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
         """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.
@@ -102,25 +107,17 @@ class InfluxRollups:
         )
         return {decode_name(str(row[-1])) for s in series for row in s.get("values") or []}
 
-    def _span(self, level_ns: int) -> tuple[int, int] | None:
+    def _oldest_ns(self, level_ns: int) -> int | None:
+        return self._time_of(f'SELECT first("{FIELD_N}") FROM {ident(MEASUREMENTS[level_ns])}')
+
+    def _newest_ns(self, level_ns: int) -> int | None:
+        # looked for in the last day first, which is cheap (InfluxDB reads only the shards the
+        # time range names), then anywhere
         measurement = ident(MEASUREMENTS[level_ns])
-        cached = self._oldest.get(level_ns)
-        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
-            oldest = self._time_of(f'SELECT first("{FIELD_N}") FROM {measurement}')
-            if oldest is None:
-                return None
-            self._oldest[level_ns] = (time.monotonic(), oldest)
-        else:
-            oldest = cached[1]
-        # The newest point: looked for in the last day first, which is cheap (InfluxDB reads
-        # only the shards the time range names), then anywhere.
         day_ago = time.time_ns() - 86_400 * 10**9
-        newest = self._time_of(
+        return self._time_of(
             f'SELECT last("{FIELD_N}") FROM {measurement} WHERE time >= {day_ago}'
         ) or self._time_of(f'SELECT last("{FIELD_N}") FROM {measurement}')
-        if newest is None:
-            return None
-        return min(oldest, newest), newest
 
     def _time_of(self, influxql: str) -> int | None:
         for s in self.store.query(influxql):
@@ -130,14 +127,8 @@ class InfluxRollups:
                 return row[0] if isinstance(row[0], int) else None
         return None
 
-    def raw_level(
-        self,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
-    ) -> dict[str, np.ndarray]:
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
+        attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         selects = [ident(FIELD_LOST)] + [ident(FIELD_BY_ATTR[a].field) for a in attrs]
         series = self.store.query(
             f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE '
@@ -174,8 +165,9 @@ class InfluxRollups:
             rows = order[lo:hi]
             gpus = json.dumps([list(idents[g][1:]) for g in gid[rows].tolist()])
             fields = [f"{FIELD_GPUS}={_string_field(gpus)}"]
-            for name, key in ((FIELD_N, "n"), (FIELD_N_OK, "n_ok"), (FIELD_T_LAST_NS, "t_last_ns")):
-                fields.append(f'{name}="{_pack(cols[key][rows].astype("<i8"))}"')
+            for name, key in _INT_COLUMNS.items():
+                if key in cols:
+                    fields.append(f'{name}="{_pack(cols[key][rows].astype("<i8"))}"')
             for a in attrs:
                 v = cols[a][rows]
                 if not np.isnan(v).all():
@@ -187,14 +179,9 @@ class InfluxRollups:
         return out
 
     def rollup_points(
-        self,
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
     ) -> dict[str, np.ndarray]:
+        attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         names = [FIELD_GPUS, *_INT_COLUMNS, *attrs]
         series = self.store.query(
             f"SELECT {', '.join(map(ident, names))} FROM {ident(MEASUREMENTS[level_ns])} "
@@ -230,13 +217,15 @@ class InfluxRollups:
             _unpack(col, padded, "<i8" if i < len(_INT_COLUMNS) else "<f8")[keep]
             for i, col in enumerate(columns)
         ]
-        return {
-            "time_ns": np.repeat(np.array(times, dtype=np.int64), counts),
-            "gpu_id": np.array([g for gl in gpu_lists for g in gl], dtype=np.int64),
-            "n": unpacked[0],
-            "n_ok": unpacked[1],
-            "t_last_ns": unpacked[2],
-        } | {a: unpacked[3 + i] for i, a in enumerate(attrs)}
+        ints = len(_INT_COLUMNS)
+        return (
+            {
+                "time_ns": np.repeat(np.array(times, dtype=np.int64), counts),
+                "gpu_id": np.array([g for gl in gpu_lists for g in gl], dtype=np.int64),
+            }
+            | dict(zip(_INT_COLUMNS.values(), unpacked[:ints], strict=True))
+            | {a: unpacked[ints + i] for i, a in enumerate(attrs)}
+        )
 
 
 def _ident_measurement(name: str) -> str:
@@ -256,8 +245,10 @@ def _pack(values: np.ndarray) -> str:
 
 
 def _unpack(column: list[str | None], padded: np.ndarray, dtype: str) -> np.ndarray:
-    """A column of packed values, one string per point of ``padded`` values (None: all NaN)."""
-    missing = base64.b64encode(np.full(3, np.nan).tobytes()).decode("ascii")
+    """A column of packed values, one string per point of ``padded`` values (None: all NaN,
+    or for int64 all ``UNKNOWN_SEEN``: a column the point was written without)."""
+    fill = np.full(3, np.nan) if dtype == "<f8" else np.full(3, UNKNOWN_SEEN, dtype="<i8")
+    missing = base64.b64encode(fill.tobytes()).decode("ascii")
     parts = [
         v if v is not None else missing * (int(p) // 3) for v, p in zip(column, padded, strict=True)
     ]

@@ -19,24 +19,24 @@ from gpuwatt.schema import FIELD_LOST, MEASUREMENT
 from gpuwatt.store.engine_rollups import (
     FIELD_N,
     FIELD_N_OK,
+    FIELD_SEEN,
     FIELD_T_LAST,
     MEASUREMENTS,
     NS_PER_MS,
     GpuIds,
     Ident,
+    Scope,
     SpanCache,
     empty_level,
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
 from gpuwatt.store.promql_frames import gpu_ident
-from gpuwatt.store.rollup_rule import NULL_TIME, as_level
+from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
     from gpuwatt.store.promql import PromStore
 
-NEWEST_TTL_S = 5.0  # how long a read trusts the span of the rollups it learnt
-OLDEST_TTL_S = 600.0  # as influx_rollups: the oldest point moves only with retention
 _FAR_S = 50 * 365 * 86_400  # "any time" since 1976 (a window reaching before 1970 finds nothing)
 
 
@@ -45,8 +45,7 @@ class PromRollups:
 
     def __init__(self, store: PromStore) -> None:
         self.store = store
-        self._oldest: dict[int, tuple[float, int]] = {}
-        self._spans = SpanCache(NEWEST_TTL_S)
+        self._spans = SpanCache(self._oldest_ns, self._newest_ns)
 
     def write_lines(self, lines: Sequence[str]) -> None:
         self.store.write_lines(lines)
@@ -61,39 +60,25 @@ class PromRollups:
         return "{" + f"__name__={promql_string(MEASUREMENTS[level_ns] + '_' + FIELD_N)}" + "}"
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        return self._spans.get(level_ns, self._span)
+        return self._spans.get(level_ns)
 
-    def _span(self, level_ns: int) -> tuple[int, int] | None:
-        now = time.time_ns()
+    def _oldest_ns(self, level_ns: int) -> int | None:
         sel = self._n_selector(level_ns)
-        cached = self._oldest.get(level_ns)
-        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
-            oldest = self._time_of(f"min(tfirst_over_time({sel}[{_FAR_S}s]))", now)
-            if oldest is None:
-                return None
-            self._oldest[level_ns] = (time.monotonic(), oldest)
-        else:
-            oldest = cached[1]
-        newest = self._time_of(f"max(tlast_over_time({sel}[1d]))", now) or self._time_of(
+        return self._time_of(f"min(tfirst_over_time({sel}[{_FAR_S}s]))", time.time_ns())
+
+    def _newest_ns(self, level_ns: int) -> int | None:
+        sel, now = self._n_selector(level_ns), time.time_ns()
+        return self._time_of(f"max(tlast_over_time({sel}[1d]))", now) or self._time_of(
             f"max(tlast_over_time({sel}[{_FAR_S}s]))", now
         )
-        if newest is None:
-            return None
-        return min(oldest, newest), newest
 
     def _time_of(self, promql: str, at_ns: int) -> int | None:
         for r in self.store.query(promql, at_ns):
             return round(float(r["value"][1]) * 1000) * NS_PER_MS
         return None
 
-    def raw_level(
-        self,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
-    ) -> dict[str, np.ndarray]:
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
+        attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         names = self.store.dialect.by_attr()
         columns = [f"{MEASUREMENT}_{FIELD_LOST}", *(names[a].metric for a in attrs)]
         answers = list(
@@ -106,16 +91,11 @@ class PromRollups:
         return as_level(t, gid, data[:, 0] == 1.0, values)
 
     def rollup_points(
-        self,
-        level_ns: int,
-        start_ns: int,
-        end_ns: int,
-        attrs: Sequence[str],
-        hosts: Sequence[str] | None,
-        ids: GpuIds,
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
     ) -> dict[str, np.ndarray]:
+        attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         prefix = MEASUREMENTS[level_ns] + "_"
-        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, *attrs]
+        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, FIELD_SEEN, *attrs]
         host_matcher = ""
         if hosts is not None:
             pattern = regex_alternatives(hosts) if hosts else "$^"
@@ -144,8 +124,11 @@ class PromRollups:
             "t_last_ns": np.where(
                 np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
             ),
+            "seen_ns": np.where(
+                np.isnan(data[:, 3]), UNKNOWN_SEEN, np.nan_to_num(data[:, 3]).astype(np.int64)
+            ),
         }
-        return out | {a: data[:, 3 + i] for i, a in enumerate(attrs)}
+        return out | {a: data[:, 4 + i] for i, a in enumerate(attrs)}
 
     def _pivot(
         self, answers: Sequence[list[dict[str, Any]]], width: int, ids: GpuIds

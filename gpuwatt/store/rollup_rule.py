@@ -16,32 +16,182 @@ Raw samples are level columns with ``n = 1`` (``as_level``).
   its non-lost samples, measured or not).
 - Counters and flags (``last_value_attrs``): the newest measured value, i.e. the value in the
   newest row (by its newest non-lost sample) where it is set.
+- Seen time (``seen_ns``, additive): the sum of the slots of the bucket's samples
+  (``sample_seen_ns``). A level without the column (rollups written before it existed) has
+  ``seen_ns = UNKNOWN_SEEN`` and so has every bucket combined from one of them; readers then
+  count such a bucket whole, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import TypeVar
 
 import numpy as np
 
+_T = TypeVar("_T")
+
 NULL_TIME = -(2**63)
 MINUTE_NS = 60 * 10**9
-KEYS = ("time_ns", "gpu_id", "n", "n_ok", "t_last_ns")
+KEYS = ("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", "seen_ns")
+#: ``seen_ns`` of a bucket whose seen time is not known (combined from rows without it).
+UNKNOWN_SEEN = -1
+#: A sample's slot is never longer than this: a sampling interval longer than a minute counts
+#: one minute per sample.
+MAX_SLOT_NS = MINUTE_NS
+#: A spacing up to this factor times the sampling interval is still sampling (jitter, a late
+#: round); a longer one is a gap (a collector down), of which one interval counts.
+JITTER_FACTOR = 1.5
+#: The sampling interval at a sample: the longest of its GPU's last few spacings (an extra
+#: sample, a late round, do not shorten it).
+INTERVAL_SPACINGS = 3
+#: How far before and beyond the samples of a bucket a roller reads so that each sample's
+#: neighbours that decide its slot are known (``samples_as_level``).
+SLOT_LOOKBEHIND_NS = INTERVAL_SPACINGS * MAX_SLOT_NS
+SLOT_LOOKAHEAD_NS = 3 * MAX_SLOT_NS
+
+
+#: The margin a roller reads around its bucket first: enough where every GPU has its
+#: neighbours within it (``neighbours_within``); a side where one lacks them is then read out
+#: to the full look-around.
+NEAR_MARGIN_NS = 8 * 10**9
+
+
+def neighbours_within(
+    time_ns: np.ndarray, gpu_id: np.ndarray, start_ns: int, end_ns: int
+) -> tuple[bool, bool]:
+    """Whether samples read around ``[start_ns, end_ns)`` hold, for every GPU with a sample in
+    it, the ``INTERVAL_SPACINGS`` samples before it and the two after it that decide the slots
+    of its samples in it (``sample_seen_ns``): per side, a wider read then gives the same."""
+    t = np.asarray(time_ns, dtype=np.int64)
+    g = np.asarray(gpu_id, dtype=np.int64)
+    inside = (t >= start_ns) & (t < end_ns)
+    if not inside.any():
+        return True, True
+    gpus, codes = np.unique(g, return_inverse=True)
+    size = len(gpus)
+    absent = np.bincount(codes[inside], minlength=size) == 0
+    before = np.bincount(codes[t < start_ns], minlength=size) >= INTERVAL_SPACINGS
+    after = np.bincount(codes[t >= end_ns], minlength=size) >= 2
+    return bool(np.all(absent | before)), bool(np.all(absent | after))
+
+
+def read_around(
+    read: Callable[[int, int], _T],
+    times: Callable[[_T], tuple[np.ndarray, np.ndarray]],
+    concat: Callable[[list[_T]], _T],
+    start_ns: int,
+    end_ns: int,
+) -> _T:
+    """``read(lo, hi)`` of the samples in ``[start_ns, end_ns)`` and those around it that decide
+    their slots: ``NEAR_MARGIN_NS`` each side, and on a side where a GPU lacks its neighbours
+    (``neighbours_within``; ``times`` gives a read's sample times and GPU ids) the rest of the
+    full look-around (``SLOT_LOOKBEHIND_NS`` before, ``SLOT_LOOKAHEAD_NS`` after), read apart
+    and joined by ``concat``. At 1-s sampling a minute's roll reads 16 s more than the minute,
+    not six minutes more; at the newest data the read after it finds nothing."""
+    lo, hi = start_ns - NEAR_MARGIN_NS, end_ns + NEAR_MARGIN_NS
+    got = read(lo, hi)
+    before_ok, after_ok = neighbours_within(*times(got), start_ns, end_ns)
+    parts = [got]
+    if not before_ok:
+        parts.insert(0, read(start_ns - SLOT_LOOKBEHIND_NS, lo))
+    if not after_ok:
+        parts.append(read(hi, end_ns + SLOT_LOOKAHEAD_NS))
+    return got if len(parts) == 1 else concat(parts)
+
+
+def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) -> np.ndarray:
+    """Per sample, how long it stands for its GPU being seen (docs/accounting.md, rule 3).
+
+    A lost-GPU marker stands for nothing. Any other sample stands for its *slot*: from its
+    time to its GPU's next sample (of any kind, a marker included), unless that is more than
+    ``JITTER_FACTOR`` sampling intervals away (a gap: a collector down, a GPU gone without a
+    marker), in which case one interval (no longer than the spacing from the previous sample).
+    The sampling interval is the longest of the GPU's last ``INTERVAL_SPACINGS`` spacings up to
+    the sample; a spacing no more than ``JITTER_FACTOR``
+    times the one after it (the sampling slowed down) is no gap either. No slot is longer than
+    ``MAX_SLOT_NS`` (a GPU's first samples, a lone sample: a minute at most). Only the samples
+    within ``SLOT_LOOKBEHIND_NS`` before and ``SLOT_LOOKAHEAD_NS`` after a sample decide its
+    slot, so a roller reading that much around its bucket gives each sample the slot a read of
+    all the samples would; the samples may come in any order."""
+    t = np.asarray(time_ns, dtype=np.int64)
+    g = np.asarray(gpu_id, dtype=np.int64)
+    order = np.lexsort((t, g))
+    ts, gs = t[order], g[order]
+    n = len(ts)
+    big = np.iinfo(np.int64).max // 4
+    nxt_gap = np.full(n, big, dtype=np.int64)
+    prev_gap = np.full(n, big, dtype=np.int64)
+    if n > 1:
+        d = np.where(gs[1:] == gs[:-1], ts[1:] - ts[:-1], big)
+        nxt_gap[:-1] = d
+        prev_gap[1:] = d
+    interval = prev_gap.copy()
+    for k in range(1, INTERVAL_SPACINGS):  # the k-th spacing before, if of the same GPU
+        back = np.full(n, big, dtype=np.int64)
+        back[k:] = np.where(gs[k:] == gs[:-k], prev_gap[:-k], big)
+        interval = np.maximum(interval, back)
+    interval = np.minimum(interval, MAX_SLOT_NS)
+    # the spacing after the next sample: a sampling interval that grows is not a gap
+    after = np.full(n, big, dtype=np.int64)
+    after[:-1] = np.where(nxt_gap[:-1] < big, nxt_gap[1:], big)
+    after = np.where(after < big, np.minimum(after, MAX_SLOT_NS), 0)
+    sampling = nxt_gap <= JITTER_FACTOR * np.maximum(interval, after)
+    slot = np.where(sampling, nxt_gap, np.minimum(interval, prev_gap))
+    slot = np.minimum(slot, MAX_SLOT_NS)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = slot
+    return np.where(np.asarray(lost, dtype=bool), 0, out)
 
 
 def as_level(
-    time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray, values: dict[str, np.ndarray]
+    time_ns: np.ndarray,
+    gpu_id: np.ndarray,
+    lost: np.ndarray,
+    values: dict[str, np.ndarray],
+    *,
+    seen_ns: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Raw samples as level columns: each sample its own bucket of one."""
+    """Raw samples as level columns: each sample its own bucket of one. ``seen_ns``: each
+    sample's slot (``sample_seen_ns``); without it the seen time is ``UNKNOWN_SEEN``."""
     ok = ~np.asarray(lost, dtype=bool)
     t = np.asarray(time_ns, dtype=np.int64)
+    seen = (
+        np.full(len(t), UNKNOWN_SEEN, dtype=np.int64)
+        if seen_ns is None
+        else np.asarray(seen_ns, dtype=np.int64)
+    )
     return {
         "time_ns": t,
         "gpu_id": np.asarray(gpu_id, dtype=np.int64),
         "n": np.ones(len(t), dtype=np.int64),
         "n_ok": ok.astype(np.int64),
         "t_last_ns": np.where(ok, t, NULL_TIME),
+        "seen_ns": seen,
     } | {a: np.where(ok, np.asarray(v, dtype=np.float64), np.nan) for a, v in values.items()}
+
+
+def samples_as_level(
+    time_ns: np.ndarray,
+    gpu_id: np.ndarray,
+    lost: np.ndarray,
+    values: dict[str, np.ndarray],
+    *,
+    start_ns: int,
+    end_ns: int,
+) -> dict[str, np.ndarray]:
+    """Raw samples read over ``[start_ns - SLOT_LOOKBEHIND_NS, end_ns + SLOT_LOOKAHEAD_NS)``
+    as the level columns of those in ``[start_ns, end_ns)``, with their seen time."""
+    t = np.asarray(time_ns, dtype=np.int64)
+    seen = sample_seen_ns(t, gpu_id, lost)
+    keep = (t >= start_ns) & (t < end_ns)
+    return as_level(
+        t[keep],
+        np.asarray(gpu_id)[keep],
+        np.asarray(lost)[keep],
+        {a: np.asarray(v)[keep] for a, v in values.items()},
+        seen_ns=seen[keep],
+    )
 
 
 def combine(
@@ -82,6 +232,7 @@ def _combine(
         "n": np.add.reduceat(n, starts),
         "n_ok": np.add.reduceat(n_ok, starts),
         "t_last_ns": np.maximum.reduceat(cols["t_last_ns"][order], starts),
+        "seen_ns": _sum_seen(cols, order, starts),
     }
     weight = n_ok.astype(np.float64)
     for a in attrs:
@@ -98,3 +249,14 @@ def _combine(
         with np.errstate(divide="ignore", invalid="ignore"):
             out[a] = np.where(den > 0, num / den, np.nan)
     return out
+
+
+def _sum_seen(cols: dict[str, np.ndarray], order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Seen time per output bucket: the sum of its rows', ``UNKNOWN_SEEN`` where one of them
+    (or the whole level: rows written before the column) does not know it."""
+    if "seen_ns" not in cols:
+        return np.full(len(starts), UNKNOWN_SEEN, dtype=np.int64)
+    seen = np.asarray(cols["seen_ns"], dtype=np.int64)[order]
+    unknown = np.add.reduceat((seen < 0).astype(np.int64), starts) > 0
+    total = np.add.reduceat(np.maximum(seen, 0), starts)
+    return np.where(unknown, UNKNOWN_SEEN, total)

@@ -1,8 +1,9 @@
 """Rollup buckets (1 minute, 1 hour) as column arrays: the one stored form of the rollups.
 
 Each bucket of a level is stored as a few BLOBs keyed ``(level_ns, time_ns, col)``: the key
-columns ``gpu_id``, ``n``, ``n_ok`` and ``t_last_ns`` (int64, negative ``col``) and one float64
-array per metric column (``format.Columns`` id) that is set for at least one GPU; a metric
+columns ``gpu_id``, ``n``, ``n_ok``, ``t_last_ns`` and ``seen_ns`` (int64, negative ``col``;
+``seen_ns`` is absent from buckets written before it existed and reads as unknown) and one
+float64 array per metric column (``format.Columns`` id) that is set for at least one GPU; a metric
 without a BLOB reads as NaN. The values are what ``rollup_rule.combine`` computed; reading a
 bucket is ``numpy.frombuffer`` of a few hundred BLOBs rather than a Python object per value
 (an hour of 1,024 GPUs' minutes row by row through ``sqlite3`` cost 0.45 s of CPU against
@@ -27,7 +28,9 @@ from gpuwatt.store import rollup_rule
 
 NULL_TIME = rollup_rule.NULL_TIME
 #: The key columns' ``col`` numbers (metric columns are their ``format.Columns`` id, >= 0).
-KEY_COLS = {"gpu_id": -1, "n": -2, "n_ok": -3, "t_last_ns": -4}
+KEY_COLS = {"gpu_id": -1, "n": -2, "n_ok": -3, "t_last_ns": -4, "seen_ns": -5}
+#: Key columns a bucket may lack: written before they existed, read as this value.
+OPTIONAL_KEYS = {"seen_ns": rollup_rule.UNKNOWN_SEEN}
 RAW = 0
 SHUFFLED_ZSTD = 1
 _MIN_SAVING = 0.25  # compress a BLOB only where it saves a quarter: decoding stays cheap
@@ -94,6 +97,8 @@ def write(
     bucket_ns = times[starts].tolist()
     out: list[tuple[int, int, int, bytes]] = []
     for name, col in KEY_COLS.items():
+        if name not in cols:
+            continue
         for t, (lo, hi) in zip(bucket_ns, bounds, strict=True):
             out.append((level_ns, t, col, _encode(cols[name][lo:hi])))
     for attr, col in col_ids.items():
@@ -123,8 +128,8 @@ def read(
     gpu_ids: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The buckets in ``[start_ns, end_ns)`` (but not those in ``exclude``) as level columns
-    (``rollup_rule``): ``time_ns``, ``gpu_id``, ``n``, ``n_ok``, ``t_last_ns`` and one float64
-    array per attribute (NaN where not stored); only ``gpu_ids`` if given."""
+    (``rollup_rule``): ``time_ns``, ``gpu_id``, ``n``, ``n_ok``, ``t_last_ns``, ``seen_ns`` and
+    one float64 array per attribute (NaN where not stored); only ``gpu_ids`` if given."""
     wanted = {col_ids[a]: a for a in attrs if a in col_ids}
     cols = [*KEY_COLS.values(), *wanted]
     rows = con.execute(
@@ -145,6 +150,9 @@ def read(
         n = len(gid) if keep is None else int(keep.sum())
         parts["time_ns"].append(np.full(n, t, dtype=np.int64))
         for col, name in names.items():
+            if col not in blobs and name in OPTIONAL_KEYS:
+                parts[name].append(np.full(n, OPTIONAL_KEYS[name], dtype=np.int64))
+                continue
             v = _decode(blobs[col], "<i8")
             parts[name].append(v if keep is None else v[keep])
         for a in attrs:

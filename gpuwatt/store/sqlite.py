@@ -57,7 +57,14 @@ from gpuwatt.store import (
     sqlite_reads,
 )
 from gpuwatt.store.base import SeriesRead
-from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
+from gpuwatt.store.rollup_rule import (
+    NULL_TIME,
+    SLOT_LOOKAHEAD_NS,
+    SLOT_LOOKBEHIND_NS,
+    combine,
+    read_around,
+    samples_as_level,
+)
 from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, NS_PER_S, floor_ns
 
 if TYPE_CHECKING:
@@ -430,7 +437,15 @@ class SqliteStore:
         assert up_h is not None
         # Late samples: buckets already rolled become dirty.
         if t_min < up_m:
-            minutes = {floor_ns(t, MINUTE_NS) for t in times if t < up_m}
+            # a sample's neighbours' slots change with it (rollup_rule.sample_seen_ns)
+            reach = range(-SLOT_LOOKAHEAD_NS, SLOT_LOOKBEHIND_NS + MINUTE_NS, MINUTE_NS)
+            minutes = {
+                b
+                for t in times
+                if t - SLOT_LOOKAHEAD_NS < up_m
+                for b in (floor_ns(t + d, MINUTE_NS) for d in reach)
+                if b < up_m
+            }
             con.executemany(
                 "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
                 [(MINUTE_NS, b) for b in minutes],
@@ -509,12 +524,22 @@ class SqliteStore:
                 )
                 break
             hi = min(end_ns, floor_ns(first, MINUTE_NS) + BLOCK_NS)
-            samples = raw.read(con, lo, hi, tuple(range(len(columns.attrs))))
-            level = as_level(
+            # A sample's slot depends on its GPU's neighbours: read a little around the block.
+            all_cols = tuple(range(len(columns.attrs)))
+            samples = read_around(
+                lambda a, b: raw.read(con, a, b, all_cols),  # noqa: B023 (called at once)
+                lambda rows: (rows.time_ns, rows.gpu_id),
+                lambda parts: chunks.concat(parts, all_cols),  # noqa: B023 (called at once)
+                lo,
+                hi,
+            )
+            level = samples_as_level(
                 samples.time_ns,
                 samples.gpu_id,
                 samples.lost,
                 {a: samples.values[:, i] for i, a in enumerate(columns.attrs)},
+                start_ns=lo,
+                end_ns=hi,
             )
             out = combine(level, MINUTE_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=0)
             rollups.write(con, MINUTE_NS, lo, hi, out, col_ids)

@@ -28,8 +28,14 @@ from gpuwatt.store import (
     rounds,
 )
 from gpuwatt.store.base import SeriesRead
-from gpuwatt.store.codec import Span
-from gpuwatt.store.rollup_rule import NULL_TIME, as_level, combine
+from gpuwatt.store.codec import Rows, Span
+from gpuwatt.store.rollup_rule import (
+    NULL_TIME,
+    combine,
+    read_around,
+    sample_seen_ns,
+    samples_as_level,
+)
 
 NS_PER_S = 1_000_000_000
 MINUTE_NS = 60 * NS_PER_S
@@ -172,9 +178,16 @@ def series_columns(
         gpu_ids = np.array([i for (i,) in found], dtype=np.int64)
     scope = _Scope(attrs, _column_ids(con, attrs), gpu_ids, memo)
     if step_s is None:
-        samples = raw.read(con, start_ns, end_ns, scope.col_ids, gpu_ids)
-        columns = {"time_ns": samples.time_ns, "gpu_id": samples.gpu_id}
-        return columns | {a: samples.values[:, j] for j, a in enumerate(attrs)}, attrs
+        # each sample with its seen time (rollup_rule.sample_seen_ns), as its minute has it
+        samples = _read_around(con, start_ns, end_ns, scope.col_ids, gpu_ids)
+        seen_ns = sample_seen_ns(samples.time_ns, samples.gpu_id, samples.lost)
+        keep = (samples.time_ns >= start_ns) & (samples.time_ns < end_ns)
+        columns = {
+            "time_ns": samples.time_ns[keep],
+            "gpu_id": samples.gpu_id[keep],
+            "seen_ns": seen_ns[keep],
+        }
+        return columns | {a: samples.values[keep, j] for j, a in enumerate(attrs)}, attrs
     step_ns = int(step_s) * NS_PER_S
     if step_ns <= 0:
         raise ValueError("step_s must be positive")
@@ -187,6 +200,24 @@ def series_columns(
     return columns, attrs
 
 
+def _read_around(
+    con: sqlite3.Connection,
+    start_ns: int,
+    end_ns: int,
+    col_ids: Sequence[int],
+    gpu_ids: np.ndarray | None,
+) -> Rows:
+    """The raw samples in ``[start_ns, end_ns)`` and those around it that decide their slots
+    (``rollup_rule.read_around``)."""
+    return read_around(
+        lambda lo, hi: raw.read(con, lo, hi, col_ids, gpu_ids),
+        lambda rows: (rows.time_ns, rows.gpu_id),
+        lambda parts: chunks.concat(parts, col_ids),
+        start_ns,
+        end_ns,
+    )
+
+
 def _raw_level(
     con: sqlite3.Connection, scope: _Scope, step_ns: int, start_ns: int, end_ns: int
 ) -> dict[str, Any]:
@@ -196,12 +227,15 @@ def _raw_level(
     ids = None if scope.gpu_ids is None else tuple(scope.gpu_ids.tolist())
     key = (step_ns, start_ns, end_ns, scope.attrs, ids)
     if key not in scope.memo:
-        samples = raw.read(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
-        level = as_level(
+        # the samples' slots end at their GPU's next sample (rollup_rule.sample_seen_ns)
+        samples = _read_around(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
+        level = samples_as_level(
             samples.time_ns,
             samples.gpu_id,
             samples.lost,
             {a: samples.values[:, j] for j, a in enumerate(scope.attrs)},
+            start_ns=start_ns,
+            end_ns=end_ns,
         )
         scope.memo[key] = combine(level, step_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=0)
     return scope.memo[key]
@@ -313,7 +347,7 @@ def _column_ids(con: sqlite3.Connection, attrs: Sequence[str]) -> tuple[int, ...
 
 def _no_rows(attrs: Sequence[str]) -> dict[str, np.ndarray]:
     e = np.zeros(0, np.int64)
-    return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e} | {
+    return {"time_ns": e, "gpu_id": e, "n": e, "n_ok": e, "t_last_ns": e, "seen_ns": e} | {
         a: np.zeros(0) for a in attrs
     }
 
