@@ -121,7 +121,10 @@ def test_late_samples_recompute_their_bucket(store: SqliteStore, make_sample) ->
         store.write_samples(batch)
     # A spool replays a point the minute rollup has already seen past.
     store.write_samples([make_sample(T0 + 5 * S, "node1", 0, power_w=1000.0, energy_j=5.0)])
-    assert peek(store.path, "SELECT level_ns, bucket_ns FROM rollup_dirty") == [(60 * S, T0)]
+    # its minute, and the rolled minute after it: a sample changes its neighbours' slots
+    # (rollup_rule.sample_seen_ns), so the seen time of the minutes around it may change too
+    dirty = peek(store.path, "SELECT level_ns, bucket_ns FROM rollup_dirty ORDER BY bucket_ns")
+    assert dirty == [(60 * S, T0), (60 * S, T0 + 60 * S)]
     assert_matches_raw(store, T0, T0 + 180 * S, 60)  # reads are exact before the recompute
     # A write that has moved past minute 0 recomputes it once.
     store.write_samples(next(rounds(make_sample, 180, 190, 10)))

@@ -544,7 +544,9 @@ class SqliteStore:
             out = combine(level, MINUTE_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=0)
             rollups.write(con, MINUTE_NS, lo, hi, out, col_ids)
             # The tails these samples refer to are still in use (``_apply_retention``).
-            tails = np.unique(samples.tail).astype(np.int64).tolist()
+            # (the samples read around the block are not this block's)
+            inside = (samples.time_ns >= lo) & (samples.time_ns < hi)
+            tails = np.unique(samples.tail[inside]).astype(np.int64).tolist()
             con.execute(
                 "UPDATE tails SET last_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
                 "AND last_ns < ?1",
