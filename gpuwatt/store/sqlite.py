@@ -38,14 +38,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import zstandard
 
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.line_protocol import decode_line, format_processes
 from gpuwatt.model import GpuSample
 from gpuwatt.store import (
-    LAST_VALUE_ATTRS,
     StoreRejected,
     chunks,
     codec,
@@ -59,13 +57,9 @@ from gpuwatt.store import (
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.rollup_rule import (
     NULL_TIME,
-    SLOT_LOOKAHEAD_NS,
-    SLOT_LOOKBEHIND_NS,
-    combine,
-    read_around,
-    samples_as_level,
 )
-from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, NS_PER_S, floor_ns
+from gpuwatt.store.sqlite_maintenance import Maintenance
+from gpuwatt.store.sqlite_reads import HOUR_NS, MINUTE_NS, NS_PER_S
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,7 +67,6 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 DAY_S = 86_400
-_RETENTION_CHECK_NS = MINUTE_NS
 #: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
 #: sample of a GPU to the next (one tuple comparison, mostly of identical objects), its id and
 #: tail id are reused.
@@ -160,7 +153,7 @@ def _store_errors(method: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
-class SqliteStore:
+class SqliteStore(Maintenance):
     """SQLite store. Safe for one writer thread and many reader threads in one process, and for
     one writing process and many reading processes on one file (WAL)."""
 
@@ -407,92 +400,7 @@ class SqliteStore:
         self._encode_rows(samples, states.get, new_state, parts.append, gids.append, times.append)
         return parts, gids, times
 
-    # --- rollups, compaction and retention ----------------------------------------------------
-
-    @staticmethod
-    def _meta(con: sqlite3.Connection) -> dict[str, int]:
-        return sqlite_reads.meta(con)
-
-    @staticmethod
-    def _set_meta(con: sqlite3.Connection, key: str, value: int) -> None:
-        con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
-
-    def _maintain(
-        self, con: sqlite3.Connection, times: Sequence[int], t_min: int, t_max: int
-    ) -> None:
-        meta = self._meta(con)
-        newest = max(meta.get("max_time_ns", t_max), t_max, self._newest_ns)
-        self._newest_ns = newest
-        # Recorded once a minute of data time (a page less to write per round): what a new
-        # writer needs of it is which minutes and blocks are over, and those are recorded.
-        if newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
-            self._set_meta(con, "max_time_ns", newest)
-            self._flush_last_times(con)
-        up_m = meta.get("rolled_60")
-        up_h = meta.get("rolled_3600")
-        if up_m is None:
-            up_m = floor_ns(t_min, MINUTE_NS)
-            up_h = floor_ns(t_min, HOUR_NS)
-            self._set_meta(con, "rolled_3600", up_h)
-        assert up_h is not None
-        # Late samples: buckets already rolled become dirty.
-        if t_min < up_m:
-            # a sample's neighbours' slots change with it (rollup_rule.sample_seen_ns)
-            reach = range(-SLOT_LOOKAHEAD_NS, SLOT_LOOKBEHIND_NS + MINUTE_NS, MINUTE_NS)
-            minutes = {
-                b
-                for t in times
-                if t - SLOT_LOOKAHEAD_NS < up_m
-                for b in (floor_ns(t + d, MINUTE_NS) for d in reach)
-                if b < up_m
-            }
-            con.executemany(
-                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
-                [(MINUTE_NS, b) for b in minutes],
-            )
-            hours = {floor_ns(b, HOUR_NS) for b in minutes if b < up_h}
-            con.executemany(
-                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)", [(HOUR_NS, b) for b in hours]
-            )
-        # Roll minutes the data has moved past.
-        new_up_m = max(up_m, floor_ns(newest - self.rollup_grace_ns, MINUTE_NS))
-        if new_up_m > up_m:
-            self._roll(con, MINUTE_NS, up_m, new_up_m)
-        if new_up_m != meta.get("rolled_60"):
-            self._set_meta(con, "rolled_60", new_up_m)
-        # Recompute dirty minutes this write has moved past, then hours.
-        self._recompute_dirty(con, MINUTE_NS, t_min)
-        new_up_h = max(up_h, floor_ns(new_up_m, HOUR_NS))
-        if new_up_h > up_h:
-            self._roll(con, HOUR_NS, up_h, new_up_h)
-            self._set_meta(con, "rolled_3600", new_up_h)
-            # Hours rolled over minutes that are still dirty must be recomputed later.
-            con.execute(
-                "INSERT OR IGNORE INTO rollup_dirty SELECT ?1, bucket_ns / ?1 * ?1 "
-                "FROM rollup_dirty WHERE level_ns = ?2 AND bucket_ns >= ?3 AND bucket_ns < ?4",
-                (HOUR_NS, MINUTE_NS, up_h, new_up_h),
-            )
-        self._recompute_dirty(con, HOUR_NS, t_min)
-        # Compact the blocks the data has moved past (and, once a minute of data time, samples
-        # that arrived late for blocks compacted before).
-        compacted = meta.get("compacted_until", floor_ns(t_min, BLOCK_NS))
-        new_compacted = max(compacted, floor_ns(newest - self.rollup_grace_ns, BLOCK_NS))
-        last_ret = meta.get("retention_at_ns")
-        check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
-        if new_compacted > compacted or (check and raw.head_has_before(con, compacted)):
-            self._compact(con, new_compacted)
-        if new_compacted != meta.get("compacted_until"):
-            self._set_meta(con, "compacted_until", new_compacted)
-        if check:
-            self._apply_retention(con, newest)
-            self._set_meta(con, "retention_at_ns", newest)
-
-    def _compact(self, con: sqlite3.Connection, before_ns: int) -> None:
-        self._flush_last_times(con)  # head rows after last_times_until must stay in the head
-        host_of = dict(con.execute("SELECT id, host FROM gpus").fetchall())
-        attrs = self._columns.attrs
-        decimals = format.stored_decimals(attrs)
-        chunks.compact(con, before_ns, len(attrs), host_of, self._cctx, decimals)
+    # --- rollups, compaction and retention (``sqlite_maintenance``) ---------------------------
 
     @_store_errors
     def compact(self) -> None:
@@ -502,104 +410,6 @@ class SqliteStore:
         in the head and are merged into its chunk when the block closes."""
         with self._lock, self._transaction(self._writer):
             self._compact(self._writer, 2**62)
-
-    def _roll(self, con: sqlite3.Connection, level_ns: int, start_ns: int, end_ns: int) -> None:
-        """(Re)compute the ``level_ns`` buckets in ``[start_ns, end_ns)`` from the level below,
-        by the rollup rule."""
-        columns = self._columns
-        col_ids = columns.index
-        if level_ns == HOUR_NS:
-            cols = rollups.read(con, MINUTE_NS, start_ns, end_ns, columns.attrs, col_ids)
-            out = combine(cols, HOUR_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=MINUTE_NS)
-            rollups.write(con, HOUR_NS, start_ns, end_ns, out, col_ids)
-            return
-        # Minutes from raw samples, a block at a time, skipping time without samples.
-        lo = start_ns
-        while lo < end_ns:
-            first = raw.first_raw_time(con, lo, end_ns)
-            if first is None:
-                con.execute(
-                    "DELETE FROM rollups WHERE level_ns = ? AND time_ns >= ? AND time_ns < ?",
-                    (MINUTE_NS, lo, end_ns),
-                )
-                break
-            hi = min(end_ns, floor_ns(first, MINUTE_NS) + BLOCK_NS)
-            # A sample's slot depends on its GPU's neighbours: read a little around the block.
-            all_cols = tuple(range(len(columns.attrs)))
-            samples = read_around(
-                lambda a, b: raw.read(con, a, b, all_cols),  # noqa: B023 (called at once)
-                lambda rows: (rows.time_ns, rows.gpu_id),
-                lambda parts: chunks.concat(parts, all_cols),  # noqa: B023 (called at once)
-                lo,
-                hi,
-            )
-            level = samples_as_level(
-                samples.time_ns,
-                samples.gpu_id,
-                samples.lost,
-                {a: samples.values[:, i] for i, a in enumerate(columns.attrs)},
-                start_ns=lo,
-                end_ns=hi,
-            )
-            out = combine(level, MINUTE_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=0)
-            rollups.write(con, MINUTE_NS, lo, hi, out, col_ids)
-            # The tails these samples refer to are still in use (``_apply_retention``).
-            # (the samples read around the block are not this block's)
-            inside = (samples.time_ns >= lo) & (samples.time_ns < hi)
-            tails = np.unique(samples.tail[inside]).astype(np.int64).tolist()
-            con.execute(
-                "UPDATE tails SET last_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
-                "AND last_ns < ?1",
-                (hi - 1, json.dumps(tails)),
-            )
-            lo = hi
-
-    def _recompute_dirty(self, con: sqlite3.Connection, level_ns: int, before_ns: int) -> None:
-        """Recompute the dirty buckets that end at or before ``before_ns``."""
-        rows = con.execute(
-            "SELECT bucket_ns FROM rollup_dirty WHERE level_ns = ? AND bucket_ns + ? <= ?",
-            (level_ns, level_ns, before_ns),
-        ).fetchall()
-        for (bucket,) in rows:
-            if level_ns == HOUR_NS:
-                pending = con.execute(
-                    "SELECT 1 FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
-                    "AND bucket_ns < ? LIMIT 1",
-                    (MINUTE_NS, bucket, bucket + HOUR_NS),
-                ).fetchone()
-                if pending:
-                    continue
-            self._roll(con, level_ns, bucket, bucket + level_ns)
-            con.execute(
-                "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns = ?", (level_ns, bucket)
-            )
-
-    def _apply_retention(self, con: sqlite3.Connection, newest_ns: int) -> None:
-        raw_cut = newest_ns - self.retention_raw_ns
-        con.execute("DELETE FROM head WHERE time_ns < ?", (raw_cut,))
-        chunks.delete_before(con, raw_cut)
-        # A tail's last_ns is the newest of: its first sample, a GPU taking it up again
-        # (``_tail_id``), the last minute rolled with it (``_roll``). A block before the cut
-        # is kept whole until it ends before the cut: its tails are kept a block longer.
-        # Those a GPU uses now (samples written after days without any) stay.
-        current = json.dumps(sorted({int(st.tail) for st in self._states.values()}))
-        deleted = con.execute(
-            "DELETE FROM tails WHERE last_ns < ? AND id NOT IN (SELECT value FROM json_each(?))",
-            (raw_cut - BLOCK_NS, current),
-        ).rowcount
-        if deleted:
-            self._tail_ids.clear()
-        # A dirty minute whose raw rows are gone cannot be recomputed; keep the rollup as is.
-        con.execute(
-            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
-            (MINUTE_NS, raw_cut),
-        )
-        rollups.delete_before(con, MINUTE_NS, newest_ns - self.retention_1m_ns)
-        con.execute(
-            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
-            (HOUR_NS, newest_ns - self.retention_1m_ns),
-        )
-        rollups.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)
 
     @_store_errors
     def flush_rollups(self) -> None:
