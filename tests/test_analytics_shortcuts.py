@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from test_analytics_support import A100, H100, NS, T0_NS, cluster_frame
 
 from gpuwatt.analytics.gpu_windows import _windows_in_range, gpu_windows
 from gpuwatt.analytics.windows import label_codes, per_gpu_window, prepare
-from tests.test_analytics_support import A100, H100, NS, T0_NS, cluster_frame
 
 
 def _windows(start_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
