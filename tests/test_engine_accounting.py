@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from test_accounting_edges import STEADY_RANGES, assert_steady_energy, steady_gpu_samples
 from test_sqlite_rounds import ATTRS, T0, S, cluster, reference
 
-from gpuwatt.analytics import ANALYSIS_FIELDS, analyze
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.store import engine_rollups, open_store
@@ -73,27 +73,6 @@ def test_ranges_with_edges_inside_rolled_buckets_equal_the_samples_in_them(
 def test_energy_of_a_range_is_the_same_from_raw_samples_minutes_and_hours(
     load: Callable[[Sequence[GpuSample]], Any],
 ) -> None:
-    energy_j, samples = 0.0, []
-    for t in range(0, 4 * 3600, 10):
-        energy_j += 300.0 * 10
-        samples.append(
-            GpuSample(
-                T0 + t * S,
-                "n",
-                0,
-                "GPU-0",
-                "X",
-                power_w=300.0,
-                energy_j=energy_j,
-                utilization_gpu_pct=90.0,
-            )
-        )
-    store = load(samples)
-    for lo_s, len_s in ((629, 2400), (600, 2400), (611, 3 * 3600 + 7)):
-        lo, hi = T0 + lo_s * S, T0 + (lo_s + len_s) * S
-        for step_s in (None, 60, 3600) if len_s > 3 * 3600 else (None, 60):
-            frame = store.series(lo, hi, list(ANALYSIS_FIELDS), step_s=step_s)
-            assert frame["time_ns"].between(lo, hi - 1).all()
-            s = analyze(frame, now_ns=hi, start_ns=lo)
-            got_j = s.cluster["energy_kwh"].value * 3.6e6
-            assert got_j == pytest.approx(300.0 * len_s, rel=1e-3), (lo_s, len_s, step_s)
+    store = load(steady_gpu_samples())
+    for lo_s, len_s in STEADY_RANGES:
+        assert_steady_energy(store, lo_s, len_s)

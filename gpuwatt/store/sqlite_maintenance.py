@@ -23,8 +23,6 @@ from gpuwatt.store.rollup_rule import (
     SLOT_LOOKAHEAD_NS,
     SLOT_LOOKBEHIND_NS,
     combine,
-    read_around,
-    samples_as_level,
 )
 from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, floor_ns
 
@@ -154,22 +152,7 @@ class Maintenance:
             hi = min(end_ns, floor_ns(first, MINUTE_NS) + BLOCK_NS)
             # A sample's slot depends on its GPU's neighbours: read a little around the block.
             all_cols = tuple(range(len(columns.attrs)))
-            samples = read_around(
-                lambda a, b: raw.read(con, a, b, all_cols),  # noqa: B023 (called at once)
-                lambda rows: (rows.time_ns, rows.gpu_id),
-                lambda parts: chunks.concat(parts, all_cols),  # noqa: B023 (called at once)
-                lo,
-                hi,
-            )
-            level = samples_as_level(
-                samples.time_ns,
-                samples.gpu_id,
-                samples.lost,
-                {a: samples.values[:, i] for i, a in enumerate(columns.attrs)},
-                start_ns=lo,
-                end_ns=hi,
-            )
-            out = combine(level, MINUTE_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=0)
+            out, samples = sqlite_reads.raw_buckets(con, lo, hi, all_cols, columns.attrs, MINUTE_NS)
             rollups.write(con, MINUTE_NS, lo, hi, out, col_ids)
             # The tails these samples refer to are still in use (``_apply_retention``).
             # (the samples read around the block are not this block's)

@@ -218,6 +218,31 @@ def _read_around(
     )
 
 
+def raw_buckets(
+    con: sqlite3.Connection,
+    start_ns: int,
+    end_ns: int,
+    col_ids: Sequence[int],
+    attrs: Sequence[str],
+    step_ns: int,
+    gpu_ids: np.ndarray | None = None,
+) -> tuple[dict[str, Any], Rows]:
+    """The raw samples in ``[start_ns, end_ns)`` (columns ``col_ids``, named ``attrs``) as level
+    columns of ``step_ns`` buckets by the rollup rule, and the samples read: those around the
+    range too, whose times end the slots of the samples in it (``rollup_rule.sample_seen_ns``).
+    The minute roll and the reads of unrolled time both use it."""
+    samples = _read_around(con, start_ns, end_ns, col_ids, gpu_ids)
+    level = samples_as_level(
+        samples.time_ns,
+        samples.gpu_id,
+        samples.lost,
+        {a: samples.values[:, j] for j, a in enumerate(attrs)},
+        start_ns=start_ns,
+        end_ns=end_ns,
+    )
+    return combine(level, step_ns, attrs, LAST_VALUE_ATTRS, level_ns=0), samples
+
+
 def _raw_level(
     con: sqlite3.Connection, scope: _Scope, step_ns: int, start_ns: int, end_ns: int
 ) -> dict[str, Any]:
@@ -227,17 +252,9 @@ def _raw_level(
     ids = None if scope.gpu_ids is None else tuple(scope.gpu_ids.tolist())
     key = (step_ns, start_ns, end_ns, scope.attrs, ids)
     if key not in scope.memo:
-        # the samples' slots end at their GPU's next sample (rollup_rule.sample_seen_ns)
-        samples = _read_around(con, start_ns, end_ns, scope.col_ids, scope.gpu_ids)
-        level = samples_as_level(
-            samples.time_ns,
-            samples.gpu_id,
-            samples.lost,
-            {a: samples.values[:, j] for j, a in enumerate(scope.attrs)},
-            start_ns=start_ns,
-            end_ns=end_ns,
+        scope.memo[key], _ = raw_buckets(
+            con, start_ns, end_ns, scope.col_ids, scope.attrs, step_ns, scope.gpu_ids
         )
-        scope.memo[key] = combine(level, step_ns, scope.attrs, LAST_VALUE_ATTRS, level_ns=0)
     return scope.memo[key]
 
 
