@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -278,6 +279,7 @@ def main() -> None:
     end_ns = 1_767_225_600 * 1_000_000_000  # bench/dashboard.py's END_NS
     cluster = _Cluster(args.gpus, args.hours, args.interval_s, end_ns)
     engine = Engine(args.kind, end_ns)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # ``kill PID`` stops the engine
     try:
         t = time.perf_counter()
         n = load(engine, cluster)
