@@ -361,7 +361,9 @@ class InfluxStore:
         return influx_reads.series(self, SeriesRead(start_ns, end_ns, fields, step_s, hosts))
 
 
-_ACCEPT_MSGPACK = "application/x-msgpack, application/json;q=0.9"
+# InfluxDB 1.x compares the whole header: one type, not a list with weights. Servers that do
+# not know it answer JSON, their default (or 406/415, and then JSON is asked for).
+_ACCEPT_MSGPACK = "application/x-msgpack"
 
 
 def _decode_answer(content_type: str, data: bytes) -> Any:
