@@ -21,7 +21,7 @@ header, never in a URL, a log line, a repr or an error message.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import urllib3
@@ -338,9 +338,11 @@ class InfluxStore:
     def _has_telegraf_field(self, name: str) -> bool:
         return influx_reads.has_telegraf_field(self, name)
 
-    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    def series_many(
+        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    ) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads)
+        return series_in_parallel(self, reads, on_done=on_done)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         return influx_reads.count_samples(self, start_ns, end_ns)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -309,9 +309,11 @@ class PromStore:
             out += partial(whole_end, end_ns, whole_end)
         return out
 
-    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    def series_many(
+        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    ) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads)
+        return series_in_parallel(self, reads, on_done=on_done)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:
