@@ -29,7 +29,7 @@ from gpuwatt.store.engine_rollups import (
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
-from gpuwatt.store.promql_frames import gpu_ident
+from gpuwatt.store.promql_frames import csv_columns, csv_points, gpu_ident
 from gpuwatt.store.rollup_rule import NULL_TIME, as_level
 
 if TYPE_CHECKING:
@@ -124,13 +124,12 @@ class PromRollups:
         if window_ms <= 0:
             return empty_level(attrs)
 
-        def read(field: str) -> list[dict[str, Any]]:
-            # (start - 1 ms, end - 1 ms] is [start, end) in the engine's milliseconds
-            selector = "{" + f"__name__={promql_string(prefix + field)}{host_matcher}" + "}"
-            return self.store.query(f"{selector}[{window_ms}ms]", end_ns - NS_PER_MS)
-
-        by_column = list(self.store._pool.map(read, fields))  # one query per column, in parallel
-        t, gid, data = self._pivot(by_column, len(fields), ids)
+        # every column in one CSV export (``promql_frames.csv_points``)
+        names = [prefix + f for f in fields]
+        match = f"__name__=~{promql_string(regex_alternatives(names))}{host_matcher}"
+        dialect = self.store.dialect
+        data = self.store.export_csv("{" + match + "}", start_ns, end_ns, csv_columns(dialect))
+        t, gid, data = csv_points(data, dialect, names, ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
         if not len(t):
