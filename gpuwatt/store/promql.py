@@ -170,20 +170,20 @@ class PromStore:
         data = self._api("/api/v1/query", {"query": promql, "time": _seconds(at_ns)})
         return list(data.get("result", []))
 
-    def export_csv(self, match: str, start_ns: int, end_ns: int, columns: Sequence[str]) -> bytes:
+    def export(self, match: str, start_ns: int, end_ns: int) -> list[frames.Exported]:
         """VictoriaMetrics' raw points of the series ``match`` selects in ``[start_ns, end_ns)``
-        as CSV (``/api/v1/export/csv``; ``columns``: labels, ``__value__``,
-        ``__timestamp__:unix_ms``): no JSON lists of strings to build, read in C by pandas
-        (``promql_frames.csv_points``)."""
+        (``/api/v1/export``: a JSON line per series, its values as numbers): one request for
+        many metrics, and ~4x faster to fetch and read than a PromQL range selector per metric,
+        whose answer is a list of ``[time, "value"]`` pairs (an hour of a 1,024-GPU cluster's
+        minute rollups: 0.75 s against 3.0 s, ``bench/dashboard.py --store victoriametrics``)."""
         fields = {
             "match[]": match,
             "start": _seconds(start_ns),
             "end": _seconds(end_ns - NS_PER_MS),  # inclusive, in milliseconds
-            "format": ",".join(columns),
         }
         try:
             resp = self._http.request(
-                "POST", f"{self.url}/api/v1/export/csv", fields=fields, encode_multipart=False
+                "POST", f"{self.url}/api/v1/export", fields=fields, encode_multipart=False
             )
         except urllib3.exceptions.HTTPError as exc:
             raise StoreUnavailable(f"{self.url} unreachable: {type(exc).__name__}") from exc
@@ -192,7 +192,15 @@ class PromStore:
             if resp.status >= 500:
                 raise StoreUnavailable(f"{self.url} answered HTTP {resp.status}: {error}")
             raise StoreRejected(f"{self.url} rejected the export: {error}", resp.status)
-        return bytes(resp.data)
+        enabled = gc.isenabled()
+        gc.disable()  # as ``_loads_without_gc``: many small containers, no cycles
+        try:
+            return [frames.exported(json.loads(line)) for line in resp.data.splitlines() if line]
+        except (ValueError, KeyError) as exc:
+            raise StoreRejected(f"{self.url} sent an unreadable export") from exc
+        finally:
+            if enabled:
+                gc.enable()
 
     def query_range(self, promql: str, first_ns: int, last_ns: int, step_s: int) -> list[Any]:
         data = self._api(

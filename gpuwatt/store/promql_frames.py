@@ -72,54 +72,48 @@ def points(matrix: list[dict[str, Any]]) -> Points:
     )
 
 
-#: The label columns of ``csv_points``' CSV, then the value and the time.
-CSV_VALUE = "__value__"
-CSV_TIME = "__timestamp__:unix_ms"
+@dataclass(frozen=True)
+class Exported:
+    """One series of VictoriaMetrics' export: its labels, times (ms) and values."""
+
+    labels: dict[str, str]
+    t_ms: Any  # numpy int64
+    values: Any  # numpy float64
 
 
-def csv_points(
-    data: bytes, dialect: Dialect, names: Sequence[str], ids: Any
-) -> tuple[Any, Any, Any]:
-    """VictoriaMetrics' CSV export (``csv_columns``) of the metrics ``names`` as times (ns),
-    GPU ids (``ids.of``) and a float64 matrix with a column per name and a row per (time, GPU)
-    (NaN where a name has no point): what one query per name gives, from one request."""
-    import io
-
+def exported(line: dict[str, Any]) -> Exported:
     import numpy as np
-    import pandas as pd
 
-    labels = ["__name__", dialect.host, dialect.index, dialect.uuid, dialect.model]
+    return Exported(
+        line["metric"],
+        np.asarray(line["timestamps"], dtype=np.int64),
+        np.asarray(line["values"], dtype=np.float64),
+    )
+
+
+def pivot_exported(
+    series: Sequence[Exported], dialect: Dialect, names: Sequence[str], ids: Any
+) -> tuple[Any, Any, Any]:
+    """Exported series of the metrics ``names`` as times (ns), GPU ids (``ids.of``) and a
+    float64 matrix with a column per name and a row per (time, GPU) (NaN where a name has no
+    point)."""
+    import numpy as np
+
     width = len(names)
-    if not data.strip():
+    column_of = {n: i for i, n in enumerate(names)}
+    kept = [s for s in series if len(s.t_ms) and s.labels.get("__name__") in column_of]
+    if not kept:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
-    df = pd.read_csv(
-        io.BytesIO(data),
-        header=None,
-        names=[*labels, CSV_VALUE, CSV_TIME],
-        dtype=dict.fromkeys(labels, str) | {CSV_VALUE: "float64", CSV_TIME: "int64"},
-        keep_default_na=False,
-        na_values={CSV_VALUE: ["NaN"]},
-    )
-    column = pd.Series(range(width), index=list(names))[df["__name__"]].to_numpy()
-    gpu_codes, gpus = pd.MultiIndex.from_frame(df[labels[1:]]).factorize()
-    gid_of = np.array(
-        [ids.of(gpu_ident(dialect, dict(zip(labels[1:], g, strict=True)))) for g in gpus],
-        dtype=np.int64,
-    )
-    gids = gid_of[gpu_codes]
-    t_ns = df[CSV_TIME].to_numpy() * NS_PER_MS
+    gid_parts = [np.full(len(s.t_ms), ids.of(gpu_ident(dialect, s.labels))) for s in kept]
+    col_parts = [np.full(len(s.t_ms), column_of[s.labels["__name__"]]) for s in kept]
+    gids = np.concatenate(gid_parts).astype(np.int64)
+    t_ns = np.concatenate([s.t_ms for s in kept]) * NS_PER_MS
     times, t_index = np.unique(t_ns, return_inverse=True)
-    n_gpus = max(int(gid_of.max()) + 1, 1)
+    n_gpus = int(gids.max()) + 1
     codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
     matrix = np.full((len(codes), width), np.nan)
-    matrix[row, column] = df[CSV_VALUE].to_numpy()
+    matrix[row, np.concatenate(col_parts)] = np.concatenate([s.values for s in kept])
     return times[codes // n_gpus], codes % n_gpus, matrix
-
-
-def csv_columns(dialect: Dialect) -> list[str]:
-    """The columns ``csv_points`` reads, in the order it reads them."""
-    return ["__name__", dialect.host, dialect.index, dialect.uuid, dialect.model, CSV_VALUE,
-            CSV_TIME]  # fmt: skip
 
 
 def frame(

@@ -29,7 +29,7 @@ from gpuwatt.store.engine_rollups import (
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
-from gpuwatt.store.promql_frames import csv_columns, csv_points, gpu_ident
+from gpuwatt.store.promql_frames import gpu_ident, pivot_exported
 from gpuwatt.store.rollup_rule import NULL_TIME, as_level
 
 if TYPE_CHECKING:
@@ -124,12 +124,11 @@ class PromRollups:
         if window_ms <= 0:
             return empty_level(attrs)
 
-        # every column in one CSV export (``promql_frames.csv_points``)
+        # every column in one export (``PromStore.export``)
         names = [prefix + f for f in fields]
         match = f"__name__=~{promql_string(regex_alternatives(names))}{host_matcher}"
-        dialect = self.store.dialect
-        data = self.store.export_csv("{" + match + "}", start_ns, end_ns, csv_columns(dialect))
-        t, gid, data = csv_points(data, dialect, names, ids)
+        exported = self.store.export("{" + match + "}", start_ns, end_ns)
+        t, gid, data = pivot_exported(exported, self.store.dialect, names, ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
         if not len(t):
