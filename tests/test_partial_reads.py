@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -148,34 +149,42 @@ def test_the_dashboard_shows_a_partial_view_not_an_error(slow_store: InfluxStore
     assert "partial: the engine answered" in window.partial.label
 
 
-def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> None:
-    """The overview of the last 3 hours in headless Chromium: figures from the parts that
-    arrived and the "Partial data" notice, not an error page."""
+@contextmanager
+def _overview_in_chrome(store: InfluxStore, range_: str) -> Iterator[Any]:
+    """Headless Chromium on the overview of the last ``range_``, served from ``store`` with no
+    warmer (skips the test where Debian's chromium is not installed)."""
     from test_dashboard_support import chrome, have_browser
 
     if not have_browser():
         pytest.skip("needs Debian's chromium and chromium-driver (make test-deps)")
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     from gpuwatt.dashboard.server import start
 
     running = start(
-        slow_store, "127.0.0.1", 0, environ={}, now_ns=END, warm_every_s=None,
+        store, "127.0.0.1", 0, environ={}, now_ns=END, warm_every_s=None,
         warm_presets_every_s=None,
     )  # fmt: skip
     driver = chrome()
     try:
         driver.set_page_load_timeout(60)
-        driver.get(running.url.rstrip("/") + "/?range=3h")
+        driver.get(running.url.rstrip("/") + f"/?range={range_}")
+        yield driver
+    finally:
+        driver.quit()
+        running.stop()
+
+
+def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> None:
+    """The overview of the last 3 hours in headless Chromium: figures from the parts that
+    arrived and the "Partial data" notice, not an error page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with _overview_in_chrome(slow_store, "3h") as driver:
         WebDriverWait(driver, 60).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")
         )
         text = driver.find_element(By.ID, "overview-content").text
         notice = driver.find_element(By.ID, "partial").text
-    finally:
-        driver.quit()
-        running.stop()
     assert "Partial data" in notice and "the engine answered" in notice
     assert "Worst stragglers" in text and "store not reachable" not in text
 
@@ -186,24 +195,11 @@ def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
     """The last hour: while the engine holds the read of the context before it, the overview
     says how many of its reads are done above the loading indicator; once the held read
     arrives the count goes and the figures are drawn."""
-    from test_dashboard_support import chrome, have_browser
-
-    if not have_browser():
-        pytest.skip("needs Debian's chromium and chromium-driver (make test-deps)")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from gpuwatt.dashboard.server import start
-
     store, release = held_store
-    running = start(
-        store, "127.0.0.1", 0, environ={}, now_ns=END, warm_every_s=None,
-        warm_presets_every_s=None,
-    )  # fmt: skip
-    driver = chrome()
-    try:
-        driver.set_page_load_timeout(60)
-        driver.get(running.url.rstrip("/") + "/?range=1h")
+    with _overview_in_chrome(store, "1h") as driver:
         # "0 of 2" at first; then the hour arrives, the context before it is held
         progress = re.compile(r"reading the store: ([1-9]\d*) of (\d+) reads done")
         WebDriverWait(driver, 60, poll_frequency=0.1).until(
@@ -222,7 +218,4 @@ def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
             lambda d: d.find_element(By.ID, "overview-progress").text == ""
         )
         text = driver.find_element(By.ID, "overview-content").text
-    finally:
-        driver.quit()
-        running.stop()
     assert "Worst stragglers" in text and "Partial data" not in text
