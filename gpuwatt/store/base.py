@@ -9,6 +9,7 @@ never imports it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -40,7 +41,14 @@ def series_many(
     ``on_done`` is called once per read as it is done (the dashboard's progress count)."""
     batch = getattr(store, "series_many", None)
     if batch is not None:
-        return list(batch(reads) if on_done is None else batch(reads, on_done=on_done))
+        if on_done is None:
+            return list(batch(reads))
+        if "on_done" in inspect.signature(batch).parameters:
+            return list(batch(reads, on_done=on_done))
+        frames = list(batch(reads))  # a store that cannot say: all done at once
+        for _ in reads:
+            on_done()
+        return frames
     out = []
     for r in reads:
         out.append(store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts))
