@@ -46,10 +46,14 @@ class Cluster:
         self.index = [i for _ in range(n_nodes) for i in range(8)]
         self.uuids = [f"GPU-{h:04d}-{i}" for h in range(n_nodes) for i in range(8)]
         self.jobs = [f"train-{g // 64:02d}" for g in range(gpus)]
-        self.rng = np.random.default_rng(7)
-        self.energy = self.rng.uniform(1e8, 2e8, gpus)
-        self.base_util = self.rng.uniform(70, 95, gpus)
         self.straggler = STRAGGLER[0] * 8 + STRAGGLER[1]
+        self.reset()
+
+    def reset(self) -> None:
+        """Start again from the first round: ``round`` draws the same values again."""
+        self.rng = np.random.default_rng(7)
+        self.energy = self.rng.uniform(1e8, 2e8, self.gpus)
+        self.base_util = self.rng.uniform(70, 95, self.gpus)
 
     def time_ns(self, k: int) -> int:
         return self.start_ns + k * round(self.interval_s * NS)
@@ -83,8 +87,10 @@ class Cluster:
         }
 
     def samples(self, k: int) -> list[GpuSample]:
-        v = self.round(k)
-        t = self.time_ns(k)
+        return self.samples_of(self.time_ns(k), self.round(k))
+
+    def samples_of(self, t: int, v: dict[str, np.ndarray]) -> list[GpuSample]:
+        """The samples of one round whose values ``round`` returned."""
         return [
             GpuSample(
                 time_ns=t,

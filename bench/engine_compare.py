@@ -41,7 +41,7 @@ def compare(
     engine = Engine(kind, end_ns)
     try:
         size = f"{cluster.gpus} GPUs x {cluster.hours} h every {cluster.interval_s} s"
-        print(f"\nloading {size} into {kind} (line protocol, batches of 50,000; rollups)")
+        print(f"\nloading {size} into {kind} (gzip'd line protocol, parallel batches; rollups)")
         t = time.perf_counter()
         n = load(engine, cluster)
         dt = time.perf_counter() - t

@@ -47,6 +47,7 @@ from gpuwatt.dashboard.pages import (
     reports,
     stragglers,
 )
+from gpuwatt.dashboard.read_progress import view_key
 from gpuwatt.dashboard.timerange import (
     DEFAULT_RANGE,
     MIN_SPAN_S,
@@ -133,6 +134,13 @@ def render_page(
         log.error("page %s failed: %s: %s", page.PAGE, type(exc).__name__, str(exc)[:200])
         log.debug("page %s failed", page.PAGE, exc_info=True)
         return [*head, error_state(f"this view failed ({type(exc).__name__}); see the log")]
+
+
+def read_progress_text(data: DashboardData, args: dict[str, Any] | None) -> str:
+    """How far the reads of the page's view have come ("" when none is in flight)."""
+    query = {str(k): str(v) for k, v in (args or {}).items() if v is not None}
+    tr, _ = parse_range(query, data.now_ns())
+    return data.progress.text(view_key(tr))
 
 
 def alerts_line(firing: int | None) -> list[Any]:
@@ -254,9 +262,23 @@ def _register_callbacks(
                 Output(f"{page.PAGE}-content", "children"),
                 Input(f"{page.PAGE}-args", "data"),
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
+                # the progress count is asked for only while the content is computed
+                running=[
+                    (Output(f"{page.PAGE}-progress-tick", "disabled"), False, True),
+                    (Output(f"{page.PAGE}-progress", "children"), "", ""),
+                ],
             )
             def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
                 return render_page(page, args, data, alerts_source, work, can_act=can_act)
+
+            @app.callback(
+                Output(f"{page.PAGE}-progress", "children", allow_duplicate=True),
+                Input(f"{page.PAGE}-progress-tick", "n_intervals"),
+                State(f"{page.PAGE}-args", "data"),
+                prevent_initial_call=True,
+            )
+            def _progress(_n: int | None, args: dict[str, Any] | None) -> str:
+                return read_progress_text(data, args)
 
         make()
 

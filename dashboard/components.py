@@ -128,9 +128,17 @@ def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> 
                 id=f"{page}-refresh", interval=max(interval, 1000), disabled=interval == 0
             ),
             *extra,
+            # "reading the store: 3 of 8 reads done" while the content's reads run (the tick
+            # runs only then: see ``app._register_callbacks``)
+            html.Div(id=f"{page}-progress", className="gw-progress"),
+            dcc.Interval(id=f"{page}-progress-tick", interval=PROGRESS_TICK_MS, disabled=True),
             dcc.Loading(html.Div(id=f"{page}-content"), type="dot", delay_show=300),
         ]
     )
+
+
+#: How often a page asks how far its reads have come while they run.
+PROGRESS_TICK_MS = 500
 
 
 def range_inputs(query: Mapping[str, str]) -> Any:

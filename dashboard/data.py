@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -32,8 +32,9 @@ from gpuwatt.analytics import (
     find_stragglers_in,
 )
 from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
-from gpuwatt.dashboard.partial_reads import Partial, read_in_parts
+from gpuwatt.dashboard.partial_reads import Partial, parts_of, read_in_parts
 from gpuwatt.dashboard.read_cache import DataError, ReadCache, describe
+from gpuwatt.dashboard.read_progress import Count, ReadProgress, view_key
 from gpuwatt.dashboard.slow_fields import (
     SLOW_FIELDS,
     SLOW_LOOKBACK_S,
@@ -96,6 +97,8 @@ class DashboardData:
         self._warmer: tuple[threading.Event, threading.Thread] | None = None
         self._logged: set[str] = set()  # notices already logged (``_log_conflicts``)
         self.accounting_max_gpu_minutes = ACCOUNTING_MAX_GPU_MINUTES
+        #: how many of the reads of each view being computed are done (``read_progress``)
+        self.progress = ReadProgress()
 
     def _cached(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         return self.cache.get(key, compute)
@@ -228,7 +231,7 @@ class DashboardData:
         elif coarse and shared is None:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
-        frames, partial = self._read_frames(reads)
+        frames, partial = self._read_frames(reads, view_key(tr))
         frame = frames[1]
         summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
         self._log_conflicts(summary)
@@ -247,13 +250,23 @@ class DashboardData:
                 recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent, accounting, partial)
 
-    def _read_frames(self, reads: list[SeriesRead]) -> tuple[list[pd.DataFrame], Partial | None]:
+    def _read_frames(
+        self, reads: list[SeriesRead], key: Hashable
+    ) -> tuple[list[pd.DataFrame], Partial | None]:
         """The reads at once; when the engine does not answer them in time, the same reads in
-        parts (``partial_reads``): what arrives is shown, labelled partial, not a blank page."""
+        parts (``partial_reads``): what arrives is shown, labelled partial, not a blank page.
+        How many are done is counted for the page (``progress``) while they run."""
+        with self.progress.tracking(key) as count:
+            return self._read_counted(reads, count)
+
+    def _read_counted(
+        self, reads: list[SeriesRead], count: Count
+    ) -> tuple[list[pd.DataFrame], Partial | None]:
+        count.expect(len(reads))
 
         def whole() -> list[pd.DataFrame] | None:
             try:
-                return series_many(self.store, reads)
+                return series_many(self.store, reads, on_done=count.one_done)
             except StoreUnavailable as exc:
                 log.warning("store too slow or gone for the whole range: %s", describe(exc))
                 return None
@@ -261,7 +274,10 @@ class DashboardData:
         first = self._read("samples", whole)
         if first is not None:
             return first, None
-        frames, partial = self._read("samples", lambda: read_in_parts(self.store, reads))
+        count.restart(parts_of(reads))
+        frames, partial = self._read(
+            "samples", lambda: read_in_parts(self.store, reads, on_done=count.one_done)
+        )
         if partial.missing:
             log.warning("%s", partial.label)
         return frames, (partial if partial.missing else None)

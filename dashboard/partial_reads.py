@@ -10,7 +10,7 @@ parts"). Only a read where no part at all arrives is an error.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -72,14 +72,23 @@ def split_read(read: SeriesRead, parts: int = PARTS) -> list[SeriesRead]:
     return out[::-1]
 
 
+def parts_of(reads: Sequence[SeriesRead], parts: int = PARTS) -> int:
+    """How many reads ``read_in_parts`` sends for ``reads``."""
+    return sum(len(split_read(r, parts)) for r in reads)
+
+
 def read_in_parts(
-    store: Store, reads: Sequence[SeriesRead], parts: int = PARTS
+    store: Store,
+    reads: Sequence[SeriesRead],
+    parts: int = PARTS,
+    *,
+    on_done: Callable[[], None] | None = None,
 ) -> tuple[list[pd.DataFrame], Partial]:
     """Each read's rows from the parts the engine answered, and which parts did not arrive.
 
     The parts of every read go to the engine at once, newest first; a part that fails with
     ``StoreUnavailable`` (a timeout, the engine gone) is left out. Raises the first failure when
-    no part arrived at all.
+    no part arrived at all. ``on_done`` is called as each part is answered or fails.
     """
     plan = [split_read(r, parts) for r in reads]
     flat = [(i, p) for i, ps in enumerate(plan) for p in ps]
@@ -91,6 +100,9 @@ def read_in_parts(
             )
         except StoreUnavailable as exc:
             return exc
+        finally:
+            if on_done is not None:
+                on_done()
 
     with ThreadPoolExecutor(max_workers=min(8, len(flat)), thread_name_prefix="parts") as pool:
         results = list(pool.map(one, [p for _, p in flat]))

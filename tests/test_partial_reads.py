@@ -9,7 +9,9 @@ import re
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -61,6 +63,24 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_store(influx_db, make_sample: Callable[..., GpuSample]) -> Iterator[InfluxStore]:
+    """Reads time out after 2 s on the held queries (they are released when the test ends)."""
+    with _behind_proxy(influx_db, make_sample, timeout_s=2.0) as (store, _):
+        yield store
+
+
+@pytest.fixture
+def held_store(
+    influx_db, make_sample: Callable[..., GpuSample]
+) -> Iterator[tuple[InfluxStore, threading.Event]]:
+    """Reads wait for the held queries until the test sets the event."""
+    with _behind_proxy(influx_db, make_sample, timeout_s=60.0) as held:
+        yield held
+
+
+@contextmanager
+def _behind_proxy(
+    influx_db, make_sample: Callable[..., GpuSample], *, timeout_s: float
+) -> Iterator[tuple[InfluxStore, threading.Event]]:
     server, db = influx_db
     with InfluxStore(server.url, "", db) as direct:
         direct.write_samples(
@@ -77,8 +97,8 @@ def slow_store(influx_db, make_sample: Callable[..., GpuSample]) -> Iterator[Inf
     thread.start()
     url = f"http://127.0.0.1:{proxy.server_address[1]}"
     try:
-        with InfluxStore(url, "", db, timeout_s=2.0, use_rollups=False) as store:
-            yield store
+        with InfluxStore(url, "", db, timeout_s=timeout_s, use_rollups=False) as store:
+            yield store, proxy.release
     finally:
         proxy.release.set()
         proxy.shutdown()
@@ -129,32 +149,73 @@ def test_the_dashboard_shows_a_partial_view_not_an_error(slow_store: InfluxStore
     assert "partial: the engine answered" in window.partial.label
 
 
-def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> None:
-    """The overview of the last 3 hours in headless Chromium: figures from the parts that
-    arrived and the "Partial data" notice, not an error page."""
+@contextmanager
+def _overview_in_chrome(store: InfluxStore, range_: str) -> Iterator[Any]:
+    """Headless Chromium on the overview of the last ``range_``, served from ``store`` with no
+    warmer (skips the test where Debian's chromium is not installed)."""
     from test_dashboard_support import chrome, have_browser
 
     if not have_browser():
         pytest.skip("needs Debian's chromium and chromium-driver (make test-deps)")
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     from gpuwatt.dashboard.server import start
 
     running = start(
-        slow_store, "127.0.0.1", 0, environ={}, now_ns=END, warm_every_s=None,
+        store, "127.0.0.1", 0, environ={}, now_ns=END, warm_every_s=None,
         warm_presets_every_s=None,
     )  # fmt: skip
     driver = chrome()
     try:
-        driver.get(running.url.rstrip("/") + "/?range=3h")
+        driver.set_page_load_timeout(60)
+        driver.get(running.url.rstrip("/") + f"/?range={range_}")
+        yield driver
+    finally:
+        driver.quit()
+        running.stop()
+
+
+def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> None:
+    """The overview of the last 3 hours in headless Chromium: figures from the parts that
+    arrived and the "Partial data" notice, not an error page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with _overview_in_chrome(slow_store, "3h") as driver:
         WebDriverWait(driver, 60).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")
         )
         text = driver.find_element(By.ID, "overview-content").text
         notice = driver.find_element(By.ID, "partial").text
-    finally:
-        driver.quit()
-        running.stop()
     assert "Partial data" in notice and "the engine answered" in notice
     assert "Worst stragglers" in text and "store not reachable" not in text
+
+
+def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
+    held_store: tuple[InfluxStore, threading.Event],
+) -> None:
+    """The last hour: while the engine holds the read of the context before it, the overview
+    says how many of its reads are done above the loading indicator; once the held read
+    arrives the count goes and the figures are drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    store, release = held_store
+    with _overview_in_chrome(store, "1h") as driver:
+        # "0 of 2" at first; then the hour arrives, the context before it is held
+        progress = re.compile(r"reading the store: ([1-9]\d*) of (\d+) reads done")
+        WebDriverWait(driver, 60, poll_frequency=0.1).until(
+            lambda d: progress.search(d.find_element(By.ID, "overview-progress").text)
+        )
+        match = progress.search(driver.find_element(By.ID, "overview-progress").text)
+        assert match is not None
+        done, total = int(match.group(1)), int(match.group(2))
+        assert 0 < done < total
+        assert not driver.find_elements(By.CSS_SELECTOR, "#overview-content > *")
+        release.set()
+        WebDriverWait(driver, 60).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")
+        )
+        WebDriverWait(driver, 10).until(
+            lambda d: d.find_element(By.ID, "overview-progress").text == ""
+        )
+        text = driver.find_element(By.ID, "overview-content").text
+    assert "Worst stragglers" in text and "Partial data" not in text

@@ -9,7 +9,8 @@ never imports it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -36,14 +37,27 @@ class SeriesRead:
     hosts: Sequence[str] | None = None
 
 
-def series_many(store: Store, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
-    """``store.series`` for each read; in one snapshot, sharing work, where the store can."""
+def series_many(
+    store: Store, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+) -> list[pd.DataFrame]:
+    """``store.series`` for each read; in one snapshot, sharing work, where the store can.
+    ``on_done`` is called once per read as it is done (the dashboard's progress count)."""
     batch = getattr(store, "series_many", None)
     if batch is not None:
-        return list(batch(reads))
-    return [
-        store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts) for r in reads
-    ]
+        if on_done is None:
+            return list(batch(reads))
+        if "on_done" in inspect.signature(batch).parameters:
+            return list(batch(reads, on_done=on_done))
+        frames = list(batch(reads))  # a store that cannot say: all done at once
+        for _ in reads:
+            on_done()
+        return frames
+    out = []
+    for r in reads:
+        out.append(store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts))
+        if on_done is not None:
+            on_done()
+    return out
 
 
 #: The columns of ``xid_events``: a row per sample that carries XID events, its last XID code
@@ -112,20 +126,22 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def series_in_parallel(store: Store, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+def series_in_parallel(
+    store: Store, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+) -> list[pd.DataFrame]:
     """``store.series`` for each read, in parallel threads: a network engine answers them at
-    once (the dashboard's range and its newest hour, say)."""
+    once (the dashboard's range and its newest hour, say). ``on_done`` is called as each read
+    is done."""
+
+    def one(r: SeriesRead) -> pd.DataFrame:
+        frame = store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+        if on_done is not None:
+            on_done()
+        return frame
+
     if len(reads) <= 1:
-        return [store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
-                for r in reads]  # fmt: skip
+        return [one(r) for r in reads]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="reads") as pool:
-        return list(
-            pool.map(
-                lambda r: store.series(
-                    r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts
-                ),
-                reads,
-            )
-        )
+        return list(pool.map(one, reads))

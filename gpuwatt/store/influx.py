@@ -21,7 +21,7 @@ header, never in a URL, a log line, a repr or an error message.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import urllib3
@@ -105,10 +105,12 @@ class InfluxStore:
         #: per GPU uuid that more than one collector writes, the writers (``latest()`` sets it)
         self.shared_writers: dict[str, tuple[str, ...]] = {}
         self._telegraf_fields: tuple[float, frozenset[str] | None] | None = None
+        self._oldest_raw: tuple[float, int] | None = None  # (monotonic s, ns): oldest_raw_ns
         #: Serve bucketed reads from the rollups kept in the bucket (``engine_rollups``) when
         #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
         self.use_rollups = use_rollups
         self._rollups: InfluxRollups | None = None
+        self._msgpack = True  # ask for MessagePack answers (until the server refuses them)
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None
         self._http = urllib3.PoolManager(
@@ -284,12 +286,35 @@ class InfluxStore:
         return self._rollups
 
     def query(self, influxql: str) -> list[dict[str, Any]]:
-        """Run one InfluxQL statement; the ``series`` of its result (empty when none)."""
-        headers = {"Accept": "application/json"}
+        """Run one InfluxQL statement; the ``series`` of its result (empty when none).
+
+        Answers are asked for in MessagePack where the server offers it (InfluxDB 1.x): the same
+        structure as JSON, sent and decoded in half the time (``bench/dashboard.py --store
+        influxdb``: 13 MB for an hour of a 1,024-GPU cluster's minute rollups, 97 ms to decode
+        as JSON, 54 ms as MessagePack). A server that sends JSON instead is read as JSON."""
+        accept = _ACCEPT_MSGPACK if self._msgpack else "application/json"
+        resp = self._query_request(influxql, accept)
+        if self._msgpack and resp.status in (406, 415):  # a server that refuses MessagePack
+            self._msgpack = False
+            resp = self._query_request(influxql, "application/json")
+        if not 200 <= resp.status < 300:
+            self._raise_http("query", resp.status, resp.data, RuntimeError(f"HTTP {resp.status}"))
+        try:
+            payload = _decode_answer(resp.headers.get("Content-Type", ""), resp.data)
+            result = payload["results"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise StoreRejected(f"InfluxDB at {self.url} sent an unreadable /query answer") from exc
+        if "error" in result:
+            message = f"InfluxDB at {self.url} rejected the query: {result['error']}"
+            raise StoreRejected(message, resp.status)
+        return list(result.get("series") or [])
+
+    def _query_request(self, influxql: str, accept: str) -> Any:
+        headers = {"Accept": accept}
         if self._token:
             headers["Authorization"] = f"Token {self._token.reveal()}"
         try:
-            resp = self._http.request(
+            return self._http.request(
                 "GET",
                 f"{self.url}/query",
                 fields={"db": self.bucket, "epoch": "ns", "q": influxql},
@@ -299,17 +324,6 @@ class InfluxStore:
             raise StoreUnavailable(
                 f"InfluxDB at {self.url} unreachable on query: {type(exc).__name__}"
             ) from exc
-        if not 200 <= resp.status < 300:
-            self._raise_http("query", resp.status, resp.data, RuntimeError(f"HTTP {resp.status}"))
-        try:
-            payload = json.loads(resp.data)
-            result = payload["results"][0]
-        except (ValueError, KeyError, IndexError) as exc:
-            raise StoreRejected(f"InfluxDB at {self.url} sent an unreadable /query answer") from exc
-        if "error" in result:
-            message = f"InfluxDB at {self.url} rejected the query: {result['error']}"
-            raise StoreRejected(message, resp.status)
-        return list(result.get("series", []))
 
     def where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
         """An InfluxQL ``WHERE`` condition: ``[start_ns, end_ns)`` and, given, these hosts."""
@@ -324,9 +338,11 @@ class InfluxStore:
     def _has_telegraf_field(self, name: str) -> bool:
         return influx_reads.has_telegraf_field(self, name)
 
-    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    def series_many(
+        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    ) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads)
+        return series_in_parallel(self, reads, on_done=on_done)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         return influx_reads.count_samples(self, start_ns, end_ns)
@@ -350,6 +366,39 @@ class InfluxStore:
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
         return influx_reads.series(self, SeriesRead(start_ns, end_ns, fields, step_s, hosts))
+
+
+# InfluxDB 1.x compares the whole header: one type, not a list with weights. Servers that do
+# not know it answer JSON, their default (or 406/415, and then JSON is asked for).
+_ACCEPT_MSGPACK = "application/x-msgpack"
+
+
+def _decode_answer(content_type: str, data: bytes) -> Any:
+    """A /query answer as Python objects, MessagePack or JSON by its content type (the same
+    structure: times are integers with ``epoch=ns``). Large answers are decoded with the
+    garbage collector paused: a few hundred thousand new containers would trigger it often."""
+    import gc
+
+    enabled = gc.isenabled() and len(data) > 1_000_000
+    if enabled:
+        gc.disable()
+    try:
+        if content_type.startswith("application/x-msgpack"):
+            import msgpack
+
+            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+            unpacker.feed(data)
+            return next(unpacker)  # one answer (InfluxDB sends no more without ``chunked``)
+        return json.loads(data)
+    except StopIteration as exc:
+        raise ValueError("an empty MessagePack answer") from exc
+    except Exception as exc:
+        if isinstance(exc, ValueError):
+            raise
+        raise ValueError(f"an unreadable answer: {type(exc).__name__}") from exc
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _error_text(body: Any) -> str:

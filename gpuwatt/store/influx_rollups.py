@@ -46,7 +46,7 @@ from gpuwatt.store.engine_rollups import (
     SpanCache,
     empty_level,
 )
-from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident
+from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident, oldest_raw_ns
 from gpuwatt.store.rollup_rule import KEYS, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
@@ -130,9 +130,14 @@ class InfluxRollups:
     def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         selects = [ident(FIELD_LOST)] + [ident(FIELD_BY_ATTR[a].field) for a in attrs]
-        series = self.store.query(
-            f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE '
-            f"{self.store.where(start_ns, end_ns, hosts)} GROUP BY {GROUP_TAGS}"
+        oldest = oldest_raw_ns(self.store)
+        series = (
+            []
+            if oldest is None or end_ns <= oldest
+            else self.store.query(
+                f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE '
+                f"{self.store.where(start_ns, end_ns, hosts)} GROUP BY {GROUP_TAGS}"
+            )
         )
         t, gid, data = _columns(series, 1 + len(attrs), ids)
         if not len(t):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +170,38 @@ class PromStore:
         data = self._api("/api/v1/query", {"query": promql, "time": _seconds(at_ns)})
         return list(data.get("result", []))
 
+    def export(self, match: str, start_ns: int, end_ns: int) -> list[frames.Exported]:
+        """VictoriaMetrics' raw points of the series ``match`` selects in ``[start_ns, end_ns)``
+        (``/api/v1/export``: a JSON line per series, its values as numbers): one request for
+        many metrics, and ~4x faster to fetch and read than a PromQL range selector per metric,
+        whose answer is a list of ``[time, "value"]`` pairs (an hour of a 1,024-GPU cluster's
+        minute rollups: 0.75 s against 3.0 s, ``bench/dashboard.py --store victoriametrics``)."""
+        fields = {
+            "match[]": match,
+            "start": _seconds(start_ns),
+            "end": _seconds(end_ns - NS_PER_MS),  # inclusive, in milliseconds
+        }
+        try:
+            resp = self._http.request(
+                "POST", f"{self.url}/api/v1/export", fields=fields, encode_multipart=False
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise StoreUnavailable(f"{self.url} unreachable: {type(exc).__name__}") from exc
+        if resp.status != 200:
+            error = resp.data[:300].decode("utf-8", "replace")
+            if resp.status >= 500:
+                raise StoreUnavailable(f"{self.url} answered HTTP {resp.status}: {error}")
+            raise StoreRejected(f"{self.url} rejected the export: {error}", resp.status)
+        enabled = gc.isenabled()
+        gc.disable()  # as ``_loads_without_gc``: many small containers, no cycles
+        try:
+            return [frames.exported(json.loads(line)) for line in resp.data.splitlines() if line]
+        except (ValueError, KeyError) as exc:
+            raise StoreRejected(f"{self.url} sent an unreadable export") from exc
+        finally:
+            if enabled:
+                gc.enable()
+
     def query_range(self, promql: str, first_ns: int, last_ns: int, step_s: int) -> list[Any]:
         data = self._api(
             "/api/v1/query_range",
@@ -309,9 +341,11 @@ class PromStore:
             out += partial(whole_end, end_ns, whole_end)
         return out
 
-    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    def series_many(
+        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    ) -> list[pd.DataFrame]:
         """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads)
+        return series_in_parallel(self, reads, on_done=on_done)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:

@@ -72,6 +72,50 @@ def points(matrix: list[dict[str, Any]]) -> Points:
     )
 
 
+@dataclass(frozen=True)
+class Exported:
+    """One series of VictoriaMetrics' export: its labels, times (ms) and values."""
+
+    labels: dict[str, str]
+    t_ms: Any  # numpy int64
+    values: Any  # numpy float64
+
+
+def exported(line: dict[str, Any]) -> Exported:
+    import numpy as np
+
+    return Exported(
+        line["metric"],
+        np.asarray(line["timestamps"], dtype=np.int64),
+        np.asarray(line["values"], dtype=np.float64),
+    )
+
+
+def pivot_exported(
+    series: Sequence[Exported], dialect: Dialect, names: Sequence[str], ids: Any
+) -> tuple[Any, Any, Any]:
+    """Exported series of the metrics ``names`` as times (ns), GPU ids (``ids.of``) and a
+    float64 matrix with a column per name and a row per (time, GPU) (NaN where a name has no
+    point)."""
+    import numpy as np
+
+    width = len(names)
+    column_of = {n: i for i, n in enumerate(names)}
+    kept = [s for s in series if len(s.t_ms) and s.labels.get("__name__") in column_of]
+    if not kept:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
+    gid_parts = [np.full(len(s.t_ms), ids.of(gpu_ident(dialect, s.labels))) for s in kept]
+    col_parts = [np.full(len(s.t_ms), column_of[s.labels["__name__"]]) for s in kept]
+    gids = np.concatenate(gid_parts).astype(np.int64)
+    t_ns = np.concatenate([s.t_ms for s in kept]) * NS_PER_MS
+    times, t_index = np.unique(t_ns, return_inverse=True)
+    n_gpus = int(gids.max()) + 1
+    codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
+    matrix = np.full((len(codes), width), np.nan)
+    matrix[row, np.concatenate(col_parts)] = np.concatenate([s.values for s in kept])
+    return times[codes // n_gpus], codes % n_gpus, matrix
+
+
 def frame(
     dialect: Dialect,
     attrs: Sequence[str],

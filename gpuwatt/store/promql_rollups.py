@@ -31,7 +31,7 @@ from gpuwatt.store.engine_rollups import (
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
-from gpuwatt.store.promql_frames import gpu_ident
+from gpuwatt.store.promql_frames import gpu_ident, pivot_exported
 from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
@@ -104,13 +104,11 @@ class PromRollups:
         if window_ms <= 0:
             return empty_level(attrs)
 
-        def read(field: str) -> list[dict[str, Any]]:
-            # (start - 1 ms, end - 1 ms] is [start, end) in the engine's milliseconds
-            selector = "{" + f"__name__={promql_string(prefix + field)}{host_matcher}" + "}"
-            return self.store.query(f"{selector}[{window_ms}ms]", end_ns - NS_PER_MS)
-
-        by_column = list(self.store._pool.map(read, fields))  # one query per column, in parallel
-        t, gid, data = self._pivot(by_column, len(fields), ids)
+        # every column in one export (``PromStore.export``)
+        names = [prefix + f for f in fields]
+        match = f"__name__=~{promql_string(regex_alternatives(names))}{host_matcher}"
+        exported = self.store.export("{" + match + "}", start_ns, end_ns)
+        t, gid, data = pivot_exported(exported, self.store.dialect, names, ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
         if not len(t):

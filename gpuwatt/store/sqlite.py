@@ -455,13 +455,20 @@ class SqliteStore(Maintenance):
         return frames.frame(columns, ("xid_last", "xid_count"), gpus)
 
     @_store_errors
-    def series_many(self, reads: Sequence[SeriesRead]) -> list[pd.DataFrame]:
+    def series_many(
+        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    ) -> list[pd.DataFrame]:
         """Several ``series`` reads in one read transaction (they see the same data). The raw
         samples not rolled up yet, whose aggregation is most of the cost of a read that ends
-        near now, are aggregated once for the reads that cover the same ones."""
+        near now, are aggregated once for the reads that cover the same ones. ``on_done`` is
+        called once per read as it is done."""
         memo: dict[tuple[Any, ...], dict[str, Any]] = {}
+        columns = []
         with self._reader() as con:
-            columns = [sqlite_reads.series_columns(con, memo, r) for r in reads]
+            for r in reads:
+                columns.append(sqlite_reads.series_columns(con, memo, r))
+                if on_done is not None:
+                    on_done()
             gpus = con.execute("SELECT id, host, gpu_index, uuid, name FROM gpus").fetchall()
         return [
             frames.frame(sqlite_reads.cut_first_bucket(c, r), attrs, gpus)
