@@ -49,6 +49,10 @@ class _Flushing:
         self.flush()
         return self.source.raw_level(*args)
 
+    def raw_before(self, end_ns: int) -> bool:
+        self.flush()
+        return bool(self.source.raw_before(end_ns))
+
     def rollup_points(self, *args: Any) -> Any:
         self.flush()
         return self.source.rollup_points(*args)

@@ -161,6 +161,10 @@ class RollupSource(Protocol):
     def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         """Raw samples in ``[start_ns, end_ns)`` as level columns (``rollup_rule.as_level``)."""
 
+    def raw_before(self, end_ns: int) -> bool:
+        """False only where the engine knows that no raw sample is older than ``end_ns`` (the
+        context before the data: no read is sent)."""
+
     def rollup_points(
         self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
     ) -> dict[str, np.ndarray]:
@@ -256,6 +260,8 @@ def raw_with_seen(
 ) -> dict[str, np.ndarray]:
     """The raw samples in ``[start_ns, end_ns)`` as level columns with their seen time: read
     with the samples around the range that decide their slots (``rollup_rule``)."""
+    if not source.raw_before(end_ns):  # samples after the range alone decide no slot in it
+        return empty_level(scope.attrs)
     cols = read_around(
         lambda lo, hi: source.raw_level(lo, hi, scope),
         lambda c: (c["time_ns"], c["gpu_id"]),

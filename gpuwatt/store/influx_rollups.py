@@ -127,13 +127,16 @@ class InfluxRollups:
                 return row[0] if isinstance(row[0], int) else None
         return None
 
+    def raw_before(self, end_ns: int) -> bool:
+        oldest = oldest_raw_ns(self.store)  # kept for a few minutes (``influx_reads``)
+        return oldest is not None and oldest < end_ns
+
     def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         selects = [ident(FIELD_LOST)] + [ident(FIELD_BY_ATTR[a].field) for a in attrs]
-        oldest = oldest_raw_ns(self.store)
         series = (
             []
-            if oldest is None or end_ns <= oldest
+            if not self.raw_before(end_ns)
             else self.store.query(
                 f'SELECT {", ".join(selects)} FROM "{MEASUREMENT}" WHERE '
                 f"{self.store.where(start_ns, end_ns, hosts)} GROUP BY {GROUP_TAGS}"
