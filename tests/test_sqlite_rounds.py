@@ -212,3 +212,26 @@ def test_rounds_read_back_by_their_writer_equal_those_decoded_from_the_file(
             assert [None if isinstance(x, float) and math.isnan(x) else x for x in g[3:]] == [
                 None if x is None else pytest.approx(float(x)) for x in w[3:]
             ]
+
+
+def test_rounds_of_lost_gpus_of_different_sizes_read_back_with_their_own_gpus(
+    tmp_path: Path,
+) -> None:
+    """A round in which every GPU is lost stores each column as one word, the same bytes for
+    two GPUs as for four: the writer's cache of its rounds must not hand one the other's rows
+    (it did: the minute's roll failed to broadcast the lost flags against the times)."""
+
+    def lost(t_s: int, n: int) -> list[GpuSample]:
+        return [
+            GpuSample(T0 + t_s * S, "node1", i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", lost=True)
+            for i in range(n)
+        ]
+
+    with SqliteStore(tmp_path / "l.db", rollup_grace_s=5) as store:
+        for t_s in range(0, 180, 10):
+            store.write_samples(lost(t_s, 4 if t_s % 20 else 2))
+        frame = store.series(T0, T0 + 180 * S, ["power_w"])
+        minutes = store.series(T0, T0 + 120 * S, ["power_w"], step_s=60)
+    assert len(frame) == sum(4 if t % 20 else 2 for t in range(0, 180, 10))
+    assert frame["power_w"].isna().all()
+    assert sorted(set(minutes["gpu_index"])) == [0, 1, 2, 3]

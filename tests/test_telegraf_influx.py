@@ -28,6 +28,7 @@ from gpuwatt.analytics import analyze
 from gpuwatt.analytics.inputs import read_analysis_input
 from gpuwatt.line_protocol import decode_line
 from gpuwatt.model import GpuSample
+from gpuwatt.store.base import SEEN_COLUMN
 from gpuwatt.store.influx import InfluxStore, telegraf_mig_devices, telegraf_processes
 
 pytestmark = pytest.mark.servers
@@ -264,6 +265,11 @@ def test_telegraf_only_hosts_are_read_beside_the_rollups(influx_db) -> None:
             got = store.series(lo_ns, end_ns, fields, step_s=step_s)
             assert set(got["uuid"]) == _uuids() | {"GPU-gpuwatt-0"}
             want = raw.series(lo_ns, end_ns, fields, step_s=step_s)
+            # the rollups know each bucket's seen time (SEEN_COLUMN), raw GROUP BY does not:
+            # gpuwatt's host has it, the Telegraf hosts read raw beside it do not
+            seen = got.pop(SEEN_COLUMN)
+            assert (seen[got["host"] == "gw-node"] > 0).all()
+            assert seen[got["host"] != "gw-node"].isna().all()
             pd.testing.assert_frame_equal(got, want, rtol=1e-9, obj=f"{lo_ns, step_s}")
         one = _host_of(SLOW)
         only = store.series(T0_NS, end_ns, fields, step_s=60, hosts=[one, "gw-node"])
