@@ -127,6 +127,9 @@ def actions_bar(can_act: bool) -> Any:
                 allowDeselect=False,
                 size="xs",
                 w=90,
+                # the live refresh redraws this bar: what the user chose or typed stays
+                persistence=True,
+                persistence_type="memory",
             ),
             dmc.TextInput(
                 id="silence-comment",
@@ -134,6 +137,8 @@ def actions_bar(can_act: bool) -> Any:
                 placeholder="why (kept with the silence)",
                 size="xs",
                 w=320,
+                persistence=True,
+                persistence_type="memory",
             ),
         ],
         gap="sm",
