@@ -132,10 +132,24 @@ def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> 
             # runs only then: see ``app._register_callbacks``)
             html.Div(id=f"{page}-progress", className="gw-progress"),
             dcc.Interval(id=f"{page}-progress-tick", interval=PROGRESS_TICK_MS, disabled=True),
-            dcc.Loading(html.Div(id=f"{page}-content"), type="dot", delay_show=300),
+            # While the content is recomputed (a refresh, a new range) the old content stays
+            # visible, dimmed, and takes clicks: hiding it (Dash's default) lost a click or
+            # closed a dropdown that landed during a refresh. The spinner's layer lets clicks
+            # through (gpuwatt.css, ``.gw-loading``).
+            dcc.Loading(
+                html.Div(id=f"{page}-content"),
+                id=f"{page}-loading",
+                type="dot",
+                delay_show=300,
+                overlay_style=LOADING_OVERLAY,
+                parent_className="gw-loading",
+            ),
         ]
     )
 
+
+#: The content under the loading spinner: visible and dimmed (Dash hides it by default).
+LOADING_OVERLAY = {"visibility": "visible", "opacity": 0.55, "transition": "opacity 0.2s"}
 
 #: How often a page asks how far its reads have come while they run.
 PROGRESS_TICK_MS = 500

@@ -526,3 +526,74 @@ def test_not_connected_when_the_evaluator_or_the_store_cannot_be_reached(
             assert console_errors(browser) == []
     finally:
         down.stop()
+
+
+#: The element at the centre of the first silence button: the button, or what covers it.
+ELEMENT_AT_SILENCE_JS = """
+const b = Array.from(document.querySelectorAll('#alerts-content button'))
+  .find(e => e.textContent.trim() === 'silence');
+const r = b.getBoundingClientRect();
+const at = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+return b.contains(at);
+"""
+#: Whether the loading spinner over the alerts content is up (dcc.Loading: the content's
+#: container, then the layer that holds the spinner while it spins).
+SPINNING_JS = """
+const outer = document.getElementById('alerts-content').parentElement.parentElement;
+return outer.children.length > 1 && outer.children[1].children.length > 0;
+"""
+
+
+def test_content_stays_visible_and_clickable_while_it_is_recomputed(
+    browser: Any, site: Site
+) -> None:
+    """While a page's content is recomputed (here: the alerts source holds its answer) the old
+    content stays on screen under the spinner and a click reaches it: a refresh that hid it
+    lost the clicks and closed the dropdowns that landed on it."""
+    import threading
+
+    from selenium.webdriver.common.by import By
+
+    from gpuwatt.cli.compose import AlertsDbView
+
+    if site.gpus != 32:
+        pytest.skip("independent of the cluster's size: checked once")
+    release = threading.Event()
+
+    class Held(AlertsDbView):
+        holding = False
+
+        def active(self) -> Any:
+            if self.holding:
+                release.wait(60)
+            return super().active()
+
+    alerts = Held(site.db.parent / "alerts.db", clock_ns=lambda: DEMO_END_NS)
+    running = start(
+        site.running.data.store, "127.0.0.1", 0, environ=CREDENTIALS, now_ns=DEMO_END_NS,
+        alerts=alerts, warm_every_s=None,
+    )  # fmt: skip
+    try:
+        open_page(browser, running.url.rstrip("/") + "/alerts?range=1h", "alerts")
+        assert browser.execute_script(ELEMENT_AT_SILENCE_JS)
+        alerts.holding = True
+        # recompute the content: a silence (its callback redraws the page from the source)
+        comment = browser.find_element(By.ID, "silence-comment")
+        comment.clear()
+        comment.send_keys("held")
+        click_id(browser, "//button[normalize-space()='silence']", by="xpath")
+        # the spinner is up (the page waits on the held source) ...
+        wait(browser, lambda d: d.execute_script(SPINNING_JS), 30)
+        # ... over the old content, which is shown and takes a click at the button's centre
+        rows = browser.find_element(By.ID, "alerts-content")
+        assert rows.is_displayed() and "GpuStraggler" in rows.text
+        assert browser.execute_script(ELEMENT_AT_SILENCE_JS)
+        release.set()
+        wait(browser, lambda d: not d.execute_script(SPINNING_JS))
+        assert "created" in content(browser, "alerts")
+        assert console_errors(browser) == []
+    finally:
+        release.set()
+        running.stop()
+        for made in alerts.silences():  # the module's other tests start with none
+            alerts.expire(made.id)
