@@ -445,6 +445,7 @@ class SqliteStore(Maintenance):
             gid, plan = self._gpu_id(con, key[:4]), None
         st = _GpuState(gid, key, float(self._tail_id(con, key, time_ns)), plan)
         states[key[2]] = st
+        self._row_encoder.forget()  # it keeps the states it saw
         return st
 
     def _encode(

@@ -21,7 +21,8 @@ from gpuwatt.model import EnergyMethod, TflopsMethod
 from gpuwatt.sample_rows import ATTRS, RowDecoder, SampleRows
 from gpuwatt.store.rounds import Layout
 
-_I_TIME, _I_UUID = ATTRS.index("time_ns"), ATTRS.index("uuid")
+_I_TIME = ATTRS.index("time_ns")
+_TIME = operator.itemgetter(_I_TIME)
 
 #: A GPU's writer state, as ``SqliteStore`` keeps it (``gid``, ``key``, ``tail``, ``plan``).
 State = Any
@@ -42,10 +43,13 @@ class RowEncoder:
         self._i_key_tflops = list(key_attrs).index("tflops_method")
         #: by UUID: (the key as decoded, the writer's state it stands for)
         self._seen: dict[str, tuple[tuple[Any, ...], State]] = {}
+        #: the last frame's keys, and its GPU ids and tails (the next frame's, mostly)
+        self._frame: tuple[list[tuple[Any, ...]], list[int], list[float]] | None = None
 
     def forget(self) -> None:
-        """Forget the keys seen (the writer's states were dropped)."""
+        """Forget the keys seen: the writer made or dropped a GPU's state (``new_state``)."""
         self._seen.clear()
+        self._frame = None
 
     def encode(
         self,
@@ -57,26 +61,19 @@ class RowEncoder:
         ``new_state(key, time_ns)`` makes and records the state of a GPU whose key (with
         enums and ``ProcessSample`` objects, as ``write_samples`` sees it) is new or changed.
         Raises ``TypeError`` or ``ValueError`` for a value that is not a number."""
-        seen = self._seen
-        seen_get, states_get, key_of, pick = seen.get, states.get, self._key, self._pick
+        key_of, pick, time_of = self._key, self._pick, _TIME
         gids: list[int] = []
         tails: list[float] = []
         times: list[int] = []
-        gids_append, tails_append, times_append = gids.append, tails.append, times.append
         blocks: list[np.ndarray] = []
         for frame in rows.rows():  # a frame at a time: its rows die young (see SampleRows)
-            for row in frame:
-                key = key_of(row)
-                uuid = key[2]
-                time_ns = row[_I_TIME]
-                known = seen_get(uuid)
-                if known is None or known[0] != key or states_get(uuid) is not known[1]:
-                    st = self._state(key, time_ns, rows.decoder, states, new_state)
-                    known = seen[uuid] = (key, st)
-                st = known[1]
-                gids_append(st.gid)
-                tails_append(st.tail)
-                times_append(time_ns)
+            keys = list(map(key_of, frame))
+            last = self._frame
+            if last is None or keys != last[0]:  # mostly the same GPUs as the frame before
+                last = self._frame = self._ids(keys, frame, rows, states, new_state)
+            gids += last[1]
+            tails += last[2]
+            times += map(time_of, frame)
             blocks.append(np.array(list(map(pick, frame)), dtype=np.float64))
         picked = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
         n = len(picked)
@@ -88,6 +85,28 @@ class RowEncoder:
             values[:, self._cols] = picked
         values[:, -1] = tails
         return values, gids, np.array(times, dtype=np.int64)
+
+    def _ids(
+        self,
+        keys: list[tuple[Any, ...]],
+        frame: list[tuple[Any, ...]],
+        rows: SampleRows,
+        states: dict[str, State],
+        new_state: Callable[[tuple[Any, ...], int], State],
+    ) -> tuple[list[tuple[Any, ...]], list[int], list[float]]:
+        """A frame's keys, and its samples' GPU ids and tail ids."""
+        seen = self._seen
+        gids: list[int] = []
+        tails: list[float] = []
+        for key, row in zip(keys, frame, strict=True):
+            uuid = key[2]
+            known = seen.get(uuid)
+            if known is None or known[0] != key:
+                st = self._state(key, row[_I_TIME], rows.decoder, states, new_state)
+                known = seen[uuid] = (key, st)  # after new_state, which clears ``seen``
+            gids.append(known[1].gid)
+            tails.append(known[1].tail)
+        return keys, gids, tails
 
     def _state(
         self,
