@@ -106,11 +106,11 @@ class SegmentReader:
         if unknown:
             log.warning("spool segment has attributes this collector drops: %s", unknown)
 
-    def rows(self, payload: bytes) -> list[tuple[Any, ...]]:
+    def rows(self, payload: bytes) -> Sequence[tuple[Any, ...]]:
         """A frame's samples as rows of values in ``ATTRS`` order (``sample_rows``)."""
-        rows = msgpack.unpackb(payload, use_list=False, ext_hook=_ext)
+        rows: tuple[tuple[Any, ...], ...] = msgpack.unpackb(payload, use_list=False, ext_hook=_ext)
         if self._same:
-            return list(rows)
+            return rows
         known = set(ATTRS)
         out = []
         for row in rows:

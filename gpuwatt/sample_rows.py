@@ -63,14 +63,14 @@ class SampleRows:
     the garbage collector more than their decoding."""
 
     frames: list[bytes]
-    decode: Callable[[bytes], list[tuple[Any, ...]]]
+    decode: Callable[[bytes], Sequence[tuple[Any, ...]]]
     decoder: RowDecoder
     count: int  # samples in all frames
 
     def __len__(self) -> int:
         return self.count
 
-    def rows(self) -> Iterator[list[tuple[Any, ...]]]:
+    def rows(self) -> Iterator[Sequence[tuple[Any, ...]]]:
         """The rows of each frame in turn."""
         decode = self.decode
         for frame in self.frames:

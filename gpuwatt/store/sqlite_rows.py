@@ -89,7 +89,7 @@ class RowEncoder:
     def _ids(
         self,
         keys: list[tuple[Any, ...]],
-        frame: list[tuple[Any, ...]],
+        frame: Sequence[tuple[Any, ...]],
         rows: SampleRows,
         states: dict[str, State],
         new_state: Callable[[tuple[Any, ...], int], State],
