@@ -247,31 +247,23 @@ def main() -> None:
         as_rows = best_of(args.runs, lambda k: into_sqlite(True, k))
         as_samples = best_of(args.runs, lambda k: into_sqlite(True, k, rows=False))
         report("binary spool -> SQLite (rows: write_rows)", "samples", as_rows, SQLITE_TARGET)
-        report(
-            "  of which: SQLite write_rows alone (decoding)",
-            "samples",
-            best_of(args.runs, lambda k: store_only(k, rows=True)),
-            None,
-        )
-        report(
-            "  of which: the spool alone (read frames)",
-            "samples",
-            best_of(args.runs, lambda k: spool_only(k, rows=True)),
-            None,
-        )
-        report("binary spool -> SQLite (samples: write_samples)", "samples", as_samples, None)
-        report(
-            "  of which: SQLite write_samples alone",
-            "samples",
-            best_of(args.runs, lambda k: store_only(k, rows=False)),
-            None,
-        )
-        report(
-            "  of which: the spool alone (read, decode)",
-            "samples",
-            best_of(args.runs, lambda k: spool_only(k, rows=False)),
-            None,
-        )
+        parts: list[tuple[str, Callable[..., tuple[int, float, float]], bool]] = [
+            ("SQLite write_rows alone (decoding)", store_only, True),
+            ("the spool alone (read frames)", spool_only, True),
+            ("SQLite write_samples alone", store_only, False),
+            ("the spool alone (read, decode)", spool_only, False),
+        ]
+        for i, (label, part, rows) in enumerate(parts):
+            if i == 2:
+                report(
+                    "binary spool -> SQLite (samples: write_samples)", "samples", as_samples, None
+                )
+            report(
+                f"  of which: {label}",
+                "samples",
+                best_of(args.runs, lambda k, part=part, rows=rows: part(k, rows=rows)),
+                None,
+            )
         ours, dataclass = construction_us(ticks)
         print(
             f"  a decoded sample built by make_gpu_sample: {ours:.2f} us; by the "

@@ -292,15 +292,8 @@ class SqliteStore(Maintenance):
     def write_samples(self, samples: Sequence[GpuSample]) -> None:
         if not samples:
             return
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("store is closed")
-            con = self._writer
-            try:
-                self._write(con, samples)
-            except BaseException:
-                self._forget_ids()  # ids inserted by the rolled-back transaction are gone
-                raise
+        with self._writing() as con:
+            self._write(con, samples)
 
     @_store_errors
     def write_rows(self, rows: SampleRows) -> None:
@@ -310,16 +303,21 @@ class SqliteStore(Maintenance):
         (nothing written: ``write_samples`` of ``rows.samples()`` says which)."""
         if not len(rows):
             return
+        with self._writing() as con, self._transaction(con):
+            values, gids, times = self._row_encoder.encode(
+                rows, self._states, functools.partial(self._new_state, con)
+            )
+            self._write_values(con, values, gids, times)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """The writer's connection, held for one write; what a write that fails (its
+        transaction rolled back) had recorded of ids is forgotten."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("store is closed")
-            con = self._writer
             try:
-                with self._transaction(con):
-                    values, gids, times = self._row_encoder.encode(
-                        rows, self._states, functools.partial(self._new_state, con)
-                    )
-                    self._write_values(con, values, gids, times)
+                yield self._writer
             except BaseException:
                 self._forget_ids()  # ids inserted by the rolled-back transaction are gone
                 raise
