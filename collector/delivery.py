@@ -23,6 +23,7 @@ from gpuwatt.errors import StoreUnavailable
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.private_files import private_dir
+from gpuwatt.sample_rows import SampleRows
 from gpuwatt.store import StoreRejected
 from gpuwatt.store.base import Store
 
@@ -53,6 +54,22 @@ def deliver_samples(store: Store, samples: Sequence[GpuSample]) -> Outcome:
     """``deliver_lines`` for samples (``store.write_samples``); a refused sample comes back as
     its line, to be set aside and replayed like any refused line."""
     return _deliver(store.write_samples, samples, LineEncoder().encode)
+
+
+def deliver_rows(store: Store, rows: SampleRows) -> Outcome:
+    """``deliver_samples`` for samples decoded as rows, written by the store's ``write_rows``
+    (a spool replay into the embedded store). Where the store refuses the batch, it is written
+    again as samples (``deliver_samples``), which finds the samples refused and why."""
+    write_rows = getattr(store, "write_rows", None)
+    if write_rows is not None:
+        try:
+            write_rows(rows)
+            return Outcome(len(rows))
+        except StoreUnavailable:
+            raise
+        except Exception:  # the samples' write says which samples, and why
+            log.debug("store refused a batch of %d rows; writing them as samples", len(rows))
+    return deliver_samples(store, rows.samples())
 
 
 _Point = TypeVar("_Point")

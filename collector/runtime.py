@@ -23,7 +23,13 @@ from typing import Any, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuwatt.collector.delivery import SetAside, StoreRefusesUs, deliver_lines, deliver_samples
+from gpuwatt.collector.delivery import (
+    SetAside,
+    StoreRefusesUs,
+    deliver_lines,
+    deliver_rows,
+    deliver_samples,
+)
 from gpuwatt.collector.spool import Spool, SpoolBatch
 from gpuwatt.errors import GpuwattError, StoreUnavailable
 from gpuwatt.model import GpuSample
@@ -131,17 +137,23 @@ class Flusher:
         store: Store,
         *,
         batch_lines: int = 4096,
+        rows_batch_samples: int = 16384,
         max_backoff_s: float = 30.0,
         monotonic_s: Callable[[], float] = time.monotonic,
         dead_letter_dir: Path | None = None,
         on_delivered: Callable[[list[str]], None] | None = None,
     ) -> None:
         """``on_delivered``: called with each batch the store took, before the spool's cursor
-        moves past it (``rollup_writer.RollupWriter.delivered``)."""
+        moves past it (``rollup_writer.RollupWriter.delivered``). ``rows_batch_samples``: the
+        most samples written at once into a store that takes rows (``write_rows``); the spool's
+        cursor moves past them only once the store has committed them."""
         self.on_delivered = on_delivered
         self.spool = spool
         self.store = store
         self.batch_lines = batch_lines
+        self.rows_batch_samples = rows_batch_samples
+        self.rows_batch_bytes = 8 * 1024 * 1024
+        self._takes_rows = callable(getattr(store, "write_rows", None))
         self.max_backoff_s = max_backoff_s
         self._monotonic_s = monotonic_s
         self.set_aside = SetAside(
@@ -164,13 +176,23 @@ class Flusher:
             while stop is None or not stop.is_set():
                 if deadline_s is not None and self._monotonic_s() >= deadline_s:
                     break
-                batch = self.spool.read_batch(max_lines=self.batch_lines)
+                batch = self._read_batch()
                 if not len(batch):
                     break
                 if not self._send(batch):
                     break
                 sent += len(batch)
             return sent
+
+    def _read_batch(self) -> SpoolBatch:
+        """The next batch to send: into a store that takes rows (``write_rows``: the embedded
+        store), samples as rows, up to ``rows_batch_samples`` in one write (a replay after an
+        outage: one transaction each); else ``batch_lines`` lines or samples."""
+        if self._takes_rows:
+            return self.spool.read_batch(
+                max_lines=self.rows_batch_samples, max_bytes=self.rows_batch_bytes, as_rows=True
+            )
+        return self.spool.read_batch(max_lines=self.batch_lines)
 
     def drain(self, timeout_s: float, *, retry_every_s: float = 0.5) -> int:
         """At shutdown: deliver what is spooled whatever the backoff says, retrying a store
@@ -189,7 +211,9 @@ class Flusher:
 
     def _send(self, batch: SpoolBatch) -> bool:
         try:
-            if batch.samples:
+            if batch.rows is not None:
+                outcome = deliver_rows(self.store, batch.rows)
+            elif batch.samples:
                 outcome = deliver_samples(self.store, batch.samples)
             else:
                 outcome = deliver_lines(self.store, batch.lines)

@@ -35,6 +35,7 @@ from gpuwatt.collector import spool_frames
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.private_files import private_dir
+from gpuwatt.sample_rows import SampleRows
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,18 @@ _CURSOR_BYTES = 64  # the cursor's fixed width: JSON padded with spaces
 
 @dataclass(frozen=True, slots=True)
 class SpoolBatch:
-    """Points read from the spool (lines from a text segment, or samples from a binary one),
-    and the position to commit once they are delivered."""
+    """Points read from the spool (lines from a text segment, or samples from a binary one, as
+    ``GpuSample`` objects or, when asked for, as ``rows``), and the position to commit once they
+    are delivered."""
 
     lines: list[str]
     segment: int
     end_offset: int
     samples: list[GpuSample] = field(default_factory=list)
+    rows: SampleRows | None = None
 
     def __len__(self) -> int:
-        return len(self.lines) + len(self.samples)
+        return len(self.lines) + len(self.samples) + (0 if self.rows is None else len(self.rows))
 
 
 class Spool:
@@ -169,9 +172,12 @@ class Spool:
             )
 
     # --- reading and committing ------------------------------------------------------------------
-    def read_batch(self, max_lines: int = 2000, max_bytes: int = 1024 * 1024) -> SpoolBatch:
+    def read_batch(
+        self, max_lines: int = 2000, max_bytes: int = 1024 * 1024, *, as_rows: bool = False
+    ) -> SpoolBatch:
         """The next undelivered points (possibly none), oldest first: at most ``max_lines``
-        lines, or the samples of whole frames (at least one frame, whatever its size)."""
+        lines, or the samples of whole frames (at least one frame, whatever its size).
+        ``as_rows``: a binary segment's samples come as ``SpoolBatch.rows``, not as objects."""
         with self._lock:
             while True:
                 seg, offset = self._cursor_segment, self._cursor_offset
@@ -184,7 +190,7 @@ class Spool:
                 if f is None:
                     chunk = b""
                 elif self._suffixes[seg] == BINARY:
-                    batch = self._read_frames(seg, f, offset, max_lines, max_bytes)
+                    batch = self._read_frames(seg, f, offset, max_lines, max_bytes, as_rows)
                     if batch is not None:
                         return batch
                     chunk = b""
@@ -232,7 +238,7 @@ class Spool:
             self._reading = None
 
     def _read_frames(
-        self, seg: int, f: BinaryIO, offset: int, max_samples: int, max_bytes: int
+        self, seg: int, f: BinaryIO, offset: int, max_samples: int, max_bytes: int, as_rows: bool
     ) -> SpoolBatch | None:
         """The samples of the next whole frames of binary segment ``seg`` (open as ``f``); None
         when there are none after ``offset``."""
@@ -246,11 +252,16 @@ class Spool:
             if need > len(data):
                 data += f.read(need - len(data))
         samples: list[GpuSample] = []
-        end = 0
+        payloads: list[bytes] = []  # as_rows: the frames, decoded by the store
+        n = end = 0
         for start, stop, count in spool_frames.frames(data, 0):
-            if samples and len(samples) + count > max_samples:
+            if n and n + count > max_samples:
                 break
-            samples += reader.samples(data[start:stop])
+            if as_rows:
+                payloads.append(data[start:stop])
+            else:
+                samples += reader.samples(data[start:stop])
+            n += count
             end = stop
         if end == 0:
             if data and seg != self._segments[-1]:
@@ -261,6 +272,9 @@ class Spool:
                     offset,
                 )
             return None
+        if as_rows:
+            rows = SampleRows(payloads, reader.rows, reader.decoder, n)
+            return SpoolBatch([], seg, offset + end, rows=rows)
         return SpoolBatch([], seg, offset + end, samples)
 
     def _reader(self, seg: int, f: BinaryIO) -> spool_frames.SegmentReader:

@@ -22,13 +22,13 @@ import numbers
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
 import msgpack
 
-from gpuwatt.model import EnergyMethod, GpuSample, ProcessSample, TflopsMethod, make_gpu_sample
+from gpuwatt.model import GpuSample, ProcessSample
+from gpuwatt.sample_rows import ATTRS, DEFAULTS, RowDecoder
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,7 @@ VERSION = 1
 _PREAMBLE = struct.Struct("<7sBI")  # magic, version, header length
 FRAME = struct.Struct("<III")  # payload length, sample count, crc32 of the payload
 
-#: The attributes a frame stores, in order (``extra`` is free-form provenance, never stored).
-ATTRS: tuple[str, ...] = tuple(f.name for f in fields(GpuSample) if f.name != "extra")
-_ROW = attrgetter(*ATTRS)
-_ENERGY = {m.value: m for m in EnergyMethod}
-_TFLOPS = {m.value: m for m in TflopsMethod}
+_ROW = attrgetter(*ATTRS)  # a frame stores ``sample_rows.ATTRS``, in order
 
 
 class SpoolFormatError(ValueError):
@@ -105,44 +101,26 @@ class SegmentReader:
         self._same = names == ATTRS
         known = set(ATTRS)
         self._names = names
-        self._processes: dict[tuple[Any, ...], tuple[ProcessSample, ...]] = {}
+        self.decoder = RowDecoder()
         unknown = [n for n in names if n not in known]
         if unknown:
             log.warning("spool segment has attributes this collector drops: %s", unknown)
 
-    def samples(self, payload: bytes) -> list[GpuSample]:
-        rows = msgpack.unpackb(payload, use_list=False, ext_hook=_ext)
+    def rows(self, payload: bytes) -> Sequence[tuple[Any, ...]]:
+        """A frame's samples as rows of values in ``ATTRS`` order (``sample_rows``)."""
+        rows: tuple[tuple[Any, ...], ...] = msgpack.unpackb(payload, use_list=False, ext_hook=_ext)
         if self._same:
-            return [self._sample(list(row)) for row in rows]
+            return rows
         known = set(ATTRS)
         out = []
         for row in rows:
             values = {k: v for k, v in zip(self._names, row, strict=True) if k in known}
-            out.append(self._sample([values.get(a, _DEFAULTS[a]) for a in ATTRS]))
+            out.append(tuple([values.get(a, DEFAULTS[a]) for a in ATTRS]))
         return out
 
-    def _sample(self, row: list[Any]) -> GpuSample:
-        """A sample from its stored attribute values (in ``ATTRS`` order)."""
-        if (m := row[_I_ENERGY]) is not None:
-            row[_I_ENERGY] = _ENERGY[m]
-        if (m := row[_I_TFLOPS]) is not None:
-            row[_I_TFLOPS] = _TFLOPS[m]
-        if (procs := row[_I_PROCS]) is not None:
-            # A GPU's processes are the same tick after tick: one tuple of them, shared, which
-            # the store then compares by identity instead of field by field.
-            shared = self._processes.get(procs)
-            if shared is None:
-                if len(self._processes) >= 4096:
-                    self._processes.clear()
-                shared = self._processes[procs] = tuple(ProcessSample(*p) for p in procs)
-            row[_I_PROCS] = shared
-        return make_gpu_sample(*row)
-
-
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GpuSample) if f.name in ATTRS}
-_DEFAULTS["xid_errors"] = ()
-_I_ENERGY, _I_TFLOPS = ATTRS.index("energy_method"), ATTRS.index("tflops_method")
-_I_XID, _I_PROCS = ATTRS.index("xid_errors"), ATTRS.index("processes")
+    def samples(self, payload: bytes) -> list[GpuSample]:
+        sample = self.decoder.sample
+        return [sample(row) for row in self.rows(payload)]
 
 
 def frames(data: bytes, offset: int) -> Iterator[tuple[int, int, int]]:

@@ -141,7 +141,8 @@ def _slot_twin(cls: type) -> type | None:
     (which prints both) the sampler's construction is ~2 us this way against ~6 us by the dataclass,
     which would take the collector's own cost per GPU-sample past the 1.3x of the previous commit
     that issue 19 allows; in ``bench/spool_replay.py`` a sample decoded from the spool is built in
-    ~1.2 us against ~5 us, a third of the spool's share of a replay into the embedded store. The
+    ~1.2 us against ~5 us (a replay into the embedded store now takes rows, no samples; a batch
+    it refuses is decoded into samples to find the one refused). The
     twin has the same fields, defaults and ``__slots__`` (so the same memory layout) and a plain
     dataclass ``__init__`` (one slot store per field); its instance's class is then switched to
     ``cls``, which CPython allows between classes whose layouts and slot names are identical. What

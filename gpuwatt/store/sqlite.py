@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import queue
 import sqlite3
@@ -38,11 +39,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import zstandard
 
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.line_protocol import decode_line, format_processes
 from gpuwatt.model import GpuSample
+from gpuwatt.sample_rows import SampleRows
 from gpuwatt.store import (
     StoreRejected,
     chunks,
@@ -53,6 +56,7 @@ from gpuwatt.store import (
     rollups,
     rounds,
     sqlite_reads,
+    sqlite_rows,
 )
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.rollup_rule import (
@@ -195,6 +199,7 @@ class SqliteStore(Maintenance):
             raise
         self._layout = rounds.Layout(self._columns.attrs)
         self._encode_rows = rounds.compile_encoder(_KEY_ATTRS, self._layout)
+        self._row_encoder = sqlite_rows.RowEncoder(_KEY_ATTRS, self._layout)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -287,17 +292,67 @@ class SqliteStore(Maintenance):
     def write_samples(self, samples: Sequence[GpuSample]) -> None:
         if not samples:
             return
+        with self._writing() as con:
+            self._write(con, samples)
+
+    @_store_errors
+    def write_rows(self, rows: SampleRows) -> None:
+        """``write_samples`` for samples decoded as rows (``sample_rows``: a spool replay): the
+        same rows stored, with no ``GpuSample`` built per sample (``sqlite_rows``), in one
+        transaction. Raises ``TypeError`` or ``ValueError`` for a value that is not a number
+        (nothing written: ``write_samples`` of ``rows.samples()`` says which)."""
+        if not len(rows):
+            return
+        with self._writing() as con, self._transaction(con):
+            values, gids, times = self._row_encoder.encode(
+                rows, self._states, functools.partial(self._new_state, con)
+            )
+            self._write_values(con, values, gids, times)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """The writer's connection, held for one write; what a write that fails (its
+        transaction rolled back) had recorded of ids is forgotten."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("store is closed")
-            con = self._writer
             try:
-                self._write(con, samples)
+                yield self._writer
             except BaseException:
                 self._forget_ids()  # ids inserted by the rolled-back transaction are gone
                 raise
 
+    def _write_values(
+        self, con: sqlite3.Connection, values: np.ndarray, gids: list[int], times: np.ndarray
+    ) -> None:
+        """Store packed rows (``values[i]`` of GPU ``gids[i]`` at ``times[i]``), a round per run
+        of one time; the same GPU twice in a run: the last one is kept."""
+        ncols = len(self._columns.attrs)
+        cuts = np.flatnonzero(times[1:] != times[:-1]) + 1
+        bounds = [0, *cuts.tolist(), len(times)]
+        t_list: list[int] = times.tolist()
+        for a, b in itertools.pairwise(bounds):
+            run = gids[a:b]
+            if len(set(run)) == len(run):
+                rounds.insert(con, t_list[a], run, values[a:b].tobytes(), ncols)
+            else:
+                keep = {g: i for i, g in enumerate(run, a)}
+                rows = values[list(keep.values())].tobytes()
+                rounds.insert(con, t_list[a], list(keep), rows, ncols)
+        last = self._last_times
+        newest = dict(zip(gids, t_list, strict=True))  # the last time of each GPU...
+        if len(bounds) > 2 and not bool((times[1:] >= times[:-1]).all()):
+            newest = {}  # ...is its newest only when the times never go back
+            for g, t in zip(gids, t_list, strict=True):
+                if newest.get(g, t) <= t:
+                    newest[g] = t
+        for g, t in newest.items():
+            if last.get(g, t) <= t:
+                last[g] = t
+        self._maintain(con, t_list, t_list[0] if len(bounds) == 2 else min(t_list), max(t_list))
+
     def _forget_ids(self) -> None:
+        self._row_encoder.forget()
         self._newest_ns = NULL_TIME
         self._last_times.clear()
         self._gpu_ids.clear()
@@ -376,24 +431,27 @@ class SqliteStore(Maintenance):
             )
         return tid
 
+    def _new_state(self, con: sqlite3.Connection, key: tuple[Any, ...], time_ns: int) -> _GpuState:
+        """Make and record the state of a GPU first seen, or whose key changed."""
+        states = self._states
+        st = states.get(key[2])
+        if st is not None and st.key[:4] == key[:4]:
+            gid, plan = st.gid, st.plan
+        else:  # a new GPU (or another GPU with the same UUID)
+            if len(states) >= 65536:
+                states.clear()
+            gid, plan = self._gpu_id(con, key[:4]), None
+        st = _GpuState(gid, key, float(self._tail_id(con, key, time_ns)), plan)
+        states[key[2]] = st
+        self._row_encoder.forget()  # it keeps the states it saw
+        return st
+
     def _encode(
         self, con: sqlite3.Connection, samples: Sequence[GpuSample]
     ) -> tuple[list[bytes], list[int], list[int]]:
         """Each sample's packed row (``rounds``), GPU id and time."""
         states = self._states
-
-        def new_state(key: tuple[Any, ...], time_ns: int) -> _GpuState:
-            st = states.get(key[2])
-            if st is not None and st.key[:4] == key[:4]:
-                gid, plan = st.gid, st.plan
-            else:  # a new GPU (or another GPU with the same UUID)
-                if len(states) >= 65536:
-                    states.clear()
-                gid, plan = self._gpu_id(con, key[:4]), None
-            st = _GpuState(gid, key, float(self._tail_id(con, key, time_ns)), plan)
-            states[key[2]] = st
-            return st
-
+        new_state = functools.partial(self._new_state, con)
         parts: list[bytes] = []
         gids: list[int] = []
         times: list[int] = []
