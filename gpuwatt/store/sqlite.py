@@ -189,9 +189,6 @@ class SqliteStore(Maintenance):
             # created it first. The page size only takes on a file not created yet.
             self._writer.execute(f"PRAGMA page_size={format.PAGE_SIZE}")
             self._writer.execute("PRAGMA journal_mode=WAL").close()
-        (page_size,) = self._writer.execute("PRAGMA page_size").fetchone()
-        pages = max(1, format.WAL_CHECKPOINT_BYTES // page_size)
-        self._writer.execute(f"PRAGMA wal_autocheckpoint={pages}").close()
         try:
             self._columns = self._open_format()
         except BaseException:
@@ -205,9 +202,12 @@ class SqliteStore(Maintenance):
 
     def _open_format(self) -> format.Columns:
         """Check the file's format (a new file gets this one) and add the schema's new metric
-        columns to it."""
+        columns to it; set when the WAL is checkpointed (``format.WAL_CHECKPOINT_BYTES``)."""
         con = self._writer
         try:
+            (page_size,) = con.execute("PRAGMA page_size").fetchone()
+            pages = max(1, format.WAL_CHECKPOINT_BYTES // page_size)
+            con.execute(f"PRAGMA wal_autocheckpoint={pages}").close()
             with self._transaction(con):
                 if not format.check(con, self.path):
                     for statement in _SCHEMA_SQL.split(";"):
