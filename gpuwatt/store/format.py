@@ -20,6 +20,20 @@ from gpuwatt.schema import FIELDS, FieldSpec
 APPLICATION_ID = 0x47505754  # "GPWT"
 FORMAT_VERSION = 2
 
+#: The page size of a new file (an existing file keeps the one it was made with: SQLite fixes
+#: it when the file is created). Each commit appends every page it changed to the WAL, so what a
+#: collector round costs in writes is its changed pages: with 1 KiB pages a round of the demo
+#: (its head row, ~3.5 kB, and the B-tree pages above it) writes ~2.5x fewer bytes than with
+#: SQLite's default 4 KiB (bench/store_write.py). Any page size reads the same.
+PAGE_SIZE = 1024
+#: WAL bytes after which a commit checkpoints (SQLite's ``wal_autocheckpoint`` counts pages:
+#: its default is 1,000 pages, 4 MB at 4 KiB), in bytes whatever the file's page size. A page
+#: changed by many commits between two checkpoints (the head's leaf and B-tree pages, page 1)
+#: is copied into the file once per checkpoint: 16 MB writes ~18 % less than 4 MB
+#: (bench/store_write.py, demo: 322 against 393 B per GPU-sample), for a WAL file that stays
+#: 16 MB on disk (it is never truncated: its pages are reused).
+WAL_CHECKPOINT_BYTES = 16 << 20
+
 COLUMNS_SQL = """
 CREATE TABLE IF NOT EXISTS columns (
   id INTEGER PRIMARY KEY,

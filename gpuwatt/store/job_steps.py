@@ -45,6 +45,7 @@ from gpuwatt.job_step_format import (
 )
 from gpuwatt.line_protocol import encode_name
 from gpuwatt.schema import TAG_HOST
+from gpuwatt.store import format
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -147,7 +148,7 @@ class SqliteJobStepStore:
             con.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             con.execute("PRAGMA synchronous=NORMAL")
             # The samples store's page size, should this connection create the file.
-            con.execute("PRAGMA page_size=16384")
+            con.execute(f"PRAGMA page_size={format.PAGE_SIZE}")
             with contextlib.suppress(sqlite3.OperationalError):
                 con.execute("PRAGMA journal_mode=WAL").close()
             con.executescript(_SCHEMA)

@@ -190,7 +190,8 @@ class SqliteStore(Maintenance):
         self._writer = self._connect()
         with contextlib.suppress(sqlite3.OperationalError):
             # Another process may hold the file; WAL is persistent, so it is set by whoever
-            # created it first.
+            # created it first. The page size only takes on a file not created yet.
+            self._writer.execute(f"PRAGMA page_size={format.PAGE_SIZE}")
             self._writer.execute("PRAGMA journal_mode=WAL").close()
         try:
             self._columns = self._open_format()
@@ -206,9 +207,12 @@ class SqliteStore(Maintenance):
 
     def _open_format(self) -> format.Columns:
         """Check the file's format (a new file gets this one) and add the schema's new metric
-        columns to it."""
+        columns to it; set when the WAL is checkpointed (``format.WAL_CHECKPOINT_BYTES``)."""
         con = self._writer
         try:
+            (page_size,) = con.execute("PRAGMA page_size").fetchone()
+            pages = max(1, format.WAL_CHECKPOINT_BYTES // page_size)
+            con.execute(f"PRAGMA wal_autocheckpoint={pages}").close()
             with self._transaction(con):
                 if not format.check(con, self.path):
                     for statement in _SCHEMA_SQL.split(";"):
@@ -237,6 +241,11 @@ class SqliteStore(Maintenance):
         con.execute("PRAGMA synchronous=NORMAL")
         con.execute("PRAGMA temp_store=MEMORY")
         con.execute("PRAGMA cache_size=-65536")
+        # Deleted rows are zeroed where the page is written anyway, but a page that becomes free
+        # is not written again (Debian builds SQLite with secure_delete on: every head page
+        # that a compaction freed was written once more, a quarter of the store's writes;
+        # bench/store_write.py). Nothing in the file is secret.
+        con.execute("PRAGMA secure_delete=FAST")
         with self._lock:
             self._connections.append(con)
         return con
