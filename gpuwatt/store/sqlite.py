@@ -43,7 +43,7 @@ import numpy as np
 import zstandard
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.line_protocol import decode_line, format_processes
+from gpuwatt.line_protocol import decode_line
 from gpuwatt.model import GpuSample
 from gpuwatt.sample_rows import SampleRows
 from gpuwatt.store import (
@@ -53,10 +53,10 @@ from gpuwatt.store import (
     format,
     frames,
     raw,
-    rollups,
     rounds,
     sqlite_reads,
     sqlite_rows,
+    sqlite_schema,
 )
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.rollup_rule import (
@@ -71,62 +71,11 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 DAY_S = 86_400
-#: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
-#: sample of a GPU to the next (one tuple comparison, mostly of identical objects), its id and
-#: tail id are reused.
-_KEY_ATTRS: tuple[str, ...] = (
-    "host",
-    "gpu_index",
-    "uuid",
-    "name",
-    "energy_method",
-    "tflops_method",
-    "xid_errors",
-    "processes",
-    "job_id",
-)
-
-_SCHEMA_SQL = f"""
-CREATE TABLE IF NOT EXISTS gpus (
-  id INTEGER PRIMARY KEY,
-  host TEXT NOT NULL,
-  gpu_index INTEGER NOT NULL,
-  uuid TEXT NOT NULL,
-  name TEXT NOT NULL,
-  last_time_ns INTEGER,
-  UNIQUE (host, gpu_index, uuid)
-);
-{format.COLUMNS_SQL}
-{rounds.SCHEMA_SQL}
-{chunks.SCHEMA_SQL}
-{rollups.SCHEMA_SQL}
-CREATE TABLE IF NOT EXISTS rollup_dirty (
-  level_ns INTEGER NOT NULL,
-  bucket_ns INTEGER NOT NULL,
-  PRIMARY KEY (level_ns, bucket_ns)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER);
-"""
-
-
-def _tail_row(
-    key: tuple[Any, ...],
-) -> tuple[str | None, str | None, int | None, int | None, str | None, str | None]:
-    """A key's tail (``_KEY_ATTRS[4:]``) as stored in ``tails``."""
-    em, tm, xids, procs, job = key[4:]
-    return (
-        None if em is None else em.value,
-        None if tm is None else tm.value,
-        xids[-1] if xids else None,
-        len(xids) if xids else None,
-        None if procs is None else format_processes(procs),
-        job,
-    )
 
 
 class _GpuState:
-    """What the writer keeps per GPU: its id, its last ``_KEY_ATTRS`` values, the id of that
-    tail (a float: it is packed with the values) and its ``rounds.Masked`` plan."""
+    """What the writer keeps per GPU: its id, its last ``sqlite_schema.KEY_ATTRS`` values, the
+    id of that tail (a float: it is packed with the values) and its ``rounds.Masked`` plan."""
 
     __slots__ = ("gid", "key", "plan", "tail")
 
@@ -199,8 +148,8 @@ class SqliteStore(Maintenance):
             self.close()
             raise
         self._layout = rounds.Layout(self._columns.attrs)
-        self._encode_rows = rounds.compile_encoder(_KEY_ATTRS, self._layout)
-        self._row_encoder = sqlite_rows.RowEncoder(_KEY_ATTRS, self._layout)
+        self._encode_rows = rounds.compile_encoder(sqlite_schema.KEY_ATTRS, self._layout)
+        self._row_encoder = sqlite_rows.RowEncoder(sqlite_schema.KEY_ATTRS, self._layout)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -215,7 +164,7 @@ class SqliteStore(Maintenance):
             con.execute(f"PRAGMA wal_autocheckpoint={pages}").close()
             with self._transaction(con):
                 if not format.check(con, self.path):
-                    for statement in _SCHEMA_SQL.split(";"):
+                    for statement in sqlite_schema.SCHEMA_SQL.split(";"):
                         if statement.strip():
                             con.execute(statement)
                     format.stamp(con)
@@ -423,7 +372,7 @@ class SqliteStore(Maintenance):
 
     def _tail_id(self, con: sqlite3.Connection, key: tuple[Any, ...], time_ns: int) -> int:
         """The id of a key's tail in ``tails``, inserted when not seen yet (by this writer)."""
-        tail = _tail_row(key)
+        tail = sqlite_schema.tail_row(key)
         tid = self._tail_ids.get(tail)
         if tid is None:
             if len(self._tail_ids) >= 65536:

@@ -3,7 +3,7 @@
 ``write_samples`` reads each ``GpuSample``'s attributes one by one into a packed row; a spool
 replay would first have to build those objects from the rows it decodes. Here the rows go
 straight into the head's float64 matrix, one NumPy conversion per frame (None is NaN, "not
-measured", as the head stores it), and each GPU's identity and tail (``sqlite._KEY_ATTRS``) is
+measured", as the head stores it), and each GPU's identity and tail (``sqlite_schema.KEY_ATTRS``) is
 compared as decoded: a GPU's state is looked up in the writer's (``SqliteStore._states``) only
 when its decoded key changes (a frame whose keys are the frame before's reuses its ids whole), so
 the stored rows, GPU ids and tails are the ones ``write_samples`` gives for the same samples.
