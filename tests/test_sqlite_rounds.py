@@ -235,3 +235,28 @@ def test_rounds_of_lost_gpus_of_different_sizes_read_back_with_their_own_gpus(
     assert len(frame) == sum(4 if t % 20 else 2 for t in range(0, 180, 10))
     assert frame["power_w"].isna().all()
     assert sorted(set(minutes["gpu_index"])) == [0, 1, 2, 3]
+
+
+def test_the_writers_cache_counts_a_round_written_again_once() -> None:
+    """The same round packed again (identical rounds recur: every GPU lost, constant values)
+    replaces its entry and its byte count: counted twice, the count drifted past the cache's
+    limit over a long run and every new round then emptied the cache."""
+    import threading
+
+    import numpy as np
+
+    from gpuwatt.store import rounds
+
+    def in_fresh_thread() -> tuple[int, int, int]:
+        rows = np.arange(4 * 8, dtype="<f8").reshape(4, 8)
+        for _ in range(1000):
+            rounds.pack_vals(rows.tobytes(), 8)
+        other = rounds.pack_vals((rows + 1).tobytes(), 8)
+        cache = rounds._written()
+        return len(cache), rounds._local.written_bytes, int(other in cache)
+
+    out: list[tuple[int, int, int]] = []
+    t = threading.Thread(target=lambda: out.append(in_fresh_thread()))
+    t.start()
+    t.join()
+    assert out == [(2, 2 * 4 * 8 * 8, 1)]

@@ -225,6 +225,9 @@ def _written() -> dict[bytes, np.ndarray]:
 
 def _remember(packed: bytes, rows: np.ndarray) -> None:
     cache = _written()
+    old = cache.pop(packed, None)  # the same round again (a round of lost GPUs, say)
+    if old is not None:
+        _local.written_bytes -= old.nbytes
     cache[packed] = rows
     _local.written_bytes += rows.nbytes
     while _local.written_bytes > WRITTEN_CACHE_BYTES and cache:
