@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_dashboard_support import DEMO_END_NS, build_demo_store, chrome, have_browser
+from test_dashboard_support import DEMO_END_NS, build_demo_store, chrome, have_browser, wait
 
 from gpuwatt.dashboard.server import RunningDashboard, start
 
@@ -43,12 +43,11 @@ def browser() -> Iterator[Any]:
 def open_page(browser: Any, server: RunningDashboard, path: str, page: str) -> str:
     """Load ``path`` and wait until the page's content callback has filled it; its text."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get_log("browser")  # drop what earlier pages logged
     browser.get(server.url.rstrip("/") + path)
     selector = f"#{page}-content > *"
-    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, selector))
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, selector))
     return browser.find_element(By.ID, f"{page}-content").text
 
 
@@ -74,13 +73,10 @@ def test_every_page_loads_without_console_errors(
     text = open_page(browser, server, path, page)
     assert expect.lower() in text.lower()
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     # the figures were drawn (plotly puts an SVG per graph)
     if page not in ("reports", "alerts"):
-        WebDriverWait(browser, WAIT_S).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")
-        )
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg"))
     assert console_errors(browser) == []
 
 
@@ -107,15 +103,12 @@ def test_stragglers_page_shows_the_explanation(browser: Any, server: RunningDash
 
 def test_time_range_change_goes_to_the_url_and_back(browser: Any, server: RunningDashboard) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     open_page(browser, server, "/stragglers?range=15m", "stragglers")
     label = browser.find_element(By.XPATH, "//label[normalize-space()='6h']")
     label.click()
-    WebDriverWait(browser, WAIT_S).until(lambda d: "range=6h" in d.current_url)
-    WebDriverWait(browser, WAIT_S).until(
-        lambda d: "last 6h" in d.find_element(By.ID, "stragglers-content").text
-    )
+    wait(browser, lambda d: "range=6h" in d.current_url)
+    wait(browser, lambda d: "last 6h" in d.find_element(By.ID, "stragglers-content").text)
     # the nav links carry the range to the other pages
     nav = browser.find_element(By.LINK_TEXT, "Overview")
     assert "range=6h" in nav.get_attribute("href")
@@ -123,9 +116,7 @@ def test_time_range_change_goes_to_the_url_and_back(browser: Any, server: Runnin
     url = browser.current_url
     browser.get("about:blank")
     browser.get(url)
-    WebDriverWait(browser, WAIT_S).until(
-        lambda d: "last 6h" in d.find_element(By.ID, "stragglers-content").text
-    )
+    wait(browser, lambda d: "last 6h" in d.find_element(By.ID, "stragglers-content").text)
     assert "node-2 GPU 5" in browser.find_element(By.ID, "stragglers-content").text
     assert console_errors(browser) == []
 
@@ -140,17 +131,17 @@ def test_garbled_url_says_what_is_wrong(browser: Any, server: RunningDashboard) 
 
 def test_csv_download_link(browser: Any, server: RunningDashboard) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     open_page(browser, server, "/reports?range=15m", "reports")
     browser.find_element(By.XPATH, "//label[normalize-space()='node']").click()
-    WebDriverWait(browser, WAIT_S).until(lambda d: "by=node" in d.current_url)
-    link = WebDriverWait(browser, WAIT_S).until(
+    wait(browser, lambda d: "by=node" in d.current_url)
+    link = wait(
+        browser,
         lambda d: (
             d.find_element(By.ID, "download-report")
             if "by node" in d.find_element(By.ID, "download-report").text
             else None
-        )
+        ),
     )
     href = link.get_attribute("href")
     assert "by=node" in href and "range=15m" in href
@@ -166,16 +157,16 @@ def test_csv_download_link(browser: Any, server: RunningDashboard) -> None:
 
 def test_dark_mode_switch(browser: Any, server: RunningDashboard) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     open_page(browser, server, "/efficiency?range=15m", "efficiency")
     root = browser.find_element(By.TAG_NAME, "html")
     assert root.get_attribute("data-mantine-color-scheme") == "light"
     browser.find_element(By.CSS_SELECTOR, "#dark-switch").click()
-    WebDriverWait(browser, WAIT_S).until(
+    wait(
+        browser,
         lambda d: (
             d.find_element(By.TAG_NAME, "html").get_attribute("data-mantine-color-scheme") == "dark"
-        )
+        ),
     )
     browser.find_element(By.CSS_SELECTOR, "#dark-switch").click()
     assert console_errors(browser) == []

@@ -31,6 +31,7 @@ from test_dashboard_support import (
     daily_scenario,
     demo_job_steps,
     have_browser,
+    wait,
 )
 
 from gpuwatt.dashboard import format as fmt
@@ -111,15 +112,6 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
-def wait(browser: Any, cond: Any, timeout: float = WAIT_S) -> Any:
-    """Until ``cond`` holds; an element replaced by a re-render meanwhile is looked up again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    ignored = (NoSuchElementException, StaleElementReferenceException)
-    return WebDriverWait(browser, timeout, ignored_exceptions=ignored).until(cond)
-
-
 def open_page(browser: Any, url: str, page: str) -> str:
     from selenium.webdriver.common.by import By
 
@@ -145,15 +137,30 @@ def console_errors(browser: Any) -> list[str]:
 
 
 def drawn(browser: Any, page: str) -> None:
-    """Every graph of the page has its SVG."""
+    """Every graph of the page has its SVG, and no recomputation of the content is under way."""
     from selenium.webdriver.common.by import By
 
     def ok(d: Any) -> bool:
         graphs = d.find_elements(By.CSS_SELECTOR, f"#{page}-content .dash-graph")
         svgs = d.find_elements(By.CSS_SELECTOR, f"#{page}-content .dash-graph .main-svg")
-        return bool(graphs) and len(svgs) >= len(graphs)
+        # the content stays on screen while it is recomputed: wait for the new one
+        return bool(graphs) and len(svgs) >= len(graphs) and not spinning(d, page)
 
     wait(browser, ok)
+
+
+#: Whether the loading spinner over a page's content is up (dcc.Loading: the content's
+#: container, then the layer that holds the spinner while it spins).
+SPINNING_JS = """
+const c = document.getElementById(arguments[0] + '-content');
+if (!c) return false;
+const outer = c.parentElement.parentElement;
+return outer.children.length > 1 && outer.children[1].children.length > 0;
+"""
+
+
+def spinning(browser: Any, page: str) -> bool:
+    return bool(browser.execute_script(SPINNING_JS, page))
 
 
 def click_id(browser: Any, id_: str, by: str = "id") -> None:
@@ -536,12 +543,6 @@ const r = b.getBoundingClientRect();
 const at = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
 return b.contains(at);
 """
-#: Whether the loading spinner over the alerts content is up (dcc.Loading: the content's
-#: container, then the layer that holds the spinner while it spins).
-SPINNING_JS = """
-const outer = document.getElementById('alerts-content').parentElement.parentElement;
-return outer.children.length > 1 && outer.children[1].children.length > 0;
-"""
 
 
 def test_content_stays_visible_and_clickable_while_it_is_recomputed(
@@ -583,13 +584,13 @@ def test_content_stays_visible_and_clickable_while_it_is_recomputed(
         comment.send_keys("held")
         click_id(browser, "//button[normalize-space()='silence']", by="xpath")
         # the spinner is up (the page waits on the held source) ...
-        wait(browser, lambda d: d.execute_script(SPINNING_JS), 30)
+        wait(browser, lambda d: spinning(d, "alerts"), 30)
         # ... over the old content, which is shown and takes a click at the button's centre
         rows = browser.find_element(By.ID, "alerts-content")
         assert rows.is_displayed() and "GpuStraggler" in rows.text
         assert browser.execute_script(ELEMENT_AT_SILENCE_JS)
         release.set()
-        wait(browser, lambda d: not d.execute_script(SPINNING_JS))
+        wait(browser, lambda d: not spinning(d, "alerts"))
         assert "created" in content(browser, "alerts")
         assert console_errors(browser) == []
     finally:

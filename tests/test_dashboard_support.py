@@ -169,3 +169,15 @@ def chrome(
             "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
         )
     return driver
+
+
+def wait(driver: Any, cond: Any, timeout: float = 60.0, poll_s: float = 0.5) -> Any:
+    """Until ``cond(driver)`` holds; an element that a re-render replaced or removed meanwhile
+    (the page redraws itself) is looked up again on the next try instead of failing the test."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout, poll_frequency=poll_s, ignored_exceptions=ignored).until(
+        cond
+    )

@@ -177,12 +177,10 @@ def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> Non
     """The overview of the last 3 hours in headless Chromium: figures from the parts that
     arrived and the "Partial data" notice, not an error page."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from test_dashboard_support import wait
 
     with _overview_in_chrome(slow_store, "3h") as driver:
-        WebDriverWait(driver, 60).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")
-        )
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *"))
         text = driver.find_element(By.ID, "overview-content").text
         notice = driver.find_element(By.ID, "partial").text
     assert "Partial data" in notice and "the engine answered" in notice
@@ -196,14 +194,16 @@ def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
     says how many of its reads are done above the loading indicator; once the held read
     arrives the count goes and the figures are drawn."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from test_dashboard_support import wait
 
     store, release = held_store
     with _overview_in_chrome(store, "1h") as driver:
         # "0 of 2" at first; then the hour arrives, the context before it is held
         progress = re.compile(r"reading the store: ([1-9]\d*) of (\d+) reads done")
-        WebDriverWait(driver, 60, poll_frequency=0.1).until(
-            lambda d: progress.search(d.find_element(By.ID, "overview-progress").text)
+        wait(
+            driver,
+            lambda d: progress.search(d.find_element(By.ID, "overview-progress").text),
+            poll_s=0.1,
         )
         match = progress.search(driver.find_element(By.ID, "overview-progress").text)
         assert match is not None
@@ -211,11 +211,7 @@ def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
         assert 0 < done < total
         assert not driver.find_elements(By.CSS_SELECTOR, "#overview-content > *")
         release.set()
-        WebDriverWait(driver, 60).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *")
-        )
-        WebDriverWait(driver, 10).until(
-            lambda d: d.find_element(By.ID, "overview-progress").text == ""
-        )
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *"))
+        wait(driver, lambda d: d.find_element(By.ID, "overview-progress").text == "", 10)
         text = driver.find_element(By.ID, "overview-content").text
     assert "Worst stragglers" in text and "Partial data" not in text
