@@ -94,11 +94,12 @@ class PromRollups:
         return as_level(t, gid, data[:, 0] == 1.0, values)
 
     def rollup_points(
-        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
     ) -> dict[str, np.ndarray]:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         prefix = MEASUREMENTS[level_ns] + "_"
-        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, FIELD_SEEN, *attrs]
+        keys = [FIELD_N, FIELD_SEEN] if lean else [FIELD_N, FIELD_SEEN, FIELD_N_OK, FIELD_T_LAST]
+        fields = [*keys, *attrs]
         host_matcher = ""
         if hosts is not None:
             pattern = regex_alternatives(hosts) if hosts else "$^"
@@ -116,20 +117,24 @@ class PromRollups:
         t, gid, data = t[inside], gid[inside], data[inside]
         if not len(t):
             return empty_level(attrs)
-        t_last = data[:, 2]
+        n = np.nan_to_num(data[:, 0]).astype(np.int64)
         out = {
             "time_ns": t,
             "gpu_id": gid,
-            "n": np.nan_to_num(data[:, 0]).astype(np.int64),
-            "n_ok": np.nan_to_num(data[:, 1]).astype(np.int64),
-            "t_last_ns": np.where(
-                np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
-            ),
+            "n": n,
             "seen_ns": np.where(
-                np.isnan(data[:, 3]), UNKNOWN_SEEN, np.nan_to_num(data[:, 3]).astype(np.int64)
+                np.isnan(data[:, 1]), UNKNOWN_SEEN, np.nan_to_num(data[:, 1]).astype(np.int64)
             ),
         }
-        return out | {a: data[:, 4 + i] for i, a in enumerate(attrs)}
+        if lean:  # uncombined rows (``RollupSource.rollup_points``)
+            out |= {"n_ok": n, "t_last_ns": np.full(len(t), NULL_TIME, dtype=np.int64)}
+        else:
+            t_last = data[:, 3]
+            out["n_ok"] = np.nan_to_num(data[:, 2]).astype(np.int64)
+            out["t_last_ns"] = np.where(
+                np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
+            )
+        return out | {a: data[:, len(keys) + i] for i, a in enumerate(attrs)}
 
     def _pivot(
         self, answers: Sequence[list[dict[str, Any]]], width: int, ids: GpuIds
