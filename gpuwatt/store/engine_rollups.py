@@ -92,15 +92,18 @@ class SpanCache:
         self._ask_oldest, self._ask_newest = oldest, newest
         self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
         self._oldest: dict[int, tuple[float, int]] = {}
+        # the reads of one view run in parallel: one of them asks, the others wait for it
+        self._lock = threading.Lock()
 
     def get(self, level_ns: int) -> tuple[int, int] | None:
-        cached = self._spans.get(level_ns)
-        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
-            return cached[1]
-        span = self._span(level_ns)
-        if span is not None:
-            self._spans[level_ns] = (time.monotonic(), span)
-        return span
+        with self._lock:
+            cached = self._spans.get(level_ns)
+            if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
+                return cached[1]
+            span = self._span(level_ns)
+            if span is not None:
+                self._spans[level_ns] = (time.monotonic(), span)
+            return span
 
     def _span(self, level_ns: int) -> tuple[int, int] | None:
         cached = self._oldest.get(level_ns)
