@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -74,11 +73,6 @@ ROLLUP_ATTRS: tuple[str, ...] = tuple(f.attr for f in FIELDS if f.kind is not Ki
 #: A GPU's identity as every store reports it: host, index, uuid, model name.
 Ident = tuple[str, int, str, str]
 
-
-#: A read of many rollup buckets is sent as up to this many reads of whole buckets, at once
-#: (``_chunks``), each of at least ``MIN_PART_BUCKETS``.
-ROLLUP_READ_PARTS = 3
-MIN_PART_BUCKETS = 8
 
 #: How long a read trusts the newest rollup point of a level it learnt, and the oldest (which
 #: moves only with retention).
@@ -381,10 +375,12 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
         last = min(_floor(end_ns, level_ns), _floor(span[1], level_ns))
         if first < last:
             lean = level_ns == read.lean_level
-            tasks += [
-                functools.partial(_rolled, read, level_ns, lo, hi, lean)
-                for lo, hi in _chunks(first, last, level_ns)
-            ]
+            tasks.append(
+                lambda: newest_per_bucket(
+                    read.source.rollup_points(level_ns, first, last, read.scope, lean=lean),
+                    level_ns,
+                )
+            )
             below = [(start_ns, first), (last, end_ns)]
     tasks += [functools.partial(_below, read, level_ns, lo, hi) for lo, hi in below if lo < hi]
     if len(tasks) == 1:
@@ -393,22 +389,6 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
         with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="rollups") as pool:
             parts = list(pool.map(lambda task: task(), tasks))
     return concat(parts, read.attrs)
-
-
-def _rolled(read: _Read, level_ns: int, lo: int, hi: int, lean: bool) -> dict[str, np.ndarray]:
-    """The newest rollup point of each GPU and whole bucket of ``[lo, hi)``."""
-    points = read.source.rollup_points(level_ns, lo, hi, read.scope, lean=lean)
-    return newest_per_bucket(points, level_ns)
-
-
-def _chunks(first: int, last: int, level_ns: int) -> list[tuple[int, int]]:
-    """``[first, last)`` cut on bucket boundaries into up to ``ROLLUP_READ_PARTS`` reads of at
-    least ``MIN_PART_BUCKETS`` buckets, sent at once: the engine answers one while the answer
-    of another is decoded here."""
-    buckets = (last - first) // level_ns
-    parts = max(1, min(ROLLUP_READ_PARTS, buckets // MIN_PART_BUCKETS))
-    cuts = [first + (buckets * i // parts) * level_ns for i in range(parts)] + [last]
-    return list(pairwise(cuts))
 
 
 def _below(read: _Read, level_ns: int, lo: int, hi: int) -> dict[str, np.ndarray]:
