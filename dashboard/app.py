@@ -116,6 +116,10 @@ def render_page(
     head = [*alerts_line(firing_count(alerts_source)), *range_line(tr, problem)]
     try:
         if getattr(page, "NEEDS_DATA", True):
+            # what the page reads after the window, read while the window is
+            prefetch = getattr(page, "prefetch", None)
+            if prefetch is not None:
+                data.prefetch(lambda: prefetch(data, tr, query, now))
             win = data.window(tr)
             if win.empty:
                 return [*head, empty_state()]

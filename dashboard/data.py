@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -61,6 +62,9 @@ T = TypeVar("T")
 DAY_NS = 86_400 * NS_PER_S
 RECENT_SPAN_S = 3600
 RECENT_STEP_S = 60
+#: Reads started beside a view's own (``DashboardData.soon``): the newest samples, and what a
+#: page reads after the window (``prefetch``).
+SIDE_READS = 4
 
 
 def _analysis(compute: Callable[[], T]) -> T:
@@ -99,6 +103,8 @@ class DashboardData:
         self.accounting_max_gpu_minutes = ACCOUNTING_MAX_GPU_MINUTES
         #: how many of the reads of each view being computed are done (``read_progress``)
         self.progress = ReadProgress()
+        self._side: ThreadPoolExecutor | None = None  # ``soon``
+        self._side_lock = threading.Lock()
 
     def _cached(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         return self.cache.get(key, compute)
@@ -106,11 +112,28 @@ class DashboardData:
     def clear_cache(self) -> None:
         self.cache.clear()
 
+    def soon(self, compute: Callable[[], T]) -> Future[T]:
+        """``compute()`` started in a background thread (a read that does not depend on the
+        one the caller makes next: both wait on the store at once); ``result()`` raises what
+        it raised."""
+        with self._side_lock:
+            if self._side is None:
+                self._side = ThreadPoolExecutor(SIDE_READS, thread_name_prefix="gpuwatt-side")
+            return self._side.submit(compute)
+
+    def prefetch(self, compute: Callable[[], object]) -> None:
+        """Start a cached read a page will ask for after the window (``soon``); its failure is
+        left for the page's own call to meet and say."""
+        self.soon(compute).add_done_callback(lambda f: f.exception())
+
     def close(self) -> None:
         warmer, self._warmer = self._warmer, None
         if warmer is not None:
             warmer[0].set()
             warmer[1].join(timeout=30.0)
+        side, self._side = self._side, None
+        if side is not None:
+            side.shutdown(wait=True, cancel_futures=True)
         self.cache.close()
 
     def _read(self, what: str, fn: Callable[[], T]) -> T:
@@ -215,12 +238,14 @@ class DashboardData:
             log.error("warming the cache failed: %s", describe(exc))
 
     def _window(self, tr: TimeRange) -> WindowData:
-        latest = self.latest()
-        jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
+        coarse = tr.step_s > RECENT_STEP_S
+        # The newest samples are read while the range is (a network engine answers both at
+        # once); a coarse range needs their GPU count first, to choose its reads.
+        newest = self.soon(self.latest)
+        latest = newest.result() if coarse else []
         # the context before the range, then the range (as ``analytics.inputs`` reads them)
         reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
-        coarse = tr.step_s > RECENT_STEP_S
         gpu_minutes = len(latest) * tr.span_s / 60
         accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
         shared = self._shared_recent() if coarse and tr.live and not accounting else None
@@ -232,6 +257,8 @@ class DashboardData:
             # read together: one snapshot, the newest raw samples aggregated once for both
             reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
         frames, partial = self._read_frames(reads, view_key(tr))
+        latest = newest.result()
+        jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
         frame = frames[1]
         summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
         self._log_conflicts(summary)

@@ -13,6 +13,7 @@ import pandas as pd
 from gpuwatt.analytics.reasons import BITS, FAULT_FRACTIONS, LABELS
 from gpuwatt.dashboard.components import graph, kpi, page_frame, section
 from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.figures import node_gpu_heatmap
 from gpuwatt.dashboard.grid import (
     link_column,
@@ -22,7 +23,7 @@ from gpuwatt.dashboard.grid import (
     sortable_table,
     text_column,
 )
-from gpuwatt.dashboard.timerange import NS_PER_S
+from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.dashboard.window_data import SILENT_AFTER_S
 from gpuwatt.model import GpuSample
 from gpuwatt.status import natural_key
@@ -143,6 +144,11 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
         ],
         gap=4,
     )
+
+
+def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
+    """Read while the window is (``app.render_page``): the newest samples with ECC figures."""
+    data.latest_with_slow_fields()
 
 
 def render(ctx: PageContext) -> list[Any]:

@@ -15,8 +15,9 @@ from gpuwatt.analytics.reasons import BITS, FAULT_FRACTIONS, LABELS, add_bit_col
 from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import data_table, graph, page_frame, section
 from gpuwatt.dashboard.context import PageContext
+from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.figures import band_rows, natural_sorted, node_lines
-from gpuwatt.dashboard.timerange import fmt_ns
+from gpuwatt.dashboard.timerange import TimeRange, fmt_ns
 from gpuwatt.mig import is_mig_device, mig_profile
 from gpuwatt.model import GpuSample
 
@@ -192,6 +193,14 @@ def health_figures(
         )
         figs.append(graph(fig, zoom=True))
     return figs
+
+
+def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
+    """Read while the window is (``app.render_page``): the node's samples and XID events."""
+    host = query.get("host")
+    if host:
+        data.host_series(tr, host, READ_FIELDS)
+        data.host_xids(tr, host)
 
 
 def render(ctx: PageContext) -> list[Any]:

@@ -12,8 +12,9 @@ from gpuwatt.analytics import Straggler
 from gpuwatt.dashboard import format as fmt
 from gpuwatt.dashboard.components import figure_kpi, graph, kpi, page_frame, section
 from gpuwatt.dashboard.context import PageContext
-from gpuwatt.dashboard.data import DataError
+from gpuwatt.dashboard.data import DashboardData, DataError
 from gpuwatt.dashboard.figures import node_gpu_heatmap
+from gpuwatt.dashboard.timerange import TimeRange
 
 PAGE = "overview"
 PATH = "/"
@@ -81,6 +82,11 @@ def alerts_kpi(ctx: PageContext) -> Any:
         return kpi("Firing alerts", "n/a", help_text + " The alert evaluator did not answer.")
     color = "red" if firing else None
     return kpi("Firing alerts", str(len(firing)), help_text, color=color)
+
+
+def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
+    """Read while the window is (``app.render_page``): today's energy."""
+    data.energy_today(now_ns)
 
 
 def render(ctx: PageContext) -> list[Any]:

@@ -92,15 +92,18 @@ class SpanCache:
         self._ask_oldest, self._ask_newest = oldest, newest
         self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
         self._oldest: dict[int, tuple[float, int]] = {}
+        # the reads of one view run in parallel: one of them asks, the others wait for it
+        self._lock = threading.Lock()
 
     def get(self, level_ns: int) -> tuple[int, int] | None:
-        cached = self._spans.get(level_ns)
-        if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
-            return cached[1]
-        span = self._span(level_ns)
-        if span is not None:
-            self._spans[level_ns] = (time.monotonic(), span)
-        return span
+        with self._lock:
+            cached = self._spans.get(level_ns)
+            if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
+                return cached[1]
+            span = self._span(level_ns)
+            if span is not None:
+                self._spans[level_ns] = (time.monotonic(), span)
+            return span
 
     def _span(self, level_ns: int) -> tuple[int, int] | None:
         cached = self._oldest.get(level_ns)
@@ -166,10 +169,12 @@ class RollupSource(Protocol):
         context before the data: no read is sent)."""
 
     def rollup_points(
-        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
     ) -> dict[str, np.ndarray]:
         """Every rollup point of ``level_ns`` timed in ``[start_ns, end_ns)`` (stale ones too),
-        ``time_ns`` being the point's own time."""
+        ``time_ns`` being the point's own time. ``lean``: rows that go to a frame as they are,
+        never combined: ``n_ok`` and ``t_last_ns`` are not read (``n_ok`` is ``n``, ``t_last_ns``
+        ``NULL_TIME``)."""
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
         """The times of the oldest and the newest rollup point of a level; None: none."""
@@ -324,6 +329,8 @@ class _Read:
     source: RollupSource
     scope: Scope
     spans: dict[int, tuple[int, int] | None]
+    #: the level whose rollup points go to the frame uncombined (the step is that level)
+    lean_level: int = 0
 
     @property
     def attrs(self) -> tuple[str, ...]:
@@ -347,7 +354,7 @@ def read_levels(
     spans = {lv: source.rollup_span(lv) for lv in LEVELS if lv <= level}
     if spans[MINUTE_NS] is None:
         return None
-    read = _Read(source, Scope(tuple(attrs), hosts), spans)
+    read = _Read(source, Scope(tuple(attrs), hosts), spans, level if step_ns == level else 0)
     cols = _level(read, level, start_ns, end_ns)
     if step_ns != level:
         cols = combine(cols, step_ns, read.attrs, LAST_VALUE_ATTRS, level_ns=level)
@@ -367,9 +374,11 @@ def _level(read: _Read, level_ns: int, start_ns: int, end_ns: int) -> dict[str, 
         first = max(_ceil(start_ns, level_ns), _floor(span[0], level_ns))
         last = min(_floor(end_ns, level_ns), _floor(span[1], level_ns))
         if first < last:
+            lean = level_ns == read.lean_level
             tasks.append(
                 lambda: newest_per_bucket(
-                    read.source.rollup_points(level_ns, first, last, read.scope), level_ns
+                    read.source.rollup_points(level_ns, first, last, read.scope, lean=lean),
+                    level_ns,
                 )
             )
             below = [(start_ns, first), (last, end_ns)]

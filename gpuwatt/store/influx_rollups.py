@@ -47,7 +47,7 @@ from gpuwatt.store.engine_rollups import (
     empty_level,
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident, oldest_raw_ns
-from gpuwatt.store.rollup_rule import KEYS, UNKNOWN_SEEN, as_level
+from gpuwatt.store.rollup_rule import KEYS, NULL_TIME, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
     from gpuwatt.store.influx import InfluxStore
@@ -62,6 +62,8 @@ _INT_COLUMNS = {
     FIELD_T_LAST_NS: "t_last_ns",
     FIELD_SEEN: "seen_ns",
 }
+#: The packed columns a lean read takes (rows that go to a frame uncombined).
+_LEAN_INT_COLUMNS = {FIELD_N: "n", FIELD_SEEN: "seen_ns"}
 #: How long the hosts that no rollups name are trusted from memory (a new Telegraf-only host
 #: is read raw at most this late; until then its GPUs are missing from bucketed reads).
 UNROLLED_TTL_S = 30.0
@@ -187,10 +189,12 @@ class InfluxRollups:
         return out
 
     def rollup_points(
-        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
     ) -> dict[str, np.ndarray]:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
-        names = [FIELD_GPUS, *_INT_COLUMNS, *attrs]
+        # uncombined rows (``RollupSource.rollup_points``): n_ok and t_last_ns are not read
+        int_columns = _LEAN_INT_COLUMNS if lean else _INT_COLUMNS
+        names = [FIELD_GPUS, *int_columns, *attrs]
         series = self.store.query(
             f"SELECT {', '.join(map(ident, names))} FROM {ident(MEASUREMENTS[level_ns])} "
             f'WHERE {self.store.where(start_ns, end_ns, hosts)} GROUP BY "{TAG_HOST}"'
@@ -222,18 +226,22 @@ class InfluxRollups:
         offsets = np.r_[0, np.cumsum(padded)[:-1]]
         keep = np.concatenate([np.arange(c) + o for c, o in zip(counts, offsets, strict=True)])
         unpacked = [
-            _unpack(col, padded, "<i8" if i < len(_INT_COLUMNS) else "<f8")[keep]
+            _unpack(col, padded, "<i8" if i < len(int_columns) else "<f8")[keep]
             for i, col in enumerate(columns)
         ]
-        ints = len(_INT_COLUMNS)
-        return (
+        ints = len(int_columns)
+        out = (
             {
                 "time_ns": np.repeat(np.array(times, dtype=np.int64), counts),
                 "gpu_id": np.array([g for gl in gpu_lists for g in gl], dtype=np.int64),
             }
-            | dict(zip(_INT_COLUMNS.values(), unpacked[:ints], strict=True))
+            | dict(zip(int_columns.values(), unpacked[:ints], strict=True))
             | {a: unpacked[ints + i] for i, a in enumerate(attrs)}
         )
+        if lean:
+            out["n_ok"] = out["n"]
+            out["t_last_ns"] = np.full(len(out["n"]), NULL_TIME, dtype=np.int64)
+        return out
 
 
 def _ident_measurement(name: str) -> str:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from gpuwatt.line_protocol import decode_name
@@ -74,25 +76,77 @@ def points(matrix: list[dict[str, Any]]) -> Points:
 
 @dataclass(frozen=True)
 class Exported:
-    """One series of VictoriaMetrics' export: its labels, times (ms) and values."""
+    """Series of VictoriaMetrics' export, column-wise: each series' labels and point count, and
+    the points of all of them in series order (times in ms, values)."""
 
-    labels: dict[str, str]
+    labels: list[dict[str, str]]
+    lengths: Any  # numpy int64, one per series
     t_ms: Any  # numpy int64
     values: Any  # numpy float64
 
 
-def exported(line: dict[str, Any]) -> Exported:
+def exported(lines: list[dict[str, Any]]) -> Exported:
+    """Parsed export lines as one ``Exported``: the points gathered into two arrays at once
+    (``numpy.fromiter`` over the lists, no array per series: 16,000 series of an hour of a
+    1,024-GPU cluster's minute rollups, ``bench/dashboard.py --store victoriametrics``)."""
     import numpy as np
 
-    return Exported(
-        line["metric"],
-        np.asarray(line["timestamps"], dtype=np.int64),
-        np.asarray(line["values"], dtype=np.float64),
-    )
+    lengths = np.fromiter((len(x["timestamps"]) for x in lines), np.int64, len(lines))
+    total = int(lengths.sum())
+    t_ms = np.fromiter(chain.from_iterable(x["timestamps"] for x in lines), np.int64, total)
+    try:
+        values = np.fromiter(chain.from_iterable(x["values"] for x in lines), np.float64, total)
+    except (TypeError, ValueError):  # a value that is not a number (null): NaN, as np.asarray
+        values = np.array(list(chain.from_iterable(x["values"] for x in lines)), np.float64)
+    return Exported([x["metric"] for x in lines], lengths, t_ms, values)
+
+
+_VALUES = b',"values":['
+_TIMES = b'],"timestamps":['
+
+
+def exported_text(body: bytes) -> Exported | None:
+    """An export body read as text: each line's labels parsed as JSON, and its numbers cut out
+    and parsed by numpy in one call for all lines (``numpy.fromstring``), which is ~2x faster
+    than building a Python number per point (``bench/dashboard.py --store victoriametrics``: an
+    hour of 1,024 GPUs' minute rollups, 19 MB, ~110 against ~250 ms of CPU). None where a line
+    is not in the shape VictoriaMetrics writes (``{"metric":{...},"values":[...],
+    "timestamps":[...]}``, numbers only): the caller parses it as JSON."""
+    import numpy as np
+
+    heads: list[bytes] = []
+    values: list[bytes] = []
+    times: list[bytes] = []
+    lengths: list[int] = []
+    for line in body.split(b"\n"):
+        if not line:
+            continue
+        a = line.find(_VALUES)
+        b = line.find(_TIMES, a + 1)
+        if a < 0 or b < 0 or not line.endswith(b"]}"):
+            return None
+        v, t = line[a + len(_VALUES) : b], line[b + len(_TIMES) : -2]
+        n = v.count(b",") + 1 if v else 0
+        if (t.count(b",") + 1 if t else 0) != n:
+            return None
+        heads.append(line[:a])
+        values.append(v)
+        times.append(t)
+        lengths.append(n)
+    total = sum(lengths)
+    try:
+        v_all = np.fromstring(b",".join(x for x in values if x), dtype=np.float64, sep=",")
+        t_all = np.fromstring(b",".join(x for x in times if x), dtype=np.int64, sep=",")
+    except (ValueError, DeprecationWarning):  # something other than numbers
+        return None
+    if len(v_all) != total or len(t_all) != total:
+        return None
+    labels = [x["metric"] for x in json.loads(b"[" + b"},".join(heads) + b"}]")] if heads else []
+    return Exported(labels, np.array(lengths, dtype=np.int64), t_all, v_all)
 
 
 def pivot_exported(
-    series: Sequence[Exported], dialect: Dialect, names: Sequence[str], ids: Any
+    series: Exported, dialect: Dialect, names: Sequence[str], ids: Any
 ) -> tuple[Any, Any, Any]:
     """Exported series of the metrics ``names`` as times (ns), GPU ids (``ids.of``) and a
     float64 matrix with a column per name and a row per (time, GPU) (NaN where a name has no
@@ -101,19 +155,37 @@ def pivot_exported(
 
     width = len(names)
     column_of = {n: i for i, n in enumerate(names)}
-    kept = [s for s in series if len(s.t_ms) and s.labels.get("__name__") in column_of]
-    if not kept:
+    labels = [dialect.host, dialect.index, dialect.uuid, dialect.model]
+    gid_of: dict[tuple[str | None, ...], int] = {}
+    series_gid = np.full(len(series.labels), -1, dtype=np.int64)
+    series_col = np.full(len(series.labels), -1, dtype=np.int64)
+    for i, m in enumerate(series.labels):
+        col = column_of.get(m.get("__name__", ""))
+        if col is None:
+            continue
+        key = tuple(m.get(k) for k in labels)
+        gid = gid_of.get(key)
+        if gid is None:
+            gid = gid_of[key] = ids.of(gpu_ident(dialect, m))
+        series_gid[i], series_col[i] = gid, col
+    gids = np.repeat(series_gid, series.lengths)
+    cols = np.repeat(series_col, series.lengths)
+    kept = cols >= 0
+    if not kept.any():
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
-    gid_parts = [np.full(len(s.t_ms), ids.of(gpu_ident(dialect, s.labels))) for s in kept]
-    col_parts = [np.full(len(s.t_ms), column_of[s.labels["__name__"]]) for s in kept]
-    gids = np.concatenate(gid_parts).astype(np.int64)
-    t_ns = np.concatenate([s.t_ms for s in kept]) * NS_PER_MS
-    times, t_index = np.unique(t_ns, return_inverse=True)
+    gids, cols, t_ms, values = gids[kept], cols[kept], series.t_ms[kept], series.values[kept]
     n_gpus = int(gids.max()) + 1
-    codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
+    if int(t_ms.max()) < np.iinfo(np.int64).max // n_gpus and int(t_ms.min()) >= 0:
+        # one code per (time, GPU), in time then GPU order: a single sort of the points
+        codes, row = np.unique(t_ms * n_gpus + gids, return_inverse=True)
+        times_ms = codes // n_gpus
+    else:
+        times, t_index = np.unique(t_ms, return_inverse=True)
+        codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
+        times_ms = times[codes // n_gpus]
     matrix = np.full((len(codes), width), np.nan)
-    matrix[row, np.concatenate(col_parts)] = np.concatenate([s.values for s in kept])
-    return times[codes // n_gpus], codes % n_gpus, matrix
+    matrix[row, cols] = values
+    return times_ms * NS_PER_MS, codes % n_gpus, matrix
 
 
 def frame(

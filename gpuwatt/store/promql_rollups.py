@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,7 +23,6 @@ from gpuwatt.store.engine_rollups import (
     FIELD_T_LAST,
     MEASUREMENTS,
     NS_PER_MS,
-    GpuIds,
     Ident,
     Scope,
     SpanCache,
@@ -31,7 +30,7 @@ from gpuwatt.store.engine_rollups import (
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
-from gpuwatt.store.promql_frames import gpu_ident, pivot_exported
+from gpuwatt.store.promql_frames import pivot_exported
 from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, as_level
 
 if TYPE_CHECKING:
@@ -84,25 +83,23 @@ class PromRollups:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         names = self.store.dialect.by_attr()
         columns = [f"{MEASUREMENT}_{FIELD_LOST}", *(names[a].metric for a in attrs)]
-        answers = list(
-            self.store._pool.map(lambda m: self.store._raw(m, start_ns, end_ns, hosts), columns)
-        )
-        t, gid, data = self._pivot(answers, len(columns), ids)
+        # every column in one export (``PromStore.export``), as ``rollup_points``
+        match = f"__name__=~{promql_string(regex_alternatives(columns))}{self._hosts(hosts)}"
+        exported = self.store.export("{" + match + "}", start_ns, end_ns)
+        t, gid, data = pivot_exported(exported, self.store.dialect, columns, ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
         values = {a: data[:, 1 + i] * names[a].scale for i, a in enumerate(attrs)}
         return as_level(t, gid, data[:, 0] == 1.0, values)
 
     def rollup_points(
-        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
     ) -> dict[str, np.ndarray]:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         prefix = MEASUREMENTS[level_ns] + "_"
-        fields = [FIELD_N, FIELD_N_OK, FIELD_T_LAST, FIELD_SEEN, *attrs]
-        host_matcher = ""
-        if hosts is not None:
-            pattern = regex_alternatives(hosts) if hosts else "$^"
-            host_matcher = f", {self.store.dialect.host}=~{promql_string(pattern)}"
+        keys = [FIELD_N, FIELD_SEEN] if lean else [FIELD_N, FIELD_SEEN, FIELD_N_OK, FIELD_T_LAST]
+        fields = [*keys, *attrs]
+        host_matcher = self._hosts(hosts)
         window_ms = (end_ns - start_ns) // NS_PER_MS
         if window_ms <= 0:
             return empty_level(attrs)
@@ -116,44 +113,28 @@ class PromRollups:
         t, gid, data = t[inside], gid[inside], data[inside]
         if not len(t):
             return empty_level(attrs)
-        t_last = data[:, 2]
+        n = np.nan_to_num(data[:, 0]).astype(np.int64)
         out = {
             "time_ns": t,
             "gpu_id": gid,
-            "n": np.nan_to_num(data[:, 0]).astype(np.int64),
-            "n_ok": np.nan_to_num(data[:, 1]).astype(np.int64),
-            "t_last_ns": np.where(
-                np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
-            ),
+            "n": n,
             "seen_ns": np.where(
-                np.isnan(data[:, 3]), UNKNOWN_SEEN, np.nan_to_num(data[:, 3]).astype(np.int64)
+                np.isnan(data[:, 1]), UNKNOWN_SEEN, np.nan_to_num(data[:, 1]).astype(np.int64)
             ),
         }
-        return out | {a: data[:, 4 + i] for i, a in enumerate(attrs)}
+        if lean:  # uncombined rows (``RollupSource.rollup_points``)
+            out |= {"n_ok": n, "t_last_ns": np.full(len(t), NULL_TIME, dtype=np.int64)}
+        else:
+            t_last = data[:, 3]
+            out["n_ok"] = np.nan_to_num(data[:, 2]).astype(np.int64)
+            out["t_last_ns"] = np.where(
+                np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
+            )
+        return out | {a: data[:, len(keys) + i] for i, a in enumerate(attrs)}
 
-    def _pivot(
-        self, answers: Sequence[list[dict[str, Any]]], width: int, ids: GpuIds
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Matrices, one per column, as times (ns), GPU ids and a ``width``-column float64
-        matrix with a row per (time, GPU) (NaN where a column has no point)."""
-        gid_parts, t_parts, v_parts, c_parts = [], [], [], []
-        for column, matrix in enumerate(answers):
-            for series in matrix:
-                points = series.get("values") or []
-                if not points:
-                    continue
-                gid = ids.of(gpu_ident(self.store.dialect, series["metric"]))
-                arr = np.array(points, dtype=np.float64).reshape(len(points), 2)
-                gid_parts.append(np.full(len(points), gid, dtype=np.int64))
-                t_parts.append(np.rint(arr[:, 0] * 1000).astype(np.int64) * NS_PER_MS)
-                v_parts.append(arr[:, 1])
-                c_parts.append(np.full(len(points), column, dtype=np.int64))
-        if not t_parts:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
-        gids, t_ns = np.concatenate(gid_parts), np.concatenate(t_parts)
-        times, t_index = np.unique(t_ns, return_inverse=True)
-        n_gpus = len(ids.idents)
-        codes, row = np.unique(t_index * n_gpus + gids, return_inverse=True)
-        data = np.full((len(codes), width), np.nan)
-        data[row, np.concatenate(c_parts)] = np.concatenate(v_parts)
-        return times[codes // n_gpus], codes % n_gpus, data
+    def _hosts(self, hosts: Sequence[str] | None) -> str:
+        """The matcher that keeps ``hosts`` (None: every host), after a comma."""
+        if hosts is None:
+            return ""
+        pattern = regex_alternatives(hosts) if hosts else "$^"
+        return f", {self.store.dialect.host}=~{promql_string(pattern)}"
