@@ -283,7 +283,10 @@ def test_node_page_health_panels_processes_and_gpu_picker(browser: Any, site: Si
     # pick GPU 4 with the picker: the URL follows and the view highlights it
     # A dropdown opened while the page redraws closes with the redraw, as it would for a user
     # (seen on a loaded test machine): open it again.
-    for _ in range(3):
+    for attempt in range(3):
+        if attempt:  # a fresh page, as for the silence below
+            open_page(browser, site.url(f"/node?range=15m&host={host}"), "node")
+            drawn(browser, "node")
         click_id(browser, "gpu-picker")
         with contextlib.suppress(TimeoutException):
             option = wait(
@@ -379,12 +382,14 @@ def test_zoom_custom_range_and_back_to_live(browser: Any, site: Site) -> None:
     drawn(browser, "node")
     # A drag that lands while the page redraws its charts (the node page refreshes itself, and
     # a busy test machine draws slowly) selects nothing, as it would for a user: drag again.
-    for _ in range(3):
+    for attempt in range(3):
+        if attempt:  # a fresh page, as for the silence below
+            open_page(browser, site.url(f"/node?range=15m&host={host}&gpu={idx}"), "node")
+            drawn(browser, "node")
         _drag_across(browser, "node")
         with contextlib.suppress(TimeoutException):
             wait(browser, lambda d: "from=" in d.current_url and "to=" in d.current_url, 15)
             break
-        drawn(browser, "node")
     wait(browser, lambda d: "from=" in d.current_url and "to=" in d.current_url)
     assert "range=" not in browser.current_url and f"host={host}" in browser.current_url
     wait(browser, lambda d: "UTC" in content(d, "node") and "last 15m" not in content(d, "node"))
@@ -426,7 +431,12 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     assert db.silences() == []  # none before the click: what follows is the click's doing
     # A click that lands while the page redraws its content is lost, as it would be for a
     # user (seen on a loaded test machine): click again until the silence is in the database.
-    for _ in range(3):
+    # Seen about once in eight full runs and not reproduced alone: a page whose button sent no
+    # callback at all until the page's refresh redrew it a minute later; a user would reload,
+    # and so does the test before clicking again.
+    for attempt in range(3):
+        if attempt:  # a fresh page (see the note above)
+            open_page(browser, site.url("/alerts?range=1h"), "alerts")
         comment = browser.find_element(By.ID, "silence-comment")
         if comment.get_attribute("value") != "fan swap tonight":
             comment.clear()
