@@ -4,13 +4,12 @@ Registered only when the dashboard has credentials and its alerts source takes a
 (``alerts_hook.AlertActions``): every callback is then an HTTP POST behind HTTP Basic
 authentication, and the silence's author is the authenticated user. Dash sends callbacks as
 ``application/json``, which a page on another origin cannot POST without a CORS preflight that
-this server never grants. The page re-renders with the outcome on top.
+this server never grants. The outcome is said above the page's content, which is drawn again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import dash
@@ -53,54 +52,61 @@ def outcome(message: str, ok: bool) -> Any:
     )
 
 
-def register(
-    app: Dash, actions: AlertActions, render: Callable[[dict[str, Any] | None], list[Any]]
-) -> None:
-    """``render(args)`` rebuilds the alerts page's content for the URL's query."""
+def register(app: Dash, actions: AlertActions) -> None:
+    """One callback for both actions. Its outcome goes to ``alerts-action`` above the content,
+    and it bumps the page's refresh counter so that the content is drawn again from the
+    evaluator's database. Nothing else writes the content: three callbacks writing one output
+    (the page's own, silence, expire; ``allow_duplicate``) left the buttons dead now and then
+    in a real browser, a click sending no request until the next refresh."""
     durations = dict(alerts_page.SILENCE_FOR)
 
     @app.callback(
-        Output("alerts-content", "children", allow_duplicate=True),
+        Output("alerts-action", "children"),
+        Output("alerts-refresh", "n_intervals"),
         Input({"type": "alert-silence", "m": ALL}, "n_clicks"),
+        Input({"type": "silence-expire", "id": ALL}, "n_clicks"),
         State("silence-for", "value"),
         State("silence-comment", "value"),
-        State("alerts-args", "data"),
+        State("alerts-refresh", "n_intervals"),
         prevent_initial_call=True,
     )
-    def _silence(
-        _clicks: list[int | None], for_: str | None, comment: str | None, args: Any
-    ) -> list[Any]:
+    def _act(
+        _silences: list[int | None],
+        _expires: list[int | None],
+        for_: str | None,
+        comment: str | None,
+        refreshes: int | None,
+    ) -> tuple[Any, int]:
         trig = clicked()
-        matchers = alerts_page.parse_matchers_key(str(trig.get("m", "")))
-        duration_s = durations.get(for_ or "1h", 3600)
-        text = (comment or "").strip()[:500] or DEFAULT_COMMENT
-        user = request_user()
-        try:
-            sid = actions.silence(matchers, duration_s=duration_s, author=user, comment=text)
-        except Exception as exc:  # a bad matcher, the database gone: said on the page
-            log.warning("silence from the dashboard failed: %s", str(exc)[:200])
-            head = outcome(f"not silenced: {str(exc)[:200]}", False)
+        if trig.get("type") == "alert-silence":
+            head = _silence(actions, trig, durations.get(for_ or "1h", 3600), for_, comment)
         else:
-            log.info("silence %s created from the dashboard by %s", sid, user)
-            key = alerts_page.matchers_key(matchers)
-            head = outcome(f"silence {sid} created for {for_ or '1h'}: {key}", True)
-        return [head, *render(args)]
+            head = _expire(actions, int(trig["id"]))
+        return head, (refreshes or 0) + 1
 
-    @app.callback(
-        Output("alerts-content", "children", allow_duplicate=True),
-        Input({"type": "silence-expire", "id": ALL}, "n_clicks"),
-        State("alerts-args", "data"),
-        prevent_initial_call=True,
-    )
-    def _expire(_clicks: list[int | None], args: Any) -> list[Any]:
-        trig = clicked()
-        sid = int(trig["id"])
-        try:
-            actions.expire(sid)
-        except Exception as exc:
-            log.warning("expiring silence %s failed: %s", sid, str(exc)[:200])
-            head = outcome(f"silence {sid} not expired: {str(exc)[:200]}", False)
-        else:
-            log.info("silence %s expired from the dashboard by %s", sid, request_user())
-            head = outcome(f"silence {sid} expired", True)
-        return [head, *render(args)]
+
+def _silence(
+    actions: AlertActions, trig: dict[str, Any], duration_s: int, for_: str | None,
+    comment: str | None,
+) -> Any:  # fmt: skip
+    matchers = alerts_page.parse_matchers_key(str(trig.get("m", "")))
+    text = (comment or "").strip()[:500] or DEFAULT_COMMENT
+    user = request_user()
+    try:
+        sid = actions.silence(matchers, duration_s=duration_s, author=user, comment=text)
+    except Exception as exc:  # a bad matcher, the database gone: said on the page
+        log.warning("silence from the dashboard failed: %s", str(exc)[:200])
+        return outcome(f"not silenced: {str(exc)[:200]}", False)
+    log.info("silence %s created from the dashboard by %s", sid, user)
+    key = alerts_page.matchers_key(matchers)
+    return outcome(f"silence {sid} created for {for_ or '1h'}: {key}", True)
+
+
+def _expire(actions: AlertActions, sid: int) -> Any:
+    try:
+        actions.expire(sid)
+    except Exception as exc:
+        log.warning("expiring silence %s failed: %s", sid, str(exc)[:200])
+        return outcome(f"silence {sid} not expired: {str(exc)[:200]}", False)
+    log.info("silence %s expired from the dashboard by %s", sid, request_user())
+    return outcome(f"silence {sid} expired", True)

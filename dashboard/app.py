@@ -287,11 +287,7 @@ def _register_callbacks(
         make()
 
     if can_act:
-        alert_actions.register(
-            app,
-            alerts_source,  # type: ignore[arg-type]  # can_act: it is AlertActions
-            lambda args: render_page(alerts, args, data, alerts_source, work, can_act=True),
-        )
+        alert_actions.register(app, alerts_source)  # type: ignore[arg-type]  # can_act: AlertActions
 
     _url_param(app, "range-picker", "range", DEFAULT_RANGE)
     _url_param(app, "refresh-picker", "refresh", DEFAULT_REFRESH)

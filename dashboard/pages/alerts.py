@@ -37,7 +37,8 @@ READ_ONLY_NOTE = (
 
 
 def layout(**query: str) -> Any:
-    return page_frame(PAGE, NAME, query)
+    # the outcome of a silence or an expiry (``alert_actions``), outside the redrawn content
+    return page_frame(PAGE, NAME, query, html.Div(id="alerts-action"))
 
 
 def silence_matchers(a: AlertView) -> dict[str, str]:
