@@ -177,6 +177,23 @@ def click_id(browser: Any, id_: str, by: str = "id") -> None:
     wait(browser, go)
 
 
+def until_it_takes(
+    browser: Any, url: str, page: str, act: Any, took: Any, *, wait_s: float = 15, tries: int = 3
+) -> Any:
+    """``act()`` until ``took(driver)`` holds within ``wait_s``, at most ``tries`` times; each
+    retry on a freshly loaded ``url``. An action that lands while the page redraws is lost, as
+    it would be for a user (seen on a loaded test machine); None if it never took."""
+    for attempt in range(tries):
+        if attempt:
+            open_page(browser, url, page)
+            if page == "node":
+                drawn(browser, page)
+        act()
+        with contextlib.suppress(TimeoutException):
+            return wait(browser, took, wait_s)
+    return None
+
+
 def click_link(browser: Any, text: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -281,28 +298,18 @@ def test_node_page_health_panels_processes_and_gpu_picker(browser: Any, site: Si
     assert "GPU 0" in procs and "GiB" in procs
     assert console_errors(browser) == []
     # pick GPU 4 with the picker: the URL follows and the view highlights it
-    # A dropdown opened while the page redraws closes with the redraw, as it would for a user
-    # (seen on a loaded test machine): open it again.
-    for attempt in range(3):
-        if attempt:  # a fresh page, as for the silence below
-            open_page(browser, site.url(f"/node?range=15m&host={host}"), "node")
-            drawn(browser, "node")
-        click_id(browser, "gpu-picker")
-        with contextlib.suppress(TimeoutException):
-            option = wait(
-                browser,
-                lambda d: next(
-                    (
-                        o
-                        for o in d.find_elements(By.CSS_SELECTOR, "[role=option]")
-                        if o.text == "GPU 4"
-                    ),
-                    None,
-                ),
-                15,
-            )
-            option.click()
-            break
+    option = until_it_takes(
+        browser,
+        site.url(f"/node?range=15m&host={host}"),
+        "node",
+        lambda: click_id(browser, "gpu-picker"),
+        lambda d: next(
+            (o for o in d.find_elements(By.CSS_SELECTOR, "[role=option]") if o.text == "GPU 4"),
+            None,
+        ),
+    )
+    assert option is not None, "the GPU picker's dropdown never opened"
+    option.click()
     wait(browser, lambda d: "gpu=4" in d.current_url)
     wait(browser, lambda d: "GPU 4 highlighted" in content(d, "node"))
     procs = browser.find_element(By.ID, "processes").text
@@ -380,16 +387,13 @@ def test_zoom_custom_range_and_back_to_live(browser: Any, site: Site) -> None:
     host, idx = site.straggler
     open_page(browser, site.url(f"/node?range=15m&host={host}&gpu={idx}"), "node")
     drawn(browser, "node")
-    # A drag that lands while the page redraws its charts (the node page refreshes itself, and
-    # a busy test machine draws slowly) selects nothing, as it would for a user: drag again.
-    for attempt in range(3):
-        if attempt:  # a fresh page, as for the silence below
-            open_page(browser, site.url(f"/node?range=15m&host={host}&gpu={idx}"), "node")
-            drawn(browser, "node")
-        _drag_across(browser, "node")
-        with contextlib.suppress(TimeoutException):
-            wait(browser, lambda d: "from=" in d.current_url and "to=" in d.current_url, 15)
-            break
+    until_it_takes(
+        browser,
+        site.url(f"/node?range=15m&host={host}&gpu={idx}"),
+        "node",
+        lambda: _drag_across(browser, "node"),
+        lambda d: "from=" in d.current_url and "to=" in d.current_url,
+    )
     wait(browser, lambda d: "from=" in d.current_url and "to=" in d.current_url)
     assert "range=" not in browser.current_url and f"host={host}" in browser.current_url
     wait(browser, lambda d: "UTC" in content(d, "node") and "last 15m" not in content(d, "node"))
@@ -429,22 +433,17 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
 
     db = AlertsDbView(site.db.parent / "alerts.db", clock_ns=lambda: DEMO_END_NS)
     assert db.silences() == []  # none before the click: what follows is the click's doing
-    # A click that lands while the page redraws its content is lost, as it would be for a
-    # user (seen on a loaded test machine): click again until the silence is in the database.
-    # Seen about once in eight full runs and not reproduced alone: a page whose button sent no
-    # callback at all until the page's refresh redrew it a minute later; a user would reload,
-    # and so does the test before clicking again.
-    for attempt in range(3):
-        if attempt:  # a fresh page (see the note above)
-            open_page(browser, site.url("/alerts?range=1h"), "alerts")
+
+    def silence() -> None:
         comment = browser.find_element(By.ID, "silence-comment")
         if comment.get_attribute("value") != "fan swap tonight":
             comment.clear()
             comment.send_keys("fan swap tonight")
         click_id(browser, "//button[normalize-space()='silence']", by="xpath")
-        with contextlib.suppress(TimeoutException):
-            wait(browser, lambda d: db.silences(), 20)
-            break
+
+    until_it_takes(
+        browser, site.url("/alerts?range=1h"), "alerts", silence, lambda d: db.silences(), wait_s=20
+    )
     # what the page said (the outcome line, "not silenced: ..." on a failure) if none was made
     assert len(db.silences()) == 1, content(browser, "alerts")[:600]
     # The page's live refresh may redraw the content (and drop the one-off result line) at any
