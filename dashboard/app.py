@@ -252,6 +252,17 @@ def _url_param(app: Dash, component: str, param: str, default: str | None = None
         return to_search(query)
 
 
+#: (tick disabled, progress style): off and hidden when the content alone changed (it arrived),
+#: on and shown when the page's args or its refresh changed.
+PROGRESS_SWITCH_JS = """
+function(args, n, children) {
+    const ids = window.dash_clientside.callback_context.triggered.map(t => t.prop_id);
+    const done = ids.length > 0 && ids.every(id => id.endsWith('-content.children'));
+    return [done, done ? {display: 'none'} : {}];
+}
+"""
+
+
 def _register_callbacks(
     app: Dash,
     data: DashboardData,
@@ -266,17 +277,26 @@ def _register_callbacks(
                 Output(f"{page.PAGE}-content", "children"),
                 Input(f"{page.PAGE}-args", "data"),
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
-                # the progress count is asked for only while the content is computed
-                running=[
-                    (Output(f"{page.PAGE}-progress-tick", "disabled"), False, True),
-                    (Output(f"{page.PAGE}-progress", "children"), "", ""),
-                ],
             )
             def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
                 return render_page(page, args, data, alerts_source, work, can_act=can_act)
 
+            # The progress count is asked for only while the content is computed: the tick runs
+            # from the page's first render, and from new args or a refresh, until the content
+            # arrives; the count is hidden then. Switched in the browser: Dash's ``running=``
+            # did this before, and with it clicks, drags and dropdowns now and then sent no
+            # callback at all (the browser tests lost them; not since).
+            app.clientside_callback(
+                PROGRESS_SWITCH_JS,
+                Output(f"{page.PAGE}-progress-tick", "disabled"),
+                Output(f"{page.PAGE}-progress-box", "style"),
+                Input(f"{page.PAGE}-args", "data"),
+                Input(f"{page.PAGE}-refresh", "n_intervals"),
+                Input(f"{page.PAGE}-content", "children"),
+            )
+
             @app.callback(
-                Output(f"{page.PAGE}-progress", "children", allow_duplicate=True),
+                Output(f"{page.PAGE}-progress", "children"),
                 Input(f"{page.PAGE}-progress-tick", "n_intervals"),
                 State(f"{page.PAGE}-args", "data"),
                 prevent_initial_call=True,

@@ -130,8 +130,11 @@ def page_frame(page: str, title: str, query: Mapping[str, str], *extra: Any) -> 
             *extra,
             # "reading the store: 3 of 8 reads done" while the content's reads run (the tick
             # runs only then: see ``app._register_callbacks``)
-            html.Div(id=f"{page}-progress", className="gw-progress"),
-            dcc.Interval(id=f"{page}-progress-tick", interval=PROGRESS_TICK_MS, disabled=True),
+            html.Div(
+                html.Div(id=f"{page}-progress", className="gw-progress"),
+                id=f"{page}-progress-box",
+            ),
+            dcc.Interval(id=f"{page}-progress-tick", interval=PROGRESS_TICK_MS),
             # While the content is recomputed (a refresh, a new range) the old content stays
             # visible, dimmed, and takes clicks: hiding it (Dash's default) lost a click or
             # closed a dropdown that landed during a refresh. The spinner's layer lets clicks
