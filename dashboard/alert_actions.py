@@ -55,9 +55,8 @@ def outcome(message: str, ok: bool) -> Any:
 def register(app: Dash, actions: AlertActions) -> None:
     """One callback for both actions. Its outcome goes to ``alerts-action`` above the content,
     and it bumps the page's refresh counter so that the content is drawn again from the
-    evaluator's database. Nothing else writes the content: three callbacks writing one output
-    (the page's own, silence, expire; ``allow_duplicate``) left the buttons dead now and then
-    in a real browser, a click sending no request until the next refresh."""
+    evaluator's database. Nothing but the page's own callback writes the content (no
+    ``allow_duplicate`` outputs to keep apart)."""
     durations = dict(alerts_page.SILENCE_FOR)
 
     @app.callback(
