@@ -78,6 +78,9 @@ class RollupWriter:
         self._newest_ns: int = int(state.get("newest_ns", 0))
         started = monotonic_s()
         self._touched_s: dict[int, float] = dict.fromkeys(self._minutes, started)
+        # when a minute of each hour was last rolled: the hour waits ``settle_s`` for it to be
+        # searchable (it is built from its minutes read back)
+        self._hour_touched_s: dict[int, float] = dict.fromkeys(self._hours, started)
         self._down_logged = False
 
     def delivered(self, lines: Sequence[str]) -> None:
@@ -132,7 +135,7 @@ class RollupWriter:
         frontier = 2**62 if final else self._newest_ns - self.grace_ns
         settled = 2**62 if final else self._monotonic_s() - self.settle_s
         hosts = sorted(self._hosts)
-        written = 0
+        written, last_minute = 0, None
         try:
             for minute in sorted(self._minutes):
                 if minute + MINUTE_NS > frontier or self._touched_s.get(minute, 0.0) > settled:
@@ -140,15 +143,25 @@ class RollupWriter:
                 written += engine_rollups.roll(self.source, MINUTE_NS, minute, hosts)
                 self._minutes.discard(minute)
                 self._touched_s.pop(minute, None)
-                self._hours.add(minute // HOUR_NS * HOUR_NS)
+                hour = minute // HOUR_NS * HOUR_NS
+                self._hours.add(hour)
+                self._hour_touched_s[hour] = self._monotonic_s()
                 self._save()
+                last_minute = minute
+            if final and last_minute is not None:  # the hours below are rolled at once
+                engine_rollups.await_visible(self.source, MINUTE_NS, last_minute, hosts)
+            # the minutes just rolled count from now
+            settled = 2**62 if final else self._monotonic_s() - self.settle_s
             for hour in sorted(self._hours):
-                if hour + HOUR_NS > frontier or any(
-                    hour <= m < hour + HOUR_NS for m in self._minutes
+                if (
+                    hour + HOUR_NS > frontier
+                    or self._hour_touched_s.get(hour, 0.0) > settled
+                    or any(hour <= m < hour + HOUR_NS for m in self._minutes)
                 ):
                     continue
                 written += engine_rollups.roll(self.source, HOUR_NS, hour, hosts)
                 self._hours.discard(hour)
+                self._hour_touched_s.pop(hour, None)
                 self._save()
             self._down_logged = False
         except RollupsUnsupported as exc:

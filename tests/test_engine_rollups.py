@@ -53,9 +53,9 @@ class _Flushing:
         self.flush()
         return bool(self.source.raw_before(end_ns))
 
-    def rollup_points(self, *args: Any) -> Any:
+    def rollup_points(self, *args: Any, **kwargs: Any) -> Any:
         self.flush()
-        return self.source.rollup_points(*args)
+        return self.source.rollup_points(*args, **kwargs)
 
     def rollup_span(self, level_ns: int) -> Any:
         self.flush()

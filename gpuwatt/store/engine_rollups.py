@@ -77,6 +77,8 @@ Ident = tuple[str, int, str, str]
 #: How long a read trusts the newest rollup point of a level it learnt, and the oldest (which
 #: moves only with retention).
 NEWEST_TTL_S = 5.0
+#: How long a backfill waits for the minutes it wrote to be searchable before it rolls hours.
+VISIBLE_TIMEOUT_S = 10.0
 OLDEST_TTL_S = 600.0
 
 
@@ -289,12 +291,39 @@ def roll_range(
 ) -> int:
     """Roll every minute, then every hour, that ``[start_ns, end_ns)`` covers (a backfill of
     data written before rollups were kept, or loaded in bulk); the number of points written."""
-    written = 0
+    written, newest_minute = 0, None
     for bucket in range(_floor(start_ns, MINUTE_NS), end_ns, MINUTE_NS):
-        written += roll(source, MINUTE_NS, bucket, hosts, attrs)
+        if rolled := roll(source, MINUTE_NS, bucket, hosts, attrs):
+            written, newest_minute = written + rolled, bucket
+    if newest_minute is not None:
+        await_visible(source, MINUTE_NS, newest_minute, hosts)
     for bucket in range(_floor(start_ns, HOUR_NS), end_ns, HOUR_NS):
         written += roll(source, HOUR_NS, bucket, hosts, attrs)
     return written
+
+
+def await_visible(
+    source: RollupSource,
+    level_ns: int,
+    bucket_ns: int,
+    hosts: Sequence[str] | None = None,
+    *,
+    timeout_s: float = VISIBLE_TIMEOUT_S,
+) -> bool:
+    """Wait until the engine answers reads with the ``level_ns`` bucket at ``bucket_ns`` just
+    written (True), at most ``timeout_s``. An hour is built from its minutes read back: on
+    VictoriaMetrics, whose new points become searchable a moment after they are taken, an hour
+    rolled at once would miss the minutes written last (InfluxDB answers at the first ask)."""
+    deadline = time.monotonic() + timeout_s
+    scope = Scope((), hosts)
+    while True:
+        if len(
+            source.rollup_points(level_ns, bucket_ns, bucket_ns + level_ns, scope, lean=True)["n"]
+        ):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 # --- reading ------------------------------------------------------------------------------------
