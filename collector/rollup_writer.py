@@ -4,8 +4,10 @@ The flusher tells it which lines the store has taken (``delivered``, before the 
 moves). A minute is rolled once lines ``grace_s`` past its end have been delivered: the spool
 delivers in order, so by then the engine holds all of the minute this collector will ever send
 (a VictoriaMetrics makes new samples searchable within a few seconds; the grace covers that). An
-hour is rolled from its minutes once they are. A replay of old lines (an outage, ``gpuwatt spool
-replay``) marks their minutes again and they are rolled again, from what the engine then holds.
+hour is rolled from its minutes once they are, ``settle_s`` after the last of them (it reads them
+back, and they too take a moment to become searchable). A replay of old lines (an outage,
+``gpuwatt spool replay``) marks their minutes again and they are rolled again, from what the
+engine then holds.
 
 The buckets still to roll are kept in a small private file beside the spool, written before the
 spool's cursor moves: a collector killed at any point rolls them after its next start, and one
