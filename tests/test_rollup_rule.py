@@ -149,8 +149,14 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     inside = (t >= lo_ns) & (t < hi_ns)
     assert cols["seen_ns"].tolist() == whole[inside].tolist()
     # the narrowest read that holds every GPU's neighbours gives the same
+    spans: list[tuple[int, int]] = []
+
+    def read_one(a: int, b: int) -> np.ndarray:
+        spans.append((a, b))
+        return np.flatnonzero((t >= a) & (t < b))
+
     narrow = rollup_rule.read_around(
-        lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+        read_one,
         lambda i: (t[i], gid[i]),
         np.concatenate,
         lo_ns,
@@ -185,19 +191,6 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
     assert all(b <= near_lo or a >= near_hi for a, b in outside)
     # exactly the spans the single reader read beyond the near window went to the other one
-    spans: list[tuple[int, int]] = []
-
-    def read_one(a: int, b: int) -> np.ndarray:
-        spans.append((a, b))
-        return np.flatnonzero((t >= a) & (t < b))
-
-    rollup_rule.read_around(
-        read_one,
-        lambda i: (t[i], gid[i]),
-        np.concatenate,
-        lo_ns,
-        hi_ns,
-    )
     assert sorted(outside) == sorted(spans[1:])
 
 
