@@ -148,7 +148,8 @@ def raw_hosts(store: InfluxStore) -> list[str]:
 def _host_parts(store: InfluxStore, parts: int) -> list[str]:
     """Conditions that split the measurement's series into ``parts`` sets of hosts (one
     condition, empty, where it cannot be split); the first also takes series without a host
-    tag (InfluxQL's ``= ''``), so that together they hold every series."""
+    tag (InfluxQL's ``= ''``), so that together they hold every series (``latest`` checks it
+    against the number of series)."""
     from gpuwatt.store.influx import influxql_string
 
     try:
@@ -165,6 +166,16 @@ def _host_parts(store: InfluxStore, parts: int) -> list[str]:
     ]
 
 
+def _series_count(store: InfluxStore) -> int | None:
+    """How many series the measurement has (from the index); None where the engine cannot
+    say."""
+    try:
+        counted = store.query(f'SHOW SERIES EXACT CARDINALITY FROM "{MEASUREMENT}"')
+    except StoreRejected:
+        return None
+    return sum(int(row[-1]) for s in counted for row in s.get("values") or [])
+
+
 def latest(
     store: InfluxStore, since_ns: int | None
 ) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
@@ -178,12 +189,17 @@ def latest(
             "GROUP BY * ORDER BY time DESC LIMIT 1"
         )
 
-    conditions = _host_parts(store, LATEST_PARTS)
+    conditions = _host_parts(store, LATEST_PARTS) if since_ns is None else [""]
     if len(conditions) == 1:
         series = one(conditions[0])
     else:
-        with ThreadPoolExecutor(len(conditions), thread_name_prefix="latest") as pool:
+        with ThreadPoolExecutor(len(conditions) + 1, thread_name_prefix="latest") as pool:
+            count = pool.submit(_series_count, store)
             series = [s for part in pool.map(one, conditions) for s in part]
+            if count.result() != len(series):
+                # a series no part holds (an engine whose "= ''" misses a series without a
+                # host tag), or no count to tell: the whole measurement in one query
+                series = one("")
     out, shared = _one_per_gpu(series)
     out.sort(key=lambda x: (x.host, x.gpu_index, x.uuid))
     return out, shared
