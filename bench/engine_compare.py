@@ -12,6 +12,7 @@ a core at the warmer's periods.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -54,8 +55,13 @@ def compare(
         }
         ok = True
         for label, query in ranges:
-            print(f"\n{label}: callback p95 in ms, cold / served")
-            print(f"  {'page':11s} {'embedded':>15s} {kind:>17s} {'raw GROUP BY':>15s}  ratio")
+            # the machine's load beside the figures: a busy machine's wall times are longer
+            load_avg = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            print(f"\n{label}: callback p95 in ms, cold / served (load average {load_avg})")
+            print(
+                f"  {'page':11s} {'embedded':>15s} {kind:>17s} {'raw GROUP BY':>15s}  ratio"
+                f"  {kind} cold: median ms, CPU of this process"
+            )
             results = {}
             for name, app in apps.items():
                 reps = raw_repeat if name == "raw GROUP BY" else repeat
@@ -69,6 +75,7 @@ def compare(
                     f"{g.cold_p95_s * 1e3:7.0f} / {g.served_p95_s * 1e3:5.0f}  "
                     f"{r.cold_p95_s * 1e3:7.0f} / {r.served_p95_s * 1e3:4.0f}  "
                     f"{r.cold_p95_s / max(g.cold_p95_s, 1e-9):5.1f}x"
+                    f"  {g.cold_median_s * 1e3:5.0f}, {g.cold_cpu_median_s * 1e3:4.0f}"
                     + ("" if met else "  <- MISSED target")
                 )
         print(f"\nthe warmer on {kind}: one recomputation of each preset (median of {repeat})")

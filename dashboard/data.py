@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -33,7 +33,7 @@ from gpuwatt.analytics import (
     find_stragglers_in,
 )
 from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
-from gpuwatt.dashboard.partial_reads import Partial, parts_of, read_in_parts
+from gpuwatt.dashboard.partial_reads import Partial, joined_partial, parts_of, read_in_parts
 from gpuwatt.dashboard.read_cache import DataError, ReadCache, describe
 from gpuwatt.dashboard.read_progress import Count, ReadProgress, view_key
 from gpuwatt.dashboard.slow_fields import (
@@ -65,6 +65,21 @@ RECENT_STEP_S = 60
 #: Reads started beside a view's own (``DashboardData.soon``): the newest samples, and what a
 #: page reads after the window (``prefetch``).
 SIDE_READS = 4
+
+
+def _started(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``fn(*args)`` running in a thread of its own (not the side pool, whose reads may wait
+    on each other); ``result()`` raises what it raised."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="gpuwatt-early", daemon=True).start()
+    return future
 
 
 def _analysis(compute: Callable[[], T]) -> T:
@@ -240,23 +255,37 @@ class DashboardData:
     def _window(self, tr: TimeRange) -> WindowData:
         coarse = tr.step_s > RECENT_STEP_S
         # The newest samples are read while the range is (a network engine answers both at
-        # once); a coarse range needs their GPU count first, to choose its reads.
+        # once); a coarse range needs their GPU count first, to choose its other reads.
         newest = self.soon(self.latest)
-        latest = newest.result() if coarse else []
         # the context before the range, then the range (as ``analytics.inputs`` reads them)
         reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
-        gpu_minutes = len(latest) * tr.span_s / 60
-        accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
-        shared = self._shared_recent() if coarse and tr.live and not accounting else None
-        if accounting:
-            # the range in 1-minute windows, read with the rest: its figures, and its
-            # stragglers (they include the newest hour's)
-            reads += context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
-        elif coarse and shared is None:
-            # read together: one snapshot, the newest raw samples aggregated once for both
-            reads.append(SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S))
-        frames, partial = self._read_frames(reads, view_key(tr))
+        with self.progress.tracking(view_key(tr)) as count:
+            early: Future[tuple[list[pd.DataFrame], Partial | None]] | None = None
+            if coarse and not getattr(self.store, "reads_share_work", False):
+                # A network engine: the context and the range, read whatever the GPU count,
+                # go to it while the newest samples are read. (The embedded store reads a
+                # view's reads in one transaction, their newest raw samples aggregated once.)
+                early = _started(self._read_counted, reads, count)
+            latest = newest.result() if coarse else []
+            gpu_minutes = len(latest) * tr.span_s / 60
+            accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
+            shared = self._shared_recent() if coarse and tr.live and not accounting else None
+            more: list[SeriesRead] = []
+            if accounting:
+                # the range in 1-minute windows, read with the rest: its figures, and its
+                # stragglers (they include the newest hour's)
+                more = context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
+            elif coarse and shared is None:
+                # read with the rest: one snapshot, the newest raw samples aggregated once
+                more = [SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S)]
+            if early is None:
+                frames, partial = self._read_counted(reads + more, count)
+            else:
+                later = self._read_counted(more, count) if more else ([], None)
+                first = early.result()
+                frames = first[0] + later[0]
+                partial = joined_partial((reads, first[1]), (more, later[1]))
         latest = newest.result()
         jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
         frame = frames[1]
@@ -277,18 +306,12 @@ class DashboardData:
                 recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
         return WindowData(tr, frame, summary, latest, jobs, recent, accounting, partial)
 
-    def _read_frames(
-        self, reads: list[SeriesRead], key: Hashable
-    ) -> tuple[list[pd.DataFrame], Partial | None]:
-        """The reads at once; when the engine does not answer them in time, the same reads in
-        parts (``partial_reads``): what arrives is shown, labelled partial, not a blank page.
-        How many are done is counted for the page (``progress``) while they run."""
-        with self.progress.tracking(key) as count:
-            return self._read_counted(reads, count)
-
     def _read_counted(
         self, reads: list[SeriesRead], count: Count
     ) -> tuple[list[pd.DataFrame], Partial | None]:
+        """The reads at once; when the engine does not answer them in time, the same reads in
+        parts (``partial_reads``): what arrives is shown, labelled partial, not a blank page.
+        How many are done is counted for the page (``count``: ``progress``) while they run."""
         count.expect(len(reads))
 
         def whole() -> list[pd.DataFrame] | None:

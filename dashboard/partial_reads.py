@@ -121,6 +121,23 @@ def read_in_parts(
     return frames, partial
 
 
+def joined_partial(*phases: tuple[Sequence[SeriesRead], Partial | None]) -> Partial | None:
+    """One ``Partial`` for a view whose reads went to the store in several calls (``phases``:
+    each call's reads and its ``Partial``, None where they arrived whole): None where every
+    call's did."""
+    if all(p is None for _, p in phases):
+        return None
+    answered = total = 0
+    missing: set[tuple[int, int]] = set()
+    for reads, partial in phases:
+        if partial is None:  # arrived whole: as many parts as a read in parts would have sent
+            answered, total = answered + parts_of(reads), total + parts_of(reads)
+        else:
+            answered, total = answered + partial.answered, total + partial.total
+            missing.update(partial.missing)
+    return Partial(answered, total, tuple(sorted(missing)))
+
+
 def _joined(frames: list[pd.DataFrame], read: SeriesRead) -> pd.DataFrame:
     """The parts of one read as one frame in the store's order (time, then GPU)."""
     kept = [f for f in frames if len(f)]

@@ -199,3 +199,53 @@ def test_the_server_answers_once_the_default_view_is_computed(demo_store: Sqlite
             assert "MainThread" not in store.threads[seen:]
     finally:
         running.stop()
+
+
+class EngineLike(CountingStore):
+    """The demo store as a network engine is read: no shared transaction for a view's reads,
+    and a ``latest`` that answers only once a read of the range has reached the store (at most
+    10 s: a view that waits for it first takes that long and fails below)."""
+
+    reads_share_work = False
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.reading = threading.Event()
+        self.waited_for_latest: list[bool] = []
+
+    def series_many(self, reads: Sequence[Any]) -> Any:
+        self.reading.set()
+        return super().series_many(reads)
+
+    def latest(self, **kw: Any) -> Any:
+        self.waited_for_latest.append(not self.reading.wait(10.0))
+        return self._store.latest(**kw)
+
+
+def test_a_coarse_range_reads_its_range_while_the_newest_samples_are_read(
+    demo_store: SqliteStore,
+) -> None:
+    """The context and the range of a coarse view do not depend on the GPU count (which the
+    newest samples give): a network engine gets them at once, and the view is the same."""
+    clock = Clock(DEMO_END_NS)
+    store = EngineLike(demo_store)
+    data = DashboardData(store, clock_ns=clock)  # type: ignore[arg-type]
+    ref = DashboardData(demo_store, clock_ns=clock)
+    try:
+        for accounting_max in (0, 10**9):  # the newest hour apart, or the range in minutes
+            data.accounting_max_gpu_minutes = ref.accounting_max_gpu_minutes = accounting_max
+            data.clear_cache()
+            store.reading.clear()
+            tr = parse_range({"range": "24h"}, clock())[0]
+            day = data.window(tr)
+            want = ref.window(tr)
+            assert store.waited_for_latest[-1] is False
+            assert day.recent_is_range is want.recent_is_range is (accounting_max > 0)
+            assert day.partial is None
+            assert day.frame.equals(want.frame)
+            assert day.summary.cluster == want.summary.cluster
+            assert [s.uuid for s in day.stragglers] == [s.uuid for s in want.stragglers]
+            ref.clear_cache()
+    finally:
+        data.close()
+        ref.close()

@@ -18,7 +18,7 @@ import pytest
 from servers import http
 
 from gpuwatt.dashboard.data import DashboardData
-from gpuwatt.dashboard.partial_reads import read_in_parts, split_read
+from gpuwatt.dashboard.partial_reads import Partial, joined_partial, read_in_parts, split_read
 from gpuwatt.dashboard.timerange import TimeRange
 from gpuwatt.model import GpuSample
 from gpuwatt.store.base import SeriesRead
@@ -115,6 +115,16 @@ def test_parts_cover_the_read_on_bucket_boundaries_newest_first() -> None:
     assert split_read(SeriesRead(T0, T0 + 60 * NS, FIELDS, 60)) == [
         SeriesRead(T0, T0 + 60 * NS, FIELDS, 60)
     ]
+
+
+def test_reads_sent_in_several_calls_say_what_is_missing_of_them_all() -> None:
+    long = SeriesRead(T0, END, FIELDS, 300)  # 6 parts when read in parts
+    short = SeriesRead(END - 60 * NS, END, FIELDS, 60)  # too short to cut: 1 part
+    assert joined_partial(([long], None), ([short], None)) is None
+    cut = Partial(1, 2, ((T0, T0 + HOUR_NS),))
+    both = joined_partial(([long], None), ([short, short], cut))
+    assert both == Partial(7, 8, ((T0, T0 + HOUR_NS),))
+    assert both is not None and "7 of 8 parts" in both.label
 
 
 def test_a_slow_engine_gives_the_newest_parts_and_says_what_is_missing(

@@ -7,7 +7,9 @@ import json
 
 import numpy as np
 
+from gpuwatt.store import engine_rollups
 from gpuwatt.store import promql_frames as frames
+from gpuwatt.store.promql_dialects import INFLUX
 
 LINES = [
     {
@@ -50,3 +52,46 @@ def test_other_shapes_are_left_to_the_json_reading() -> None:
     reordered = [{"values": [1.0], "timestamps": [1], "metric": {"host": "x"}}]
     assert frames.exported_text(body(reordered)) is None
     assert frames.exported_text(b"") is not None  # no series: nothing to read
+
+
+def _rows(pivot: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[object, ...]]:
+    t, gid, matrix = pivot
+    return sorted((int(a), int(b), *(None if np.isnan(v) else v for v in row))
+                  for a, b, row in zip(t, gid, matrix, strict=True))  # fmt: skip
+
+
+def test_a_pivot_gives_a_row_per_time_and_gpu_whether_or_not_their_times_align() -> None:
+    names = ["m_n", "m_power_w"]
+
+    def series(name: str, host: str, times: list[int], values: list[float]) -> dict[str, object]:
+        labels = {"__name__": name, "host": host, "index": "0", "uuid": f"GPU-{host}"}
+        return {"metric": labels, "values": values, "timestamps": times}
+
+    aligned = [
+        series("m_power_w", "b", [1000, 2000], [1.5, 2.5]),
+        series("m_n", "a", [1000, 3000], [6.0, 5.0]),
+        series("other", "a", [7000], [9.0]),  # not asked for
+        series("m_n", "b", [1000, 2000], [6.0, 4.0]),
+        series("m_power_w", "a", [1000, 3000], [0.5, 3.5]),
+    ]
+    want = [  # GPU 0: host b, 1: host a
+        (1_000_000_000, 0, 6.0, 1.5),
+        (1_000_000_000, 1, 6.0, 0.5),
+        (2_000_000_000, 0, 4.0, 2.5),
+        (3_000_000_000, 1, 5.0, 3.5),
+    ]
+    ids = engine_rollups.GpuIds()
+    got = frames.pivot_exported(frames.exported(aligned), INFLUX, names, ids)
+    assert [i[0] for i in ids.idents] == ["b", "a"]  # ids as the series come: b first
+    assert _rows(got) == want
+    # a GPU whose metrics have points at different times: rows of each time, NaN where missing
+    ragged = [*aligned[:4], series("m_power_w", "a", [3000, 4000], [3.5, 4.5])]
+    ids = engine_rollups.GpuIds()
+    got = frames.pivot_exported(frames.exported(ragged), INFLUX, names, ids)
+    assert _rows(got) == [
+        (1_000_000_000, 0, 6.0, 1.5),
+        (1_000_000_000, 1, 6.0, None),
+        (2_000_000_000, 0, 4.0, 2.5),
+        (3_000_000_000, 1, 5.0, 3.5),
+        (4_000_000_000, 1, None, 4.5),
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -147,8 +149,14 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     inside = (t >= lo_ns) & (t < hi_ns)
     assert cols["seen_ns"].tolist() == whole[inside].tolist()
     # the narrowest read that holds every GPU's neighbours gives the same
+    spans: list[tuple[int, int]] = []
+
+    def read_one(a: int, b: int) -> np.ndarray:
+        spans.append((a, b))
+        return np.flatnonzero((t >= a) & (t < b))
+
     narrow = rollup_rule.read_around(
-        lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+        read_one,
         lambda i: (t[i], gid[i]),
         np.concatenate,
         lo_ns,
@@ -158,6 +166,32 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
         t[narrow], gid[narrow], lost[narrow], {}, start_ns=lo_ns, end_ns=hi_ns
     )
     assert cols["seen_ns"].tolist() == whole[inside].tolist()
+    # the rest of the look-around read by its own reader, its reads sent at once: the same
+    outside: list[tuple[int, int]] = []
+
+    def read_outside(a: int, b: int) -> np.ndarray:
+        outside.append((a, b))
+        return np.flatnonzero((t >= a) & (t < b))
+
+    def at_once(
+        fn: Callable[[tuple[int, int]], np.ndarray], spans: list[tuple[int, int]]
+    ) -> list[np.ndarray]:
+        return [fn(span) for span in reversed(spans)][::-1]  # asked in another order
+
+    split = rollup_rule.read_around(
+        lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+        lambda i: (t[i], gid[i]),
+        np.concatenate,
+        lo_ns,
+        hi_ns,
+        read_outside=read_outside,
+        map_reads=at_once,
+    )
+    assert sorted(split.tolist()) == sorted(narrow.tolist())
+    near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
+    assert all(b <= near_lo or a >= near_hi for a, b in outside)
+    # exactly the spans the single reader read beyond the near window went to the other one
+    assert sorted(outside) == sorted(spans[1:])
 
 
 def test_seen_time_adds_up_and_a_bucket_without_it_stays_unknown() -> None:

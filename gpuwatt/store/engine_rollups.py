@@ -269,17 +269,41 @@ def raw_with_seen(
     with the samples around the range that decide their slots (``rollup_rule``)."""
     if not source.raw_before(end_ns):  # samples after the range alone decide no slot in it
         return empty_level(scope.attrs)
+    # the samples around the range decide slots by their times alone: read without metrics
+    times_only = Scope((), scope.hosts, scope.ids)
     cols = read_around(
         lambda lo, hi: source.raw_level(lo, hi, scope),
         lambda c: (c["time_ns"], c["gpu_id"]),
-        lambda parts: {k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
+        lambda parts: _concat_padded(parts, scope.attrs),
         start_ns,
         end_ns,
+        read_outside=lambda lo, hi: source.raw_level(lo, hi, times_only),
+        map_reads=_at_once,
     )
     t = cols["time_ns"]
     seen = sample_seen_ns(t, cols["gpu_id"], cols["n_ok"] == 0)
     keep = (t >= start_ns) & (t < end_ns)
     return {k: v[keep] for k, v in cols.items()} | {"seen_ns": seen[keep]}
+
+
+def _concat_padded(
+    parts: Sequence[dict[str, np.ndarray]], attrs: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Level columns of parts read with ``attrs`` or without metrics (NaN there), as one."""
+    return {
+        k: np.concatenate([p[k] if k in p else np.full(len(p["time_ns"]), np.nan) for p in parts])
+        for k in (*KEYS, *attrs)
+    }
+
+
+def _at_once(
+    fn: Callable[[tuple[int, int]], dict[str, np.ndarray]], spans: list[tuple[int, int]]
+) -> list[dict[str, np.ndarray]]:
+    """``fn`` of each span, sent to the engine at once where there are several."""
+    if len(spans) < 2:
+        return [fn(span) for span in spans]
+    with ThreadPoolExecutor(max_workers=len(spans), thread_name_prefix="around") as pool:
+        return list(pool.map(fn, spans))
 
 
 def roll_range(

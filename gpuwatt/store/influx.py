@@ -106,6 +106,7 @@ class InfluxStore:
         self.shared_writers: dict[str, tuple[str, ...]] = {}
         self._telegraf_fields: tuple[float, frozenset[str] | None] | None = None
         self._oldest_raw: tuple[float, int] | None = None  # (monotonic s, ns): oldest_raw_ns
+        self._raw_hosts: tuple[float, list[str]] | None = None  # (monotonic s, hosts): raw_hosts
         #: Serve bucketed reads from the rollups kept in the bucket (``engine_rollups``) when
         #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
         self.use_rollups = use_rollups

@@ -150,7 +150,7 @@ def pivot_exported(
 ) -> tuple[Any, Any, Any]:
     """Exported series of the metrics ``names`` as times (ns), GPU ids (``ids.of``) and a
     float64 matrix with a column per name and a row per (time, GPU) (NaN where a name has no
-    point)."""
+    point), the rows in no particular order."""
     import numpy as np
 
     width = len(names)
@@ -168,6 +168,9 @@ def pivot_exported(
         if gid is None:
             gid = gid_of[key] = ids.of(gpu_ident(dialect, m))
         series_gid[i], series_col[i] = gid, col
+    aligned = _pivot_aligned(series, series_gid, series_col, width)
+    if aligned is not None:
+        return aligned
     gids = np.repeat(series_gid, series.lengths)
     cols = np.repeat(series_col, series.lengths)
     kept = cols >= 0
@@ -186,6 +189,45 @@ def pivot_exported(
     matrix = np.full((len(codes), width), np.nan)
     matrix[row, cols] = values
     return times_ms * NS_PER_MS, codes % n_gpus, matrix
+
+
+def _pivot_aligned(
+    series: Exported, series_gid: Any, series_col: Any, width: int
+) -> tuple[Any, Any, Any] | None:
+    """``pivot_exported`` where every GPU's series have the same times (a point's fields are
+    written together: the case of gpuwatt's samples and rollups), without sorting the points:
+    a row per point of each GPU's first series, GPU by GPU. None where they differ. (An hour of
+    a 1,024-GPU cluster's minute rollups, 660,000 points: ~15 ms, against ~100 ms for the
+    sort, ``bench/dashboard.py --store victoriametrics``.)"""
+    import numpy as np
+
+    sel = np.flatnonzero(series_col >= 0)  # the series of the metrics asked for
+    if not len(sel):
+        return None
+    lengths = np.asarray(series.lengths, dtype=np.int64)
+    offsets = np.cumsum(lengths) - lengths  # each series' first point
+    gid = series_gid[sel]
+    gpus, first = np.unique(gid, return_index=True)
+    ref_of = np.zeros(int(gpus[-1]) + 1, dtype=np.int64)
+    ref_of[gpus] = sel[first]  # each GPU's first series: its rows
+    ref = ref_of[gid]
+    n = lengths[sel]
+    if not np.array_equal(n, lengths[ref]):
+        return None
+    pos = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    points = np.repeat(offsets[sel], n) + pos
+    t_ms = series.t_ms
+    if not np.array_equal(t_ms[points], t_ms[np.repeat(offsets[ref], n) + pos]):
+        return None
+    rows_of_gpu = lengths[sel[first]]
+    row_base = np.zeros(len(ref_of), dtype=np.int64)
+    row_base[gpus] = np.cumsum(rows_of_gpu) - rows_of_gpu
+    matrix = np.full((int(rows_of_gpu.sum()), width), np.nan)
+    matrix[np.repeat(row_base[gid], n) + pos, np.repeat(series_col[sel], n)] = series.values[points]
+    ref_points = np.repeat(offsets[sel[first]] - row_base[gpus], rows_of_gpu) + np.arange(
+        len(matrix), dtype=np.int64
+    )
+    return t_ms[ref_points] * NS_PER_MS, np.repeat(gpus, rows_of_gpu), matrix
 
 
 def frame(

@@ -24,7 +24,7 @@ Raw samples are level columns with ``n = 1`` (``as_level``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -82,22 +82,41 @@ def read_around(
     concat: Callable[[list[_T]], _T],
     start_ns: int,
     end_ns: int,
+    *,
+    read_outside: Callable[[int, int], _T] | None = None,
+    map_reads: Callable[[Callable[[tuple[int, int]], _T], list[tuple[int, int]]], Iterable[_T]]
+    | None = None,
 ) -> _T:
     """``read(lo, hi)`` of the samples in ``[start_ns, end_ns)`` and those around it that decide
     their slots: ``NEAR_MARGIN_NS`` each side, and on a side where a GPU lacks its neighbours
     (``neighbours_within``; ``times`` gives a read's sample times and GPU ids) the rest of the
     full look-around (``SLOT_LOOKBEHIND_NS`` before, ``SLOT_LOOKAHEAD_NS`` after), read apart
     and joined by ``concat``. At 1-s sampling a minute's roll reads 16 s more than the minute,
-    not six minutes more; at the newest data the read after it finds nothing."""
+    not six minutes more; at the newest data the read after it finds nothing.
+
+    The rest of the look-around decides slots by its sample times alone: ``read_outside``, where
+    given, reads it instead of ``read`` (an engine then sends times, not every metric), and
+    ``map_reads`` (``map`` where not given) runs its one or two reads (a thread pool's ``map``
+    sends them to an engine at once)."""
     lo, hi = start_ns - NEAR_MARGIN_NS, end_ns + NEAR_MARGIN_NS
     got = read(lo, hi)
     before_ok, after_ok = neighbours_within(*times(got), start_ns, end_ns)
+    spans = []
+    if not before_ok:
+        spans.append((start_ns - SLOT_LOOKBEHIND_NS, lo))
+    if not after_ok:
+        spans.append((hi, end_ns + SLOT_LOOKAHEAD_NS))
+    if not spans:
+        return got
+    outside = read if read_outside is None else read_outside
+    run = map if map_reads is None else map_reads
+    extra = list(run(lambda span: outside(*span), spans))
     parts = [got]
     if not before_ok:
-        parts.insert(0, read(start_ns - SLOT_LOOKBEHIND_NS, lo))
+        parts.insert(0, extra.pop(0))
     if not after_ok:
-        parts.append(read(hi, end_ns + SLOT_LOOKAHEAD_NS))
-    return got if len(parts) == 1 else concat(parts)
+        parts.append(extra.pop(0))
+    return concat(parts)
 
 
 def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) -> np.ndarray:

@@ -110,6 +110,10 @@ class SqliteStore(Maintenance):
     """SQLite store. Safe for one writer thread and many reader threads in one process, and for
     one writing process and many reading processes on one file (WAL)."""
 
+    #: ``series_many`` reads in one transaction and aggregates the newest raw samples once for
+    #: the reads that cover them: a caller gives it all of a view's reads in one call.
+    reads_share_work = True
+
     def __init__(
         self,
         path: str | Path,
