@@ -43,11 +43,11 @@ from gpuwatt.store.engine_rollups import (
     Ident,
     RollupsUnsupported,
     Scope,
-    SpanCache,
     empty_level,
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident, oldest_raw_ns
 from gpuwatt.store.rollup_rule import KEYS, NULL_TIME, UNKNOWN_SEEN, as_level
+from gpuwatt.store.rollup_spans import SpanCache
 
 if TYPE_CHECKING:
     from gpuwatt.store.influx import InfluxStore

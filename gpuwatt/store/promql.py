@@ -153,7 +153,7 @@ class PromStore:
         except urllib3.exceptions.HTTPError as exc:
             raise StoreUnavailable(f"{self.url} unreachable: {type(exc).__name__}") from exc
         try:
-            payload = _loads_without_gc(resp.data)
+            payload = frames.loads_without_gc(resp.data)
         except ValueError:
             payload = {}
         if resp.status >= 500 and resp.status != 503:
@@ -167,7 +167,7 @@ class PromStore:
 
     def query(self, promql: str, at_ns: int) -> list[dict[str, Any]]:
         """An instant query at ``at_ns``; its result list (vector or matrix)."""
-        data = self._api("/api/v1/query", {"query": promql, "time": _seconds(at_ns)})
+        data = self._api("/api/v1/query", {"query": promql, "time": frames.seconds(at_ns)})
         return list(data.get("result", []))
 
     def export(self, match: str, start_ns: int, end_ns: int) -> frames.Exported:
@@ -178,8 +178,8 @@ class PromStore:
         minute rollups: 0.75 s against 3.0 s, ``bench/dashboard.py --store victoriametrics``)."""
         fields = {
             "match[]": match,
-            "start": _seconds(start_ns),
-            "end": _seconds(end_ns - NS_PER_MS),  # inclusive, in milliseconds
+            "start": frames.seconds(start_ns),
+            "end": frames.seconds(end_ns - NS_PER_MS),  # inclusive, in milliseconds
         }
         try:
             resp = self._http.request(
@@ -193,7 +193,7 @@ class PromStore:
                 raise StoreUnavailable(f"{self.url} answered HTTP {resp.status}: {error}")
             raise StoreRejected(f"{self.url} rejected the export: {error}", resp.status)
         enabled = gc.isenabled()
-        gc.disable()  # as ``_loads_without_gc``: many small containers, no cycles
+        gc.disable()  # as ``promql_frames.loads_without_gc``: many small containers, no cycles
         try:
             fast = frames.exported_text(resp.data)
             if fast is not None:
@@ -212,8 +212,8 @@ class PromStore:
             "/api/v1/query_range",
             {
                 "query": promql,
-                "start": _seconds(first_ns),
-                "end": _seconds(last_ns),
+                "start": frames.seconds(first_ns),
+                "end": frames.seconds(last_ns),
                 "step": f"{int(step_s)}s",
             },
         )
@@ -487,23 +487,3 @@ class PromStore:
 #: victoriametrics``); a GPU silent for longer, or a metric measured less often, is asked again
 #: over the whole lookback, for the hosts that lack it (``PromStore._latest_older``).
 LATEST_NARROW_NS = 300 * 1_000_000_000
-
-
-def _loads_without_gc(data: bytes) -> Any:
-    """``json.loads`` with the cyclic garbage collector paused.
-
-    A 1,000-GPU answer is ~100,000 small lists and strings, all alive until the parse ends: they
-    trigger full collections that walk every object of the process (seen: 40 ms parses taking
-    600 ms, one in three). JSON builds no reference cycles, so pausing collection is safe.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return json.loads(data)
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _seconds(ns: int) -> str:
-    return f"{ns // 1_000_000_000}.{(ns % 1_000_000_000) // NS_PER_MS:03d}"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from collections.abc import Sequence
@@ -336,3 +337,24 @@ def latest_samples(
     ]
     out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
     return out
+
+
+def loads_without_gc(data: bytes) -> Any:
+    """``json.loads`` with the cyclic garbage collector paused.
+
+    A 1,000-GPU answer is ~100,000 small lists and strings, all alive until the parse ends: they
+    trigger full collections that walk every object of the process (seen: 40 ms parses taking
+    600 ms, one in three). JSON builds no reference cycles, so pausing collection is safe.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(data)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def seconds(ns: int) -> str:
+    """``ns`` as the HTTP API's seconds with milliseconds."""
+    return f"{ns // 1_000_000_000}.{(ns % 1_000_000_000) // NS_PER_MS:03d}"

@@ -25,13 +25,13 @@ from gpuwatt.store.engine_rollups import (
     NS_PER_MS,
     Ident,
     Scope,
-    SpanCache,
     empty_level,
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
 from gpuwatt.store.promql_frames import pivot_exported
 from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, as_level
+from gpuwatt.store.rollup_spans import SpanCache
 
 if TYPE_CHECKING:
     from gpuwatt.store.promql import PromStore

@@ -1,0 +1,53 @@
+"""What an engine's rollups span per level, asked once per few seconds (``SpanCache``): the
+reads of one view ask it in parallel, and a read takes from each level only what it holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+#: How long a read trusts the newest rollup point of a level it learnt, and the oldest (which
+#: moves only with retention).
+NEWEST_TTL_S = 5.0
+OLDEST_TTL_S = 600.0
+
+
+class SpanCache:
+    """The span of an engine's rollups per level: the newest point kept ``NEWEST_TTL_S`` (a
+    span a few seconds old only ends earlier than the engine's: a read then takes a little more
+    from the level below, never less), the oldest ``OLDEST_TTL_S``. ``oldest`` and ``newest``
+    ask the engine for the time of a level's oldest and newest point (None: none)."""
+
+    def __init__(
+        self, oldest: Callable[[int], int | None], newest: Callable[[int], int | None]
+    ) -> None:
+        self._ask_oldest, self._ask_newest = oldest, newest
+        self._spans: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._oldest: dict[int, tuple[float, int]] = {}
+        # the reads of one view run in parallel: one of them asks, the others wait for it
+        self._lock = threading.Lock()
+
+    def get(self, level_ns: int) -> tuple[int, int] | None:
+        with self._lock:
+            cached = self._spans.get(level_ns)
+            if cached is not None and time.monotonic() - cached[0] < NEWEST_TTL_S:
+                return cached[1]
+            span = self._span(level_ns)
+            if span is not None:
+                self._spans[level_ns] = (time.monotonic(), span)
+            return span
+
+    def _span(self, level_ns: int) -> tuple[int, int] | None:
+        cached = self._oldest.get(level_ns)
+        if cached is None or time.monotonic() - cached[0] > OLDEST_TTL_S:
+            oldest = self._ask_oldest(level_ns)
+            if oldest is None:
+                return None
+            self._oldest[level_ns] = (time.monotonic(), oldest)
+        else:
+            oldest = cached[1]
+        newest = self._ask_newest(level_ns)
+        if newest is None:
+            return None
+        return min(oldest, newest), newest
