@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from collector.rollup_writer import RollupWriter
+from gpuwatt.collector.rollup_writer import RollupWriter
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.store import engine_rollups
 from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, Ident, Scope, empty_level
