@@ -258,6 +258,14 @@ class PromStore:
         step_s: int | None = None,
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
+        return self._series(SeriesRead(start_ns, end_ns, fields, step_s, hosts))
+
+    def _series(self, read: SeriesRead, source: Any = None) -> pd.DataFrame:
+        """``series``; ``source``: the rollups as the reads of one view share them
+        (``shared_reads``)."""
+        start_ns, end_ns, fields, step_s, hosts = (
+            read.start_ns, read.end_ns, read.fields, read.step_s, read.hosts
+        )  # fmt: skip
         attrs = checked_fields(fields, KIND)
         names = self.dialect.by_attr()
         # The presence metric is read too, so that a GPU sample (or bucket) whose requested
@@ -270,7 +278,7 @@ class PromStore:
             from gpuwatt.store import engine_rollups
 
             served = engine_rollups.read_levels(
-                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+                source or self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
             )
             if served is not None:
                 return engine_rollups.frame(*served, attrs)
@@ -347,10 +355,30 @@ class PromStore:
         return out
 
     def series_many(
-        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+        self,
+        reads: Sequence[SeriesRead],
+        *,
+        on_done: Callable[[], None] | None = None,
+        shared: Any = None,
     ) -> list[pd.DataFrame]:
-        """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads, on_done=on_done)
+        """``series`` for each read, in parallel: the engine answers them at once, the
+        requests they share once (``shared``: with the other reads of a view, else with
+        each other; ``shared_reads``)."""
+        shared = shared or (self.shared_reads() if len(reads) > 1 else None)
+        if shared is None:
+            return series_in_parallel(self, reads, on_done=on_done)
+        return series_in_parallel(
+            self, reads, on_done=on_done, read=lambda r: self._series(r, shared)
+        )
+
+    def shared_reads(self) -> Any:
+        """A ``shared_reads.SharedReads`` of this store's rollups (None: it keeps none)."""
+        rollups = self.rollups
+        if rollups is None:
+            return None
+        from gpuwatt.store.shared_reads import SharedReads
+
+        return SharedReads(rollups)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:
