@@ -49,9 +49,9 @@ class _Flushing:
         self.flush()
         return self.source.raw_level(*args)
 
-    def raw_before(self, end_ns: int) -> bool:
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
         self.flush()
-        return bool(self.source.raw_before(end_ns))
+        return bool(self.source.raw_in(start_ns, end_ns))
 
     def rollup_points(self, *args: Any, **kwargs: Any) -> Any:
         self.flush()
@@ -360,3 +360,29 @@ def test_the_reads_of_one_view_send_the_requests_they_share_once(
         assert len(alone) or read.start_ns < T0
         pd.testing.assert_frame_equal(frame, alone, obj=str(read))
     assert view < len(sent)  # read alone, the newest hour's requests went twice
+
+
+def test_a_range_on_days_before_the_data_sends_no_raw_read(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """The context before a young database's data: the engine says it holds no sample there
+    (InfluxDB: its oldest sample; VictoriaMetrics: its per-day series index), so no raw read is
+    sent; a range with samples is read."""
+    write(engine, samples(make_sample, T0, T0 + 10 * MINUTE_NS))
+    day = 86_400 * S
+    assert engine.source.raw_in(T0, T0 + MINUTE_NS)
+    assert engine.source.raw_in(T0 - 2 * day, T0 + MINUTE_NS)
+    assert not engine.source.raw_in(T0 - 3 * day, T0 - 2 * day)
+    rollups = engine.store.rollups
+    sent: list[tuple[int, int]] = []
+    real = rollups.raw_level
+
+    def spy(start_ns: int, end_ns: int, scope: Scope) -> Any:
+        sent.append((start_ns, end_ns))
+        return real(start_ns, end_ns, scope)
+
+    rollups.raw_level = spy
+    before = engine_rollups.raw_with_seen(rollups, T0 - 3 * day, T0 - 2 * day, Scope(ATTRS, None))
+    assert len(before["time_ns"]) == 0 and sent == []
+    inside = engine_rollups.raw_with_seen(rollups, T0, T0 + MINUTE_NS, Scope(ATTRS, None))
+    assert len(inside["time_ns"]) == 3 * 6 and sent

@@ -207,6 +207,21 @@ class PromStore:
             if enabled:
                 gc.enable()
 
+    def has_series(self, match: str, start_ns: int, end_ns: int) -> bool:
+        """Whether the engine lists a series of ``match`` with samples in ``[start_ns, end_ns)``
+        (``/api/v1/series``: from its index; VictoriaMetrics' per-day index may list one whose
+        samples on those days lie outside the range, never the other way round)."""
+        data = self._api(
+            "/api/v1/series",
+            {
+                "match[]": match,
+                "start": _seconds(start_ns),
+                "end": _seconds(end_ns - NS_PER_MS),
+                "limit": "1",
+            },
+        )
+        return bool(data)
+
     def query_range(self, promql: str, first_ns: int, last_ns: int, step_s: int) -> list[Any]:
         data = self._api(
             "/api/v1/query_range",

@@ -76,8 +76,17 @@ class PromRollups:
             return round(float(r["value"][1]) * 1000) * NS_PER_MS
         return None
 
-    def raw_before(self, end_ns: int) -> bool:
-        return True  # asking for the oldest sample costs more than the read it would spare
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
+        """Whether VictoriaMetrics' index has a gpuwatt GPU series with samples on the days of
+        ``[start_ns, end_ns)`` (``/api/v1/series``, limit 1: an index lookup, a few ms). A
+        range before the data (a young database's context: on 1,024 GPUs ~0.3 s of the
+        engine for an export that finds nothing) is then not read; a range of more than ~40
+        days is looked up in the global index, which answers yes."""
+        names = self.store.dialect.by_attr()
+        metrics = [f"{MEASUREMENT}_{FIELD_LOST}", names["utilization_gpu_pct"].metric]
+        return self.store.has_series(
+            "{__name__=~" + promql_string(regex_alternatives(metrics)) + "}", start_ns, end_ns
+        )
 
     def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids

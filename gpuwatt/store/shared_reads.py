@@ -52,8 +52,8 @@ class SharedReads:
 
     # --- the source's own answers -------------------------------------------------------------
 
-    def raw_before(self, end_ns: int) -> bool:
-        return self.source.raw_before(end_ns)
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
+        return self.source.raw_in(start_ns, end_ns)
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
         return self.source.rollup_span(level_ns)
