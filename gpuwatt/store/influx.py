@@ -31,7 +31,7 @@ from gpuwatt.line_protocol import LineEncoder, encode_name
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import TAG_HOST
 from gpuwatt.store import StoreRejected, influx_reads
-from gpuwatt.store.base import SeriesRead, series_in_parallel
+from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.influx_reads import telegraf_mig_devices, telegraf_processes
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 
@@ -350,11 +350,10 @@ class InfluxStore:
         """``series`` for each read, in parallel: the engine answers them at once, the
         requests they share once (``shared``: with the other reads of a view, else with
         each other; ``shared_reads``)."""
-        shared = shared or (self.shared_reads() if len(reads) > 1 else None)
-        if shared is None:
-            return series_in_parallel(self, reads, on_done=on_done)
-        return series_in_parallel(
-            self, reads, on_done=on_done, read=lambda r: influx_reads.series(self, r, shared)
+        from gpuwatt.store import shared_reads
+
+        return shared_reads.series_many(
+            self, reads, lambda r, s: influx_reads.series(self, r, s), on_done, shared
         )
 
     def shared_reads(self) -> SharedReads | None:

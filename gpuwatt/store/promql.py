@@ -35,7 +35,7 @@ from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
-from gpuwatt.store.base import SeriesRead, series_in_parallel
+from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.promql_dialects import (
     DCGM,
     DIALECTS,
@@ -379,12 +379,9 @@ class PromStore:
         """``series`` for each read, in parallel: the engine answers them at once, the
         requests they share once (``shared``: with the other reads of a view, else with
         each other; ``shared_reads``)."""
-        shared = shared or (self.shared_reads() if len(reads) > 1 else None)
-        if shared is None:
-            return series_in_parallel(self, reads, on_done=on_done)
-        return series_in_parallel(
-            self, reads, on_done=on_done, read=lambda r: self._series(r, shared)
-        )
+        from gpuwatt.store import shared_reads
+
+        return shared_reads.series_many(self, reads, self._series, on_done, shared)
 
     def shared_reads(self) -> Any:
         """A ``shared_reads.SharedReads`` of this store's rollups (None: it keeps none)."""

@@ -21,12 +21,16 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpuwatt.store.base import SeriesRead, series_in_parallel
 from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope
 from gpuwatt.store.rollup_rule import KEYS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Cols = dict[str, np.ndarray]
 
@@ -113,6 +117,23 @@ class SharedReads:
                 raise
             return mine.future.result()
         return _as_read(found.future.result(), found.ids, scope)
+
+
+def series_many(
+    store: Any,
+    reads: Sequence[SeriesRead],
+    read: Callable[[SeriesRead, SharedReads], pd.DataFrame],
+    on_done: Callable[[], None] | None,
+    shared: SharedReads | None,
+) -> list[pd.DataFrame]:
+    """An engine store's ``series_many``: ``read(r, shared)`` of each read in parallel, with
+    the ``shared`` requests of the view they belong to, else (several reads) of their own;
+    as ``series`` where the store reads no rollups (``store.shared_reads()`` None)."""
+    shared = shared or (store.shared_reads() if len(reads) > 1 else None)
+    if shared is None:
+        return series_in_parallel(store, reads, on_done=on_done)
+    session = shared
+    return series_in_parallel(store, reads, on_done=on_done, read=lambda r: read(r, session))
 
 
 def _as_read(cols: Cols, ids: GpuIds, scope: Scope) -> Cols:
