@@ -26,6 +26,7 @@ from gpuwatt.store import engine_rollups, open_store
 from gpuwatt.store.base import SEEN_COLUMN, SeriesRead, series_many, shared_session
 from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, GpuIds, Scope
 from gpuwatt.store.influx import InfluxStore
+from gpuwatt.store.promql_rollups import PromRollups
 from gpuwatt.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.servers
@@ -386,3 +387,17 @@ def test_a_range_on_days_before_the_data_sends_no_raw_read(
     assert len(before["time_ns"]) == 0 and sent == []
     inside = engine_rollups.raw_with_seen(rollups, T0, T0 + MINUTE_NS, Scope(ATTRS, None))
     assert len(inside["time_ns"]) == 3 * 6 and sent
+    # a day found with samples is not asked about again; one without is
+    if isinstance(rollups, PromRollups):
+        asked: list[int] = []
+        has_series = engine.store.has_series
+
+        def counted(*args: Any) -> bool:
+            asked.append(args[1])
+            return bool(has_series(*args))
+
+        engine.store.has_series = counted
+        assert rollups.raw_in(T0 + MINUTE_NS, T0 + 2 * MINUTE_NS)
+        assert not rollups.raw_in(T0 - 3 * day, T0 - 2 * day)
+        assert not rollups.raw_in(T0 - 3 * day, T0 - 2 * day)
+        assert asked == [T0 - 3 * day] * 2
