@@ -52,7 +52,7 @@ from gpuwatt.dashboard.window_data import (
 )
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
-from gpuwatt.store.base import SeriesRead, Store, series_many, xid_events
+from gpuwatt.store.base import SeriesRead, Store, series_many, shared_session, xid_events
 
 __all__ = ["SILENT_AFTER_S", "DashboardData", "DataError", "GpuCounts", "WindowData"]
 
@@ -260,13 +260,15 @@ class DashboardData:
         # the context before the range, then the range (as ``analytics.inputs`` reads them)
         reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
+        # the view's reads, in one batch or two, send the requests they share once
+        session = shared_session(self.store)
         with self.progress.tracking(view_key(tr)) as count:
             early: Future[tuple[list[pd.DataFrame], Partial | None]] | None = None
             if coarse and not getattr(self.store, "reads_share_work", False):
                 # A network engine: the context and the range, read whatever the GPU count,
                 # go to it while the newest samples are read. (The embedded store reads a
                 # view's reads in one transaction, their newest raw samples aggregated once.)
-                early = _started(self._read_counted, reads, count)
+                early = _started(self._read_counted, reads, count, session)
             latest = newest.result() if coarse else []
             gpu_minutes = len(latest) * tr.span_s / 60
             accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
@@ -280,9 +282,9 @@ class DashboardData:
                 # read with the rest: one snapshot, the newest raw samples aggregated once
                 more = [SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S)]
             if early is None:
-                frames, partial = self._read_counted(reads + more, count)
+                frames, partial = self._read_counted(reads + more, count, session)
             else:
-                later = self._read_counted(more, count) if more else ([], None)
+                later = self._read_counted(more, count, session) if more else ([], None)
                 first = early.result()
                 frames = first[0] + later[0]
                 partial = joined_partial((reads, first[1]), (more, later[1]))
@@ -307,7 +309,7 @@ class DashboardData:
         return WindowData(tr, frame, summary, latest, jobs, recent, accounting, partial)
 
     def _read_counted(
-        self, reads: list[SeriesRead], count: Count
+        self, reads: list[SeriesRead], count: Count, session: Any = None
     ) -> tuple[list[pd.DataFrame], Partial | None]:
         """The reads at once; when the engine does not answer them in time, the same reads in
         parts (``partial_reads``): what arrives is shown, labelled partial, not a blank page.
@@ -316,7 +318,7 @@ class DashboardData:
 
         def whole() -> list[pd.DataFrame] | None:
             try:
-                return series_many(self.store, reads, on_done=count.one_done)
+                return series_many(self.store, reads, on_done=count.one_done, shared=session)
             except StoreUnavailable as exc:
                 log.warning("store too slow or gone for the whole range: %s", describe(exc))
                 return None

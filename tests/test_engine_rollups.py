@@ -23,9 +23,10 @@ from gpuwatt.collector.spool import Spool
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.store import engine_rollups, open_store
-from gpuwatt.store.base import SEEN_COLUMN
+from gpuwatt.store.base import SEEN_COLUMN, SeriesRead, series_many, shared_session
 from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, GpuIds, Scope
 from gpuwatt.store.influx import InfluxStore
+from gpuwatt.store.promql_rollups import PromRollups
 from gpuwatt.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.servers
@@ -49,9 +50,9 @@ class _Flushing:
         self.flush()
         return self.source.raw_level(*args)
 
-    def raw_before(self, end_ns: int) -> bool:
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
         self.flush()
-        return bool(self.source.raw_before(end_ns))
+        return bool(self.source.raw_in(start_ns, end_ns))
 
     def rollup_points(self, *args: Any, **kwargs: Any) -> Any:
         self.flush()
@@ -315,3 +316,88 @@ def test_rollups_turn_off_on_a_server_that_is_not_the_engine_named(
     writer.delivered(lines)
     assert not writer.enabled and writer.rolled == 0
     store.close()
+
+
+def test_the_reads_of_one_view_send_the_requests_they_share_once(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """A coarse view (its context and range in hours, then its newest hour in minutes, in two
+    batches) reads the newest hour's minute rollups and the newest minute raw once, and each
+    read's frame is what it reads alone (``shared_reads``)."""
+    batch = samples(make_sample, T0, T0 + 127 * MINUTE_NS)
+    write(engine, batch)
+    engine_rollups.roll_range(engine.source, T0, T0 + 126 * MINUTE_NS)
+    engine.flush()
+    end = T0 + 127 * MINUTE_NS
+    first = [
+        SeriesRead(T0 - 5 * HOUR_NS, T0, ATTRS, 3600),  # the context, before the data
+        SeriesRead(T0, end, ATTRS, 3600),
+        SeriesRead(T0, end, ATTRS, 3600, hosts=["node1"]),
+    ]
+    then = [SeriesRead(end - HOUR_NS, end, ATTRS[:2], 60)]  # fewer fields, lean minutes
+    rollups = engine.store.rollups
+    sent: list[tuple[Any, ...]] = []
+    for name in ("raw_level", "rollup_points"):
+        real = getattr(rollups, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            *span, scope = args
+            hosts = None if scope.hosts is None else tuple(scope.hosts)
+            sent.append((_name, *span, hosts, kwargs.get("lean")))
+            return _real(*args, **kwargs)
+
+        setattr(rollups, name, spy)
+    session = shared_session(engine.store)
+    together = series_many(engine.store, first, shared=session)
+    together += series_many(engine.store, then, shared=session)
+    assert len({s[:-1] for s in sent}) == len(sent)  # nothing asked twice
+    assert session.shared > 0
+    view = len(sent)
+    sent.clear()
+    for read, frame in zip(first + then, together, strict=True):
+        alone = engine.store.series(
+            read.start_ns, read.end_ns, read.fields, step_s=read.step_s, hosts=read.hosts
+        )
+        assert len(alone) or read.start_ns < T0
+        pd.testing.assert_frame_equal(frame, alone, obj=str(read))
+    assert view < len(sent)  # read alone, the newest hour's requests went twice
+
+
+def test_a_range_on_days_before_the_data_sends_no_raw_read(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """The context before a young database's data: the engine says it holds no sample there
+    (InfluxDB: its oldest sample; VictoriaMetrics: its per-day series index), so no raw read is
+    sent; a range with samples is read."""
+    write(engine, samples(make_sample, T0, T0 + 10 * MINUTE_NS))
+    day = 86_400 * S
+    assert engine.source.raw_in(T0, T0 + MINUTE_NS)
+    assert engine.source.raw_in(T0 - 2 * day, T0 + MINUTE_NS)
+    assert not engine.source.raw_in(T0 - 3 * day, T0 - 2 * day)
+    rollups = engine.store.rollups
+    sent: list[tuple[int, int]] = []
+    real = rollups.raw_level
+
+    def spy(start_ns: int, end_ns: int, scope: Scope) -> Any:
+        sent.append((start_ns, end_ns))
+        return real(start_ns, end_ns, scope)
+
+    rollups.raw_level = spy
+    before = engine_rollups.raw_with_seen(rollups, T0 - 3 * day, T0 - 2 * day, Scope(ATTRS, None))
+    assert len(before["time_ns"]) == 0 and sent == []
+    inside = engine_rollups.raw_with_seen(rollups, T0, T0 + MINUTE_NS, Scope(ATTRS, None))
+    assert len(inside["time_ns"]) == 3 * 6 and sent
+    # a day found with samples is not asked about again; one without is
+    if isinstance(rollups, PromRollups):
+        asked: list[int] = []
+        has_series = engine.store.has_series
+
+        def counted(*args: Any) -> bool:
+            asked.append(args[1])
+            return bool(has_series(*args))
+
+        engine.store.has_series = counted
+        assert rollups.raw_in(T0 + MINUTE_NS, T0 + 2 * MINUTE_NS)
+        assert not rollups.raw_in(T0 - 3 * day, T0 - 2 * day)
+        assert not rollups.raw_in(T0 - 3 * day, T0 - 2 * day)
+        assert asked == [T0 - 3 * day] * 2

@@ -43,7 +43,7 @@ class DelayedEngine:
         values = {a: np.full(len(t), 100.0) for a in scope.attrs}
         return as_level(t, gid, np.zeros(len(t), dtype=bool), values)
 
-    def raw_before(self, end_ns: int) -> bool:
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
         return True
 
     def rollup_points(

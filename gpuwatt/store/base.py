@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpuwatt.model import GpuSample
 
@@ -38,11 +38,19 @@ class SeriesRead:
 
 
 def series_many(
-    store: Store, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    store: Store,
+    reads: Sequence[SeriesRead],
+    *,
+    on_done: Callable[[], None] | None = None,
+    shared: Any = None,
 ) -> list[pd.DataFrame]:
     """``store.series`` for each read; in one snapshot, sharing work, where the store can.
-    ``on_done`` is called once per read as it is done (the dashboard's progress count)."""
+    ``on_done`` is called once per read as it is done (the dashboard's progress count);
+    ``shared``: the ``shared_session`` of the view these reads are part of (requests that
+    another batch of its reads sent are not sent again)."""
     batch = getattr(store, "series_many", None)
+    if batch is not None and shared is not None:
+        return list(batch(reads, on_done=on_done, shared=shared))
     if batch is not None:
         if on_done is None:
             return list(batch(reads))
@@ -126,15 +134,30 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def shared_session(store: Store) -> Any:
+    """What the reads of one view pass as ``series_many(..., shared=)`` so that their batches
+    send the engine requests they share once (``shared_reads``); None where the store has no
+    such requests (the embedded store shares work within a batch, in one transaction)."""
+    session = getattr(store, "shared_reads", None)
+    return None if session is None else session()
+
+
 def series_in_parallel(
-    store: Store, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+    store: Store,
+    reads: Sequence[SeriesRead],
+    *,
+    on_done: Callable[[], None] | None = None,
+    read: Callable[[SeriesRead], pd.DataFrame] | None = None,
 ) -> list[pd.DataFrame]:
-    """``store.series`` for each read, in parallel threads: a network engine answers them at
-    once (the dashboard's range and its newest hour, say). ``on_done`` is called as each read
-    is done."""
+    """``store.series`` (or ``read``) for each read, in parallel threads: a network engine
+    answers them at once (the dashboard's range and its newest hour, say). ``on_done`` is
+    called as each read is done."""
 
     def one(r: SeriesRead) -> pd.DataFrame:
-        frame = store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
+        if read is not None:
+            frame = read(r)
+        else:
+            frame = store.series(r.start_ns, r.end_ns, r.fields, step_s=r.step_s, hosts=r.hosts)
         if on_done is not None:
             on_done()
         return frame

@@ -122,9 +122,9 @@ class RollupSource(Protocol):
     def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
         """Raw samples in ``[start_ns, end_ns)`` as level columns (``rollup_rule.as_level``)."""
 
-    def raw_before(self, end_ns: int) -> bool:
-        """False only where the engine knows that no raw sample is older than ``end_ns`` (the
-        context before the data: no read is sent)."""
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
+        """False only where the engine knows that no raw sample lies in ``[start_ns, end_ns)``
+        (the context before the data: no read is sent)."""
 
     def rollup_points(
         self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
@@ -223,7 +223,7 @@ def raw_with_seen(
 ) -> dict[str, np.ndarray]:
     """The raw samples in ``[start_ns, end_ns)`` as level columns with their seen time: read
     with the samples around the range that decide their slots (``rollup_rule``)."""
-    if not source.raw_before(end_ns):  # samples after the range alone decide no slot in it
+    if not source.raw_in(start_ns, end_ns):  # samples around it alone decide no slot in it
         return empty_level(scope.attrs)
     # the samples around the range decide slots by their times alone: read without metrics
     times_only = Scope((), scope.hosts, scope.ids)

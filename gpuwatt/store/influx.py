@@ -31,7 +31,7 @@ from gpuwatt.line_protocol import LineEncoder, encode_name
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import TAG_HOST
 from gpuwatt.store import StoreRejected, influx_reads
-from gpuwatt.store.base import SeriesRead, series_in_parallel
+from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.influx_reads import telegraf_mig_devices, telegraf_processes
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from influxdb_client.client.write_api import WriteApi
 
     from gpuwatt.store.influx_rollups import InfluxRollups
+    from gpuwatt.store.shared_reads import SharedReads
 
 __all__ = [
     "InfluxSettings",
@@ -340,10 +341,28 @@ class InfluxStore:
         return influx_reads.has_telegraf_field(self, name)
 
     def series_many(
-        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+        self,
+        reads: Sequence[SeriesRead],
+        *,
+        on_done: Callable[[], None] | None = None,
+        shared: SharedReads | None = None,
     ) -> list[pd.DataFrame]:
-        """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads, on_done=on_done)
+        """``series`` for each read, in parallel: the engine answers them at once, the
+        requests they share once (``shared``: with the other reads of a view, else with
+        each other; ``shared_reads``)."""
+        from gpuwatt.store import shared_reads
+
+        return shared_reads.series_many(
+            self, reads, lambda r, s: influx_reads.series(self, r, s), on_done, shared
+        )
+
+    def shared_reads(self) -> SharedReads | None:
+        """A ``shared_reads.SharedReads`` of this store's rollups (None: read without them)."""
+        if not self.use_rollups:
+            return None
+        from gpuwatt.store.shared_reads import SharedReads
+
+        return SharedReads(self.rollups)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         return influx_reads.count_samples(self, start_ns, end_ns)

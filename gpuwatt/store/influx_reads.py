@@ -48,6 +48,7 @@ from gpuwatt.telegraf import (
 if TYPE_CHECKING:
     import pandas as pd
 
+    from gpuwatt.store.engine_rollups import RollupSource
     from gpuwatt.store.influx import InfluxStore
 
 GROUP_TAGS = ", ".join(f'"{t}"' for t in (TAG_HOST, TAG_INDEX, TAG_UUID, TAG_NAME))
@@ -229,15 +230,18 @@ def xid_events(
     return frame.sort_values(["time_ns", "host", "gpu_index"], kind="stable").reset_index(drop=True)
 
 
-def series(store: InfluxStore, read: SeriesRead) -> pd.DataFrame:
-    """``Store.series``: from the engine's rollups where they answer, else raw ``GROUP BY``."""
+def series(
+    store: InfluxStore, read: SeriesRead, source: RollupSource | None = None
+) -> pd.DataFrame:
+    """``Store.series``: from the engine's rollups where they answer, else raw ``GROUP BY``.
+    ``source``: the rollups as the reads of one view share them (``shared_reads``)."""
     start_ns, end_ns, step_s, hosts = read.start_ns, read.end_ns, read.step_s, read.hosts
     attrs = checked_fields(read.fields, FIELD_BY_ATTR)
     if step_s is not None and store.use_rollups and int(step_s) > 0:
         from gpuwatt.store import engine_rollups
 
         served = engine_rollups.read_levels(
-            store.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+            source or store.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
         )
         if served is not None:
             frame = engine_rollups.frame(*served, attrs)

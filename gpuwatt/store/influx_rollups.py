@@ -129,6 +129,9 @@ class InfluxRollups:
                 return row[0] if isinstance(row[0], int) else None
         return None
 
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
+        return self.raw_before(end_ns)
+
     def raw_before(self, end_ns: int) -> bool:
         oldest = oldest_raw_ns(self.store)  # kept for a few minutes (``influx_reads``)
         return oldest is not None and oldest < end_ns

@@ -35,7 +35,7 @@ from gpuwatt.errors import StoreUnavailable
 from gpuwatt.model import GpuSample
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
-from gpuwatt.store.base import SeriesRead, series_in_parallel
+from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.promql_dialects import (
     DCGM,
     DIALECTS,
@@ -207,6 +207,21 @@ class PromStore:
             if enabled:
                 gc.enable()
 
+    def has_series(self, match: str, start_ns: int, end_ns: int) -> bool:
+        """Whether the engine lists a series of ``match`` with samples in ``[start_ns, end_ns)``
+        (``/api/v1/series``: from its index; VictoriaMetrics' per-day index may list one whose
+        samples on those days lie outside the range, never the other way round)."""
+        data = self._api(
+            "/api/v1/series",
+            {
+                "match[]": match,
+                "start": _seconds(start_ns),
+                "end": _seconds(end_ns - NS_PER_MS),
+                "limit": "1",
+            },
+        )
+        return bool(data)
+
     def query_range(self, promql: str, first_ns: int, last_ns: int, step_s: int) -> list[Any]:
         data = self._api(
             "/api/v1/query_range",
@@ -258,6 +273,14 @@ class PromStore:
         step_s: int | None = None,
         hosts: Sequence[str] | None = None,
     ) -> pd.DataFrame:
+        return self._series(SeriesRead(start_ns, end_ns, fields, step_s, hosts))
+
+    def _series(self, read: SeriesRead, source: Any = None) -> pd.DataFrame:
+        """``series``; ``source``: the rollups as the reads of one view share them
+        (``shared_reads``)."""
+        start_ns, end_ns, fields, step_s, hosts = (
+            read.start_ns, read.end_ns, read.fields, read.step_s, read.hosts
+        )  # fmt: skip
         attrs = checked_fields(fields, KIND)
         names = self.dialect.by_attr()
         # The presence metric is read too, so that a GPU sample (or bucket) whose requested
@@ -270,7 +293,7 @@ class PromStore:
             from gpuwatt.store import engine_rollups
 
             served = engine_rollups.read_levels(
-                self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+                source or self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
             )
             if served is not None:
                 return engine_rollups.frame(*served, attrs)
@@ -347,10 +370,27 @@ class PromStore:
         return out
 
     def series_many(
-        self, reads: Sequence[SeriesRead], *, on_done: Callable[[], None] | None = None
+        self,
+        reads: Sequence[SeriesRead],
+        *,
+        on_done: Callable[[], None] | None = None,
+        shared: Any = None,
     ) -> list[pd.DataFrame]:
-        """``series`` for each read, in parallel: the engine answers them at once."""
-        return series_in_parallel(self, reads, on_done=on_done)
+        """``series`` for each read, in parallel: the engine answers them at once, the
+        requests they share once (``shared``: with the other reads of a view, else with
+        each other; ``shared_reads``)."""
+        from gpuwatt.store import shared_reads
+
+        return shared_reads.series_many(self, reads, self._series, on_done, shared)
+
+    def shared_reads(self) -> Any:
+        """A ``shared_reads.SharedReads`` of this store's rollups (None: it keeps none)."""
+        rollups = self.rollups
+        if rollups is None:
+            return None
+        from gpuwatt.store.shared_reads import SharedReads
+
+        return SharedReads(rollups)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         if end_ns <= start_ns:

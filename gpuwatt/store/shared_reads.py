@@ -1,0 +1,152 @@
+"""The reads of one dashboard view send the engine requests they have in common once.
+
+A coarse view reads its range in hourly buckets and, beside it, its newest hour in 1-minute
+buckets. Served from engine rollups (``engine_rollups.read_levels``) both take the newest hour's
+minute rollups and the newest, not yet rolled minute from raw samples (with the samples around
+it that decide their slots): the same requests twice, the largest of the view (on 1,024 GPUs
+~12-19 MB each). A ``SharedReads`` wraps the store's ``RollupSource`` for the reads of one view
+(``series_many(..., shared=)``, the view's batches of reads alike): a request whose answer
+another read of the view already has, or is waiting for, takes that answer instead of asking the
+engine again. An answer serves a request for the same range and hosts when it holds every
+attribute asked for, and is not ``lean`` where the request is not (a lean read only ignores
+``n_ok`` and ``t_last_ns``). Each read gets its own attributes and GPU ids back: what it
+computes is what it computed alone.
+
+Answers are kept only as long as the view's reads run (the object is dropped with the view).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpuwatt.store.base import SeriesRead, series_in_parallel
+from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope
+from gpuwatt.store.rollup_rule import KEYS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Cols = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    attrs: frozenset[str]
+    lean: bool
+    ids: GpuIds
+    future: Future[Cols]
+
+
+class SharedReads:
+    """A ``RollupSource`` whose raw and rollup requests are shared by the reads of one view."""
+
+    def __init__(self, source: RollupSource) -> None:
+        self.source = source
+        self._answers: dict[tuple[Any, ...], list[_Answer]] = {}
+        self._lock = threading.Lock()
+        #: requests sent to the engine, and those answered from another read's request
+        self.sent = 0
+        self.shared = 0
+
+    # --- the source's own answers -------------------------------------------------------------
+
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
+        return self.source.raw_in(start_ns, end_ns)
+
+    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        return self.source.rollup_span(level_ns)
+
+    def rollup_lines(self, level_ns: int, cols: Cols, idents: Sequence[Ident]) -> list[str]:
+        return self.source.rollup_lines(level_ns, cols, idents)
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        self.source.write_lines(lines)
+
+    # --- shared --------------------------------------------------------------------------------
+
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> Cols:
+        return self._shared(
+            ("raw", start_ns, end_ns, _hosts(scope.hosts)),
+            scope,
+            False,
+            lambda own: self.source.raw_level(start_ns, end_ns, own),
+        )
+
+    def rollup_points(
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
+    ) -> Cols:
+        return self._shared(
+            ("points", level_ns, start_ns, end_ns, _hosts(scope.hosts)),
+            scope,
+            lean,
+            lambda own: self.source.rollup_points(level_ns, start_ns, end_ns, own, lean=lean),
+        )
+
+    def _shared(
+        self, key: tuple[Any, ...], scope: Scope, lean: bool, ask: Callable[[Scope], Cols]
+    ) -> Cols:
+        """An answer of another read that serves this request (its GPU ids translated into
+        this read's), else the engine's."""
+        attrs = frozenset(scope.attrs)
+        with self._lock:
+            found = next(
+                (
+                    a
+                    for a in self._answers.get(key, ())
+                    if attrs <= a.attrs and (lean or not a.lean)
+                ),
+                None,
+            )
+            if found is None:
+                mine = _Answer(attrs, lean, scope.ids, Future())
+                self._answers.setdefault(key, []).append(mine)
+                self.sent += 1
+            else:
+                self.shared += 1
+        if found is None:
+            try:
+                mine.future.set_result(ask(scope))
+            except BaseException as exc:
+                mine.future.set_exception(exc)
+                raise
+            return mine.future.result()
+        return _as_read(found.future.result(), found.ids, scope)
+
+
+def series_many(
+    store: Any,
+    reads: Sequence[SeriesRead],
+    read: Callable[[SeriesRead, SharedReads], pd.DataFrame],
+    on_done: Callable[[], None] | None,
+    shared: SharedReads | None,
+) -> list[pd.DataFrame]:
+    """An engine store's ``series_many``: ``read(r, shared)`` of each read in parallel, with
+    the ``shared`` requests of the view they belong to, else (several reads) of their own;
+    as ``series`` where the store reads no rollups (``store.shared_reads()`` None)."""
+    shared = shared or (store.shared_reads() if len(reads) > 1 else None)
+    if shared is None:
+        return series_in_parallel(store, reads, on_done=on_done)
+    session = shared
+    return series_in_parallel(store, reads, on_done=on_done, read=lambda r: read(r, session))
+
+
+def _as_read(cols: Cols, ids: GpuIds, scope: Scope) -> Cols:
+    """A shared answer as the read of ``scope`` would have had it: its attributes, its GPU ids."""
+    gid = cols["gpu_id"]
+    out = {k: cols[k] for k in KEYS if k in cols}
+    if len(gid):
+        shared = np.unique(gid)
+        own = np.zeros(int(shared[-1]) + 1, dtype=np.int64)
+        own[shared] = [scope.ids.of(ids.idents[g]) for g in shared.tolist()]
+        out["gpu_id"] = own[gid]
+    return out | {a: cols[a] for a in scope.attrs}
+
+
+def _hosts(hosts: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if hosts is None else tuple(hosts)
