@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from gpuwatt.model import GpuSample
-from gpuwatt.store import open_store, promql
+from gpuwatt.store import open_store, promql_latest
 
 pytestmark = pytest.mark.servers
 
@@ -39,7 +39,7 @@ def test_latest_finds_old_values_beyond_the_last_minutes(
         store.write_samples(samples)
         victoria_metrics.force_flush()
         got = store.latest(now_ns=NOW)
-        monkeypatch.setattr(promql, "LATEST_NARROW_NS", 3600 * S)  # one query over the hour
+        monkeypatch.setattr(promql_latest, "LATEST_NARROW_NS", 3600 * S)  # one query over the hour
         assert store.latest(now_ns=NOW) == got
     finally:
         store.close()

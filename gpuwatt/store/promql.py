@@ -215,8 +215,8 @@ class PromStore:
             "/api/v1/series",
             {
                 "match[]": match,
-                "start": _seconds(start_ns),
-                "end": _seconds(end_ns - NS_PER_MS),
+                "start": frames.seconds(start_ns),
+                "end": frames.seconds(end_ns - NS_PER_MS),
                 "limit": "1",
             },
         )
@@ -404,126 +404,7 @@ class PromStore:
 
     def latest(self, *, since_ns: int | None = None, now_ns: int | None = None) -> list[GpuSample]:
         """The newest value of each metric of every GPU seen since ``since_ns`` (default: the
-        last ``latest_lookback_s``)."""
-        import time
+        last ``latest_lookback_s``; ``promql_latest``)."""
+        from gpuwatt.store import promql_latest
 
-        now = time.time_ns() if now_ns is None else now_ns
-        lookback_ns = round(self.latest_lookback_s * 1e9)
-        since = now - lookback_ns if since_ns is None else since_ns
-        window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
-        names = self.dialect.by_attr()
-        presence = self._selector(self.dialect.presence, None)
-        if self.engine == "victoriametrics" and not any("|" in s.metric for s in names.values()):
-            # the newest values of the last minutes first (a reporting GPU's are there), then
-            # those older than that, asked only where the first answer lacks them
-            narrow = f"[{max(1, min(now - since, LATEST_NARROW_NS) // NS_PER_MS)}ms]"
-            pending = self._pool.submit(self._latest_at_once, narrow, now)
-            times = self.query(self._sample_times(window, now - since), now)
-            results = pending.result()
-            if narrow != window:
-                self._latest_older(results, times, window, now)
-            return frames.latest_samples(self.dialect, times, results)
-        times = self.query(self._sample_times(window, now - since), now)
-        queries = [(a, f"last_over_time({self._selector(s.metric, None)}{window})")
-                   for a, s in names.items()]  # fmt: skip
-        if self.dialect.lost_metric and self.dialect.lost_metric != self.dialect.presence:
-            queries.append(
-                (
-                    "lost",
-                    f"last_over_time({self._selector(self.dialect.lost_metric, None)}{window})",
-                )
-            )
-        results = dict(self._pool.map(lambda q: (q[0], self.query(q[1], now)), queries))
-        if self.dialect.lost_metric is not None:  # the presence metric itself marks lost GPUs
-            results["lost"] = self.query(f"last_over_time({presence}{window})", now)
-        return frames.latest_samples(self.dialect, times, results)
-
-    def _latest_metrics(self) -> dict[str, str]:
-        """``latest``'s metric per attribute (and ``lost``: the lost-GPU marker's)."""
-        out = {a: s.metric for a, s in self.dialect.by_attr().items()}
-        if self.dialect.lost_metric:
-            out["lost"] = self.dialect.lost_metric
-        return out
-
-    def _latest_at_once(
-        self,
-        window: str,
-        now_ns: int,
-        attrs: Sequence[str] | None = None,
-        hosts: Sequence[str] | None = None,
-    ) -> dict[str, list[dict[str, Any]]]:
-        """``latest``'s newest value of every metric (of ``attrs``; None: all) in one query
-        (VictoriaMetrics keeps the metric names with ``keep_metric_names``), split per attribute
-        as ``latest_samples`` takes them: one answer instead of a query per metric (~45, most
-        for metrics no GPU has)."""
-        by_attr = self._latest_metrics()
-        if attrs is not None:
-            by_attr = {a: m for a, m in by_attr.items() if a in attrs}
-        metrics = sorted(set(by_attr.values()))
-        if not metrics:
-            return {}
-        matchers = ["__name__=~" + promql_string(regex_alternatives(metrics))]
-        if hosts is not None:
-            pattern = regex_alternatives(hosts) if hosts else "$^"
-            matchers.append(f"{self.dialect.host}=~{promql_string(pattern)}")
-        sel = "{" + ", ".join(matchers) + "}"
-        by_metric: dict[str, list[dict[str, Any]]] = {}
-        for r in self.query(f"last_over_time({sel}{window}) keep_metric_names", now_ns):
-            by_metric.setdefault(r["metric"].get("__name__", ""), []).append(r)
-        return {a: by_metric.get(m, []) for a, m in by_attr.items()}
-
-    def _latest_older(
-        self,
-        results: dict[str, list[dict[str, Any]]],
-        times: list[dict[str, Any]],
-        window: str,
-        now_ns: int,
-    ) -> None:
-        """Complete ``results`` (newest values within the last minutes) with the newest values
-        within ``window`` where they lack a GPU's (of ``times``: every GPU seen in it): a GPU
-        silent for longer (a lost node), a metric measured less often. A metric no GPU has in
-        the last minutes is asked for every GPU; the others only for the hosts of the GPUs
-        that lack them. Each value kept is the one a single query over ``window`` gives."""
-        labels = (self.dialect.host, self.dialect.index, self.dialect.uuid, self.dialect.model)
-
-        def key(r: dict[str, Any]) -> tuple[str | None, ...]:
-            return tuple(r["metric"].get(k) for k in labels)
-
-        gpus = {key(r): r["metric"].get(self.dialect.host, "") for r in times}
-        if not gpus:
-            return
-        lacking = {a: set(gpus) - {key(r) for r in rs} for a, rs in results.items()}
-        absent = [a for a, rs in results.items() if not rs]
-        partial = [a for a, rs in results.items() if rs and lacking[a]]
-        asks: list[tuple[list[str], list[str] | None]] = []
-        if absent:
-            asks.append((absent, None))
-        if partial:
-            hosts = sorted({gpus[g] for a in partial for g in lacking[a]})
-            asks.append((partial, hosts))
-        for ask_attrs, ask_hosts in asks:
-            older = self._latest_at_once(window, now_ns, ask_attrs, ask_hosts)
-            for a, rs in older.items():
-                results[a] = results[a] + [r for r in rs if key(r) in lacking[a]]
-
-    def _sample_times(self, window: str, lookback_ns: int) -> str:
-        """PromQL for each GPU's newest sample time (Unix seconds) within ``window``."""
-        if self.dialect.sample_time is not None:
-            sel = self._selector(self.dialect.sample_time, None)
-            return f"last_over_time({sel}{window})"
-        presence = self._selector(self.dialect.presence, None)
-        if self.engine == "victoriametrics":
-            return f"tlast_over_time({presence}{window})"
-        # Prometheus: the newest timestamp() seen by a subquery. Its resolution stays within the
-        # 5-minute lookback for up to ~1.7 days; beyond that a GPU silent for that long may be
-        # missed, which only drops GPUs that are long gone.
-        resolution_s = max(15, -(-lookback_ns // (10_000 * 1_000_000_000)))
-        return f"last_over_time(timestamp({presence})[{window[1:-1]}:{resolution_s}s])"
-
-
-#: ``latest`` on VictoriaMetrics asks for the newest values of this last span first: a
-#: reporting GPU's are there. Its cost is mostly the series it answers (1,024 GPUs: ~12,000),
-#: but a window of an hour costs ~1.4x one of a few minutes (``bench/dashboard.py --store
-#: victoriametrics``); a GPU silent for longer, or a metric measured less often, is asked again
-#: over the whole lookback, for the hosts that lack it (``PromStore._latest_older``).
-LATEST_NARROW_NS = 300 * 1_000_000_000
+        return promql_latest.latest(self, since_ns=since_ns, now_ns=now_ns)
