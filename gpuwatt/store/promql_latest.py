@@ -61,12 +61,9 @@ def _latest_metrics(store: PromStore) -> dict[str, str]:
 
 
 def _latest_at_once(
-    store: PromStore,
-    window: str,
-    now_ns: int,
-    attrs: Sequence[str] | None = None,
-    hosts: Sequence[str] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
+    store: PromStore, window: str, now_ns: int, *, attrs: Sequence[str] | None = None,
+    hosts: Sequence[str] | None = None
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """``latest``'s newest value of every metric (of ``attrs``; None: all) in one query
     (VictoriaMetrics keeps the metric names with ``keep_metric_names``), split per attribute
     as ``latest_samples`` takes them: one answer instead of a query per metric (~45, most
@@ -118,7 +115,7 @@ def _latest_older(
         hosts = sorted({gpus[g] for a in partial for g in lacking[a]})
         asks.append((partial, hosts))
     for ask_attrs, ask_hosts in asks:
-        older = _latest_at_once(store, window, now_ns, ask_attrs, ask_hosts)
+        older = _latest_at_once(store, window, now_ns, attrs=ask_attrs, hosts=ask_hosts)
         for a, rs in older.items():
             results[a] = results[a] + [r for r in rs if key(r) in lacking[a]]
 
