@@ -23,7 +23,6 @@ metric, run in parallel. The dialects are in ``promql_dialects``; answers become
 
 from __future__ import annotations
 
-import gc
 import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -192,20 +191,16 @@ class PromStore:
             if resp.status >= 500:
                 raise StoreUnavailable(f"{self.url} answered HTTP {resp.status}: {error}")
             raise StoreRejected(f"{self.url} rejected the export: {error}", resp.status)
-        enabled = gc.isenabled()
-        gc.disable()  # as ``promql_frames.loads_without_gc``: many small containers, no cycles
         try:
-            fast = frames.exported_text(resp.data)
-            if fast is not None:
-                return fast
-            # one JSON document of all the lines (a line per series, no newline inside one)
-            lines = json.loads(b"[" + b",".join(x for x in resp.data.split(b"\n") if x) + b"]")
-            return frames.exported(lines)
+            with frames.gc_paused():  # many small containers, no cycles
+                fast = frames.exported_text(resp.data)
+                if fast is not None:
+                    return fast
+                # one JSON document of all the lines (a line per series, no newline inside one)
+                joined = b"[" + b",".join(x for x in resp.data.split(b"\n") if x) + b"]"
+                return frames.exported(json.loads(joined))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreRejected(f"{self.url} sent an unreadable export") from exc
-        finally:
-            if enabled:
-                gc.enable()
 
     def has_series(self, match: str, start_ns: int, end_ns: int) -> bool:
         """Whether the engine lists a series of ``match`` with samples in ``[start_ns, end_ns)``
