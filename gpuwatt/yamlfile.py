@@ -212,11 +212,17 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 class _Converter:
-    """Nodes to ``Located`` values, counting every value made (aliases expand here)."""
+    """Nodes to ``Located`` values, counting every value made (aliases expand here).
+
+    Its depth is bounded as the composer's is: aliases can nest a document deeper than it is
+    written, and ``&a [*a]`` makes a collection that holds itself. Those are refused here, with
+    their line, long before Python's recursion limit (which, reached under a tracer or while the
+    garbage collector runs, can end in "Exception ignored" noise rather than a clean error)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.made = 0
+        self._open: list[yaml.Node] = []  # the collections being converted, outermost first
 
     def convert(self, node: yaml.Node) -> Located:
         line = node.start_mark.line + 1
@@ -225,6 +231,21 @@ class _Converter:
             raise ConfigError(self.path, line, f"more than {MAX_NODES} values (aliases expanded)")
         if node.tag not in _STANDARD_TAGS:
             raise ConfigError(self.path, line, f"unsupported tag {node.tag!r}")
+        if not isinstance(node, yaml.CollectionNode):
+            return Located(self._scalar(node), self.path, line)
+        if any(node is held for held in self._open):
+            raise ConfigError(self.path, line, "an alias refers to a collection that holds it")
+        if len(self._open) >= MAX_DEPTH:
+            raise ConfigError(
+                self.path, line, f"nested deeper than {MAX_DEPTH} levels (aliases expanded)"
+            )
+        self._open.append(node)
+        try:
+            return self._collection(node, line)
+        finally:
+            self._open.pop()
+
+    def _collection(self, node: yaml.CollectionNode, line: int) -> Located:
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Located] = {}
             for key_node, value_node in node.value:
@@ -239,9 +260,7 @@ class _Converter:
                     )
                 out[key] = self.convert(value_node)
             return Located(out, self.path, line)
-        if isinstance(node, yaml.SequenceNode):
-            return Located([self.convert(n) for n in node.value], self.path, line)
-        return Located(self._scalar(node), self.path, line)
+        return Located([self.convert(n) for n in node.value], self.path, line)
 
     def _scalar(self, node: yaml.Node) -> Any:
         if node.tag not in _STANDARD_TAGS:
@@ -321,10 +340,7 @@ def load_text(text: str, path: str) -> Located:
         raise ConfigError(path, 1, "invalid YAML: nested too deeply") from None
     if node is None:
         return Located({}, path, 1)
-    try:
-        return _Converter(path).convert(node)
-    except RecursionError:
-        raise ConfigError(path, 1, "nested too deeply") from None
+    return _Converter(path).convert(node)
 
 
 def load_file(path: str | Path) -> Located:

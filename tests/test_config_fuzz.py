@@ -295,3 +295,27 @@ def test_the_loader_reads_no_more_than_its_bound_of_a_huge_file(tmp_path: Path) 
     assert code == 1 and "file larger than 4 MiB" in err.getvalue(), err.getvalue()
     pipe_buffer = 1024 * 1024  # Linux's pipe buffer is 64 KiB by default, at most 1 MiB
     assert MAX_FILE_BYTES < written <= MAX_FILE_BYTES + 1 + pipe_buffer + len(chunk)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        ("collector:\n  interval: &a [*a]\n", 2, "an alias refers to a collection that holds it"),
+        ("a: &a {b: *a}\n", 1, "an alias refers to a collection that holds it"),
+        (  # 60 levels written, then 30 more around an alias to them: 90 levels expanded
+            "a: &a " + "[" * 60 + "1" + "]" * 60 + "\nb: " + "[" * 30 + "*a" + "]" * 30 + "\n",
+            1,
+            "nested deeper than 64 levels (aliases expanded)",
+        ),
+    ],
+)
+def test_aliases_that_nest_too_deep_or_hold_themselves_are_refused_with_their_line(
+    tmp_path: Path, text: str, line: int, reason: str
+) -> None:
+    """Refused by the converter's own bound, never by Python's recursion limit: nothing else is
+    written to stderr (no "Exception ignored" from a RecursionError under the tracer)."""
+    path = tmp_path / "aliases.yaml"
+    path.write_text(text)
+    code, out, err, _steps, _peak = _check_config(path)
+    assert code == 1 and out == ""
+    assert err.splitlines() == [f"gpuwatt: {path}:{line}: {reason}"]
