@@ -2,10 +2,15 @@
 
 Peaks are *dense* (no 2:4 sparsity) TFLOPS at the boost clock the vendor quotes them at
 (``peak_clock_mhz``); the TFLOPS estimate scales them by the GPU's current SM clock over that
-clock. ``None`` means the GPU has no such pipe (V100 has no BF16) or the vendor publishes no
-figure. Integer tensor peaks (TOPS) are kept apart: they are not floating-point work. Datasheets
-quote sparse tensor figures for Ampere and newer: those are halved here. GeForce cards' tensor
-peaks are with FP32 accumulate (what training uses), half their FP16-accumulate figure.
+clock. Hopper's datasheets quote the low-precision tensor peaks (TF32, BF16, FP16, FP8, INT8) at a
+lower clock than the vector and FP64 peaks (H100 SXM: 989.4 TFLOPS BF16 = 132 SMs x 4,096 dense
+FLOPs per clock x 1,830 MHz, where FP32's 66.9 is at 1,980 MHz); ``tensor_clock_mhz`` holds that
+clock where it differs (a bf16 matrix product measured on an H100 SXM agrees with it within 2 %:
+``tests/data/h100_bf16_gemm.json``). ``None`` means the GPU has no such pipe (V100 has no BF16)
+or the vendor publishes no figure. Integer tensor peaks (TOPS) are kept apart: they are not
+floating-point work. Datasheets quote sparse tensor figures for Ampere and newer: those are
+halved here. GeForce cards' tensor peaks are with FP32 accumulate (what training uses), half
+their FP16-accumulate figure.
 
 A model is found by its NVML name (``nvmlDeviceGetName``) and, where the name is not one the
 table knows, by its PCI device id (NVML's ``pciDeviceId``, e.g. ``0x233010DE``: device id in the
@@ -50,6 +55,12 @@ class GpuSpec:
     has_gpm: bool  # GPM counters (Hopper and newer)
     source: str
     pci_device_ids: tuple[int, ...] = ()  # 16-bit PCI device ids (vendor 0x10DE)
+    tensor_clock_mhz: float | None = None  # None: the tensor peaks are at peak_clock_mhz
+
+    @property
+    def hmma_clock_mhz(self) -> float:
+        """The clock the low-precision tensor (HMMA) peaks are quoted at."""
+        return self.tensor_clock_mhz or self.peak_clock_mhz
 
     def tensor_peak_tflops(self, precision: str) -> float | None:
         """Dense tensor peak for ``precision`` in {tf32, bf16, fp16, fp8}."""

@@ -1,7 +1,8 @@
 """Achieved TFLOPS from pipe utilisation: pure arithmetic shared by the collector and analytics.
 
 TFLOPS ~= sum over pipes of (fraction of time the pipe was active x the pipe's dense peak) x
-(current SM clock / the clock the peak is quoted at). The HMMA tensor pipe covers TF32, BF16,
+(current SM clock / the clock that peak is quoted at: ``GpuSpec.hmma_clock_mhz`` for the tensor
+pipe, ``peak_clock_mhz`` for the others). The HMMA tensor pipe covers TF32, BF16,
 FP16 and FP8 work and the counters cannot tell which, so its peak is the one of the precision the
 site configures (``tensor_precision``, default bf16). Integer (IMMA) work is not counted.
 """
@@ -23,6 +24,7 @@ class PipePeaks(NamedTuple):
     fp32_tflops: float
     fp16_tflops: float
     peak_clock_mhz: float
+    hmma_clock_mhz: float
 
     @classmethod
     def of(cls, spec: GpuSpec, tensor_precision: str = "bf16") -> PipePeaks:
@@ -33,6 +35,7 @@ class PipePeaks(NamedTuple):
             spec.fp32_tflops or 0.0,
             spec.fp16_tflops or 0.0,
             spec.peak_clock_mhz,
+            spec.hmma_clock_mhz,
         )
 
 
@@ -50,14 +53,17 @@ def tflops_from_pipes(
     measured = (hmma_pct, dfma_pct, fp64_pct, fp32_pct, fp16_pct)
     if measured.count(None) == len(measured):
         return None
-    total = (
-        (hmma_pct or 0.0) * peaks.hmma_tflops
-        + (dfma_pct or 0.0) * peaks.dfma_tflops
+    tensor = (hmma_pct or 0.0) * peaks.hmma_tflops / 100.0
+    other = (
+        (dfma_pct or 0.0) * peaks.dfma_tflops
         + (fp64_pct or 0.0) * peaks.fp64_tflops
         + (fp32_pct or 0.0) * peaks.fp32_tflops
         + (fp16_pct or 0.0) * peaks.fp16_tflops
     ) / 100.0
-    return total if sm_clock_mhz is None else total * (sm_clock_mhz / peaks.peak_clock_mhz)
+    if sm_clock_mhz is None:
+        return tensor + other
+    clk = sm_clock_mhz
+    return tensor * clk / peaks.hmma_clock_mhz + other * clk / peaks.peak_clock_mhz
 
 
 def tflops_from_values(
@@ -108,8 +114,10 @@ def upper_bound_tflops_from_sm_activity(
     tensor_precision: str = "bf16",
 ) -> float | None:
     """For GPUs without pipe counters: SM activity x the tensor peak, clearly an upper bound."""
-    peak = spec.tensor_peak_tflops(tensor_precision) or spec.fp32_tflops
+    peak, at_mhz = spec.tensor_peak_tflops(tensor_precision), spec.hmma_clock_mhz
+    if peak is None:
+        peak, at_mhz = spec.fp32_tflops, spec.peak_clock_mhz
     if peak is None:
         return None
-    clock_ratio = 1.0 if sm_clock_mhz is None else sm_clock_mhz / spec.peak_clock_mhz
+    clock_ratio = 1.0 if sm_clock_mhz is None else sm_clock_mhz / at_mhz
     return sm_active_pct / 100.0 * peak * clock_ratio

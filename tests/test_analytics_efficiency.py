@@ -14,8 +14,8 @@ def test_h100_tflops_from_tensor_activity_and_clock() -> None:
     f = f.assign(tensor_hmma_active_pct=50.0, sm_clock_mhz=1500.0, power_w=500.0)
     s = analyze(f, now_ns=T0_NS + 600 * NS, tensor_precision="bf16")
     h100 = SPECS["H100 SXM"]
-    expected = 0.5 * h100.bf16_tensor_tflops * 1500.0 / h100.peak_clock_mhz
-    assert expected == pytest.approx(374.8, abs=0.1)  # 989.4 x 0.5 x 1500/1980
+    expected = 0.5 * h100.bf16_tensor_tflops * 1500.0 / h100.hmma_clock_mhz
+    assert expected == pytest.approx(405.5, abs=0.1)  # 989.4 x 0.5 x 1500/1830
     for _, row in s.energy_by_gpu.iterrows():
         assert row["tflops_mean"] == pytest.approx(expected, rel=1e-9)
         assert row["tflops_per_w"] == pytest.approx(expected / 500.0, rel=1e-9)
@@ -29,7 +29,8 @@ def test_h100_tflops_from_tensor_activity_and_clock() -> None:
 
 def test_precision_picks_the_tensor_peak() -> None:
     f = cluster_frame(hosts=1, gpus=1, duration_s=120).assign(
-        tensor_hmma_active_pct=50.0, sm_clock_mhz=1980.0
+        tensor_hmma_active_pct=50.0,
+        sm_clock_mhz=1830.0,  # the clock H100's tensor peaks are at
     )
     s = analyze(f, now_ns=T0_NS + 120 * NS, tensor_precision="fp8")
     assert s.energy_by_gpu["tflops_mean"].iloc[0] == pytest.approx(0.5 * 1978.9)
@@ -65,7 +66,7 @@ def test_unknown_model_is_absent_with_reason() -> None:
 
 def test_mixed_cluster_divides_by_the_power_of_gpus_with_an_estimate() -> None:
     h = cluster_frame(hosts=1, gpus=1, duration_s=120).assign(
-        tensor_hmma_active_pct=50.0, sm_clock_mhz=1980.0, power_w=500.0
+        tensor_hmma_active_pct=50.0, sm_clock_mhz=1830.0, power_w=500.0
     )
     a = cluster_frame(hosts=1, gpus=1, duration_s=120, name=A100).assign(
         host="node-9", uuid="GPU-A100", power_w=300.0

@@ -19,10 +19,11 @@ FLOPS = 3.166e15  # per step, whole job: 3166 TFLOPS at 1 s per step = 40.0 % of
 
 
 def _frame(jobs: list[str | None] | None = None, tensor_pct: float = 46.0) -> pd.DataFrame:
-    """8 x H100 SXM on one node at full clock; hmma activity = tensor_pct x util (~95 %)."""
+    """8 x H100 SXM on one node at the clock its tensor peak is quoted at (1830 MHz); hmma
+    activity = tensor_pct x util (~95 %)."""
     jobs = ["train"] * 8 if jobs is None else jobs
     return cluster_frame(hosts=1, gpus=8, duration_s=600, jobs=jobs, tensor_pct=tensor_pct,
-                         util_pct=100.0)  # fmt: skip
+                         util_pct=100.0, clock_mhz=1830.0)  # fmt: skip
 
 
 def _steps(

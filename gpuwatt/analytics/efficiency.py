@@ -51,19 +51,21 @@ def pipe_tflops(block: pd.DataFrame, spec: GpuSpec, precision: str) -> np.ndarra
     n = len(block)
     total = np.zeros(n)
     any_measured = np.zeros(n, dtype=bool)
+    clk = (
+        block["sm_clock_mhz"].to_numpy(dtype=float)
+        if "sm_clock_mhz" in block.columns
+        else np.full(n, np.nan)
+    )
     for col, peak in zip(_PIPES, _peaks(spec, precision), strict=True):
         if col not in block.columns:
             continue
         pct = block[col].to_numpy(dtype=float)
         fin = np.isfinite(pct)
         any_measured |= fin
-        total += np.where(fin, pct, 0.0) / 100.0 * peak
-    if "sm_clock_mhz" in block.columns:
-        clk = block["sm_clock_mhz"].to_numpy(dtype=float)
-        ratio = np.where(np.isfinite(clk), clk / spec.peak_clock_mhz, 1.0)
-    else:
-        ratio = np.ones(n)
-    return np.where(any_measured, total * ratio, np.nan)
+        at_mhz = spec.hmma_clock_mhz if col == _PIPES[0] else spec.peak_clock_mhz
+        ratio = np.where(np.isfinite(clk), clk / at_mhz, 1.0)
+        total += np.where(fin, pct, 0.0) / 100.0 * peak * ratio
+    return np.where(any_measured, total, np.nan)
 
 
 def add_row_tflops(rows: pd.DataFrame, *, tensor_precision: str = "bf16") -> pd.DataFrame:
