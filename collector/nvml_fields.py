@@ -125,6 +125,14 @@ def tick_queries(nv: Any) -> tuple[FieldQuery, ...]:
             via="nvmlDeviceGetCurrentClocksEventReasons",
         ),
         FieldQuery("fan_speed_pct", "fan_speed_pct", nv.nvmlDeviceGetFanSpeed),
+        # HBM temperature: only a field value (~10 us on an H100); GDDR boards refuse it
+        FieldQuery(
+            "temperature_memory_c",
+            "temperature_memory_c",
+            field_value_reader(nv),
+            (getattr(nv, "NVML_FI_DEV_MEMORY_TEMP", 82),),
+            via="nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)",
+        ),
         FieldQuery(
             "processes",
             "processes",
@@ -207,6 +215,27 @@ def slow_queries(nv: Any) -> tuple[FieldQuery, ...]:
 
 
 # --- conversions -------------------------------------------------------------------------------
+
+#: ``c_nvmlValue_t``'s member for each ``NVML_VALUE_TYPE_*`` (0 double ... 6 unsigned short)
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def field_value_reader(nv: Any) -> Callable[[Any, int], float] | None:
+    """``read(handle, field_id)``: one NVML field value as a number, raising the NVML error of
+    its own return code (a batch call answers each field's error in the field, not by raising);
+    None where the module lacks ``nvmlDeviceGetFieldValues``."""
+    get = getattr(nv, "nvmlDeviceGetFieldValues", None)
+    if get is None:
+        return None
+    success = nv.NVML_SUCCESS
+
+    def read(handle: Any, field_id: int) -> float:
+        (value,) = get(handle, [field_id])
+        if value.nvmlReturn != success:
+            raise nv.NVMLError(value.nvmlReturn)
+        return float(getattr(value.value, _VALUE_MEMBERS[value.valueType]))
+
+    return read
 
 
 def _from_milli(value: int) -> float:

@@ -34,6 +34,8 @@ from gpuwatt.tflops import estimate_tflops_from_pipes
 
 HOST = "node-1"
 BUSY = Activity()  # 500 W, 50 % HMMA at 1980 MHz
+#: H100's tensor peaks are quoted at 1830 MHz: at 1980 MHz its tensor pipe does 1980/1830 of them
+AT_1980 = 1980.0 / 1830.0
 
 
 class Clock:
@@ -290,12 +292,12 @@ def test_gpm_metrics_and_tflops_on_h100(
     assert s.dram_active_pct == pytest.approx(40.0)
     assert s.nvlink_rx_bytes_per_s == pytest.approx(2 * 1024**3)
     assert s.nvlink_tx_bytes_per_s == pytest.approx(1024**3)
-    # 50 % HMMA at 1980 MHz on H100 SXM, bf16 dense peak 989.4 TFLOPS
-    assert s.tflops_estimate == pytest.approx(494.7)
+    # 50 % HMMA at 1980 MHz on H100 SXM: bf16 dense peak 989.4 TFLOPS at 1830 MHz
+    assert s.tflops_estimate == pytest.approx(494.7 * AT_1980)
     assert s.tflops_method is TflopsMethod.GPM
     # at a throttled clock the estimate scales with it
     slow = tick(cluster, clock, sampler, activity=Activity(sm_clock_mhz=990.0))[0]
-    assert slow.tflops_estimate == pytest.approx(494.7 / 2)
+    assert slow.tflops_estimate == pytest.approx(494.7 * AT_1980 / 2)
 
 
 def test_each_gpm_figure_covers_the_interval_since_the_previous_tick(
@@ -316,7 +318,7 @@ def test_each_gpm_figure_covers_the_interval_since_the_previous_tick(
 def test_tensor_precision_chooses_the_peak(cluster: SimCluster, clock: Clock) -> None:
     with NvmlSampler(FakeNvml(cluster, HOST), HOST, tensor_precision="fp8", xid_events=False) as s:
         tick(cluster, clock, s)
-        assert tick(cluster, clock, s)[0].tflops_estimate == pytest.approx(1978.9 / 2)
+        assert tick(cluster, clock, s)[0].tflops_estimate == pytest.approx(1978.9 / 2 * AT_1980)
 
 
 def test_a100_without_gpm_has_no_tflops(clock: Clock) -> None:
@@ -389,7 +391,7 @@ def test_a_gpm_metric_that_fails_alone_is_none_alone(clock: Clock) -> None:
     assert sample.tensor_active_pct is None
     assert sample.tensor_hmma_active_pct == pytest.approx(50.0)
     assert sample.sm_active_pct == pytest.approx(90.0)
-    assert sample.tflops_estimate == pytest.approx(494.7)
+    assert sample.tflops_estimate == pytest.approx(494.7 * AT_1980)
 
 
 def test_fake_gpm_request_answers_like_nvml() -> None:
@@ -547,3 +549,32 @@ def test_run_for_helper_integrates_counters() -> None:
     run_for(cluster.gpus[0], 2.0, Activity(power_w=100.0, tensor_hmma_pct=25.0))
     assert cluster.gpus[0].energy_mj == 200_000
     assert cluster.gpus[0].tensor_hmma_active_s == pytest.approx(0.5)
+
+
+# --- HBM temperature: a field value, refused in its own return code -----------------------------
+
+
+def test_hbm_temperature_is_read_from_its_field_value(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler
+) -> None:
+    samples = tick(cluster, clock, sampler)
+    for s, g in zip(samples, cluster.gpus, strict=True):
+        assert s.temperature_memory_c == round(g.memory_temperature_c)
+    assert fields_of(samples[0])["temperature_memory_c"] == samples[0].temperature_memory_c
+
+
+def test_hbm_temperature_refused_in_the_field_is_not_measured_and_the_rest_goes_on(
+    cluster: SimCluster, clock: Clock, sampler: NvmlSampler, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batch call itself succeeds; the refusal is in the field's ``nvmlReturn`` (a GDDR
+    board): the field is None, refused for good once, and the other GPUs keep theirs."""
+    cluster.gpus[0].unsupported.add("NVML_FI_DEV_MEMORY_TEMP")
+    with caplog.at_level(logging.INFO, logger="gpuwatt.collector.nvml_source"):
+        for _ in range(3):
+            samples = tick(cluster, clock, sampler)
+    assert samples[0].temperature_memory_c is None and samples[0].power_w == 500.0
+    assert all(s.temperature_memory_c is not None for s in samples[1:])
+    cause = sampler.unsupported_fields()["gpu0/temperature_memory_c"]
+    assert cause == "NVMLError_NotSupported"
+    logs = [r for r in caplog.records if "temperature_memory_c" in r.getMessage()]
+    assert len(logs) == 1

@@ -224,6 +224,25 @@ class FakeNvml(MigCalls, GpmCalls, EventCalls):
             raise nvml_error(NV.NVML_ERROR_INVALID_ARGUMENT)
         return round(g.temperature_c)
 
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Any:
+        """HBM temperature (``NVML_FI_DEV_MEMORY_TEMP``) as an unsigned int; every other field id
+        answers NotSupported in its own ``nvmlReturn``, as NVML does for one it does not know.
+        ``"NVML_FI_DEV_MEMORY_TEMP"`` in a GPU's ``unsupported`` refuses it the same way."""
+        g = gpu_of(handle, "nvmlDeviceGetFieldValues")
+        values = (NV.c_nvmlFieldValue_t * len(fieldIds))()
+        for value, field_id in zip(values, fieldIds, strict=True):
+            value.fieldId = field_id
+            value.timestamp = round(g.time_s * 1e6)
+            if field_id == NV.NVML_FI_DEV_MEMORY_TEMP and "NVML_FI_DEV_MEMORY_TEMP" not in (
+                g.unsupported
+            ):
+                value.valueType = NV.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = round(g.memory_temperature_c)
+                value.nvmlReturn = NV.NVML_SUCCESS
+            else:
+                value.nvmlReturn = NV.NVML_ERROR_NOT_SUPPORTED
+        return values
+
     def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
         return round(gpu_of(handle, "nvmlDeviceGetFanSpeed").fan_speed_pct)
 
