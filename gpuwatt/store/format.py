@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from gpuwatt.schema import FIELDS, FieldSpec
 
 APPLICATION_ID = 0x47505754  # "GPWT"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: Older formats this version reads, and upgrades in place when it opens them (docs/storage.md)
+UPGRADES_FROM = (2,)
 
 #: The page size of a new file (an existing file keeps the one it was made with: SQLite fixes
 #: it when the file is created). Each commit appends every page it changed to the WAL, so what a
@@ -77,9 +79,10 @@ class Columns:
 
 
 def check(con: sqlite3.Connection, path: object) -> bool:
-    """Whether the file is a store of this format (False: a new, empty file). Raises
-    ``FormatError`` for any other file: another application's database, a newer format, or a
-    layout written before format 2 (development versions only; no release wrote one)."""
+    """Whether the file is a store of this format or of one it upgrades (False: a new, empty
+    file). Raises ``FormatError`` for any other file: another application's database, a newer
+    format, or a layout written before format 2 (development versions only; no release wrote
+    one)."""
     (app_id,) = con.execute("PRAGMA application_id").fetchone()
     (version,) = con.execute("PRAGMA user_version").fetchone()
     if app_id == APPLICATION_ID:
@@ -88,7 +91,7 @@ def check(con: sqlite3.Connection, path: object) -> bool:
                 f"{path} is embedded store format {version}, newer than this gpuwatt reads "
                 f"(format {FORMAT_VERSION}): upgrade gpuwatt to read it"
             )
-        if version < FORMAT_VERSION:
+        if version < FORMAT_VERSION and version not in UPGRADES_FROM:
             raise FormatError(f"{path}: embedded store format {version} is not supported")
         return True
     (tables,) = con.execute("SELECT count(*) FROM sqlite_master").fetchone()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from gpuwatt.store.rollup_rule import (
     combine,
 )
 from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, floor_ns
+from gpuwatt.store.sqlite_segments import SegmentAppender
 
 _RETENTION_CHECK_NS = MINUTE_NS
 
@@ -42,7 +43,8 @@ class Maintenance:
     _newest_ns: int
     _states: dict[str, Any]  # by UUID: the writer's per-GPU state (its ``tail`` id in use)
     _tail_ids: dict[tuple[Any, ...], int]
-    _flush_last_times: Callable[[sqlite3.Connection], None]
+    _last_times: dict[int, int]  # GPU id -> newest sample not in ``gpus`` yet
+    _segments: SegmentAppender
 
     @staticmethod
     def _meta(con: sqlite3.Connection) -> dict[str, int]:
@@ -122,6 +124,22 @@ class Maintenance:
             self._apply_retention(con, newest)
             self._set_meta(con, "retention_at_ns", newest)
 
+    def _flush_last_times(self, con: sqlite3.Connection) -> None:
+        """Record each GPU's newest sample in ``gpus`` (done once a minute of data time and
+        before a compaction, not every round: a page less to write per round). ``latest()``
+        finds what is newer in the head rows from ``last_times_until`` on."""
+        by_time: dict[int, list[int]] = {}
+        for g, t in self._last_times.items():
+            by_time.setdefault(t, []).append(g)
+        for t, ids in by_time.items():
+            con.execute(
+                "UPDATE gpus SET last_time_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
+                "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                (t, json.dumps(sorted(ids))),
+            )
+        self._last_times.clear()
+        self._set_meta(con, "last_times_until", self._newest_ns)
+
     def _compact(self, con: sqlite3.Connection, before_ns: int) -> None:
         self._flush_last_times(con)  # head rows after last_times_until must stay in the head
         host_of = dict(con.execute("SELECT id, host FROM gpus").fetchall())
@@ -189,6 +207,7 @@ class Maintenance:
         raw_cut = newest_ns - self.retention_raw_ns
         con.execute("DELETE FROM head WHERE time_ns < ?", (raw_cut,))
         chunks.delete_before(con, raw_cut)
+        self._segments.delete_before(con, raw_cut)
         # A tail's last_ns is the newest of: its first sample, a GPU taking it up again
         # (``_tail_id``), the last minute rolled with it (``_roll``). A block before the cut
         # is kept whole until it ends before the cut: its tails are kept a block longer.

@@ -1,0 +1,83 @@
+"""The embedded store writer's open segment (format 3, ``segments``): rounds appended to it, a
+new one once data time leaves its block, deleted segments' files removed after the commit.
+
+Values are rounded to their stored precision (``format.STORED_DECIMALS``) as they are appended:
+the segment is the stored block, written once, so what a reader sees of a sample (``latest()``
+included) is what the block keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+from gpuwatt.store import format, segments
+from gpuwatt.store.chunks import BLOCK_NS
+
+#: a segment holds at most this many samples (a replay of days of one huge cluster still gets
+#: files of bounded size): 2**24 x 48 words is what 1,024 GPUs write in ~4.5 hours
+MAX_SEGMENT_SAMPLES = 1 << 24
+
+
+class SegmentAppender:
+    """The writer's open segment of one store file."""
+
+    def __init__(self, db_path: Path, attrs: tuple[str, ...]) -> None:
+        self.folder = segments.directory(db_path)
+        #: (position in a raw row, digits) of the columns with a stored precision
+        self._rounded = [(1 + c, k) for c, k in format.stored_decimals(attrs).items()]
+        self._open: segments.SegmentWriter | None = None
+        self._block_end_ns = 0
+        self._unlink: list[Path] = []
+
+    def append(
+        self, con: sqlite3.Connection, time_ns: int, gpu_ids: list[int], rows: np.ndarray
+    ) -> None:
+        """Append one round (``rows``: the raw rows of ``gpu_ids``, distinct), inside the
+        writer's transaction."""
+        seg = self._open
+        if seg is not None and (time_ns >= self._block_end_ns or seg.n >= MAX_SEGMENT_SAMPLES):
+            segments.close(con, seg)
+            seg = self._open = None
+        if seg is None:
+            segments.recover(con, self.folder)  # segments a writer before this one left open
+            seg = self._open = segments.open_new(con, self.folder)
+            # in the index before any round is in it (the rest of the write may roll back)
+            con.execute("COMMIT")
+            con.execute("BEGIN IMMEDIATE")
+            self._block_end_ns = time_ns // BLOCK_NS * BLOCK_NS + BLOCK_NS
+        if self._rounded:
+            rows = rows.copy()
+            for j, k in self._rounded:
+                rows[:, j] = np.round(rows[:, j], k)
+        seg.append(time_ns, np.asarray(gpu_ids, dtype=np.int64), rows)
+
+    def delete_before(self, con: sqlite3.Connection, cut_ns: int) -> None:
+        """Segments past the raw retention: out of the index now, their files after the commit."""
+        self._unlink += segments.delete_before(con, cut_ns)
+
+    def committed(self) -> None:
+        """The writer's transaction committed: what it deleted can go."""
+        for path in self._unlink:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._unlink.clear()
+
+    def rolled_back(self) -> None:
+        """The writer's transaction rolled back: its deletions did not happen, and a segment
+        it closed may still be open in the index (the next one opened closes it: ``recover``)."""
+        self._unlink.clear()
+
+    def close(self, con: sqlite3.Connection) -> None:
+        """End the open segment (inside a transaction): a store at rest, or closing."""
+        if self._open is not None:
+            segments.close(con, self._open)
+            self._open = None
+
+    def abandon(self) -> None:
+        if self._open is not None:
+            self._open.abandon()
+            self._open = None
