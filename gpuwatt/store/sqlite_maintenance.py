@@ -60,12 +60,16 @@ class Maintenance:
         meta = self._meta(con)
         newest = max(meta.get("max_time_ns", t_max), t_max, self._newest_ns)
         self._newest_ns = newest
-        # Recorded once a minute of data time (a page less to write per round): what a new
-        # writer needs of it is which minutes and blocks are over, and those are recorded.
-        if newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
-            self._set_meta(con, "max_time_ns", newest)
-            self._flush_last_times(con)
         up_m = meta.get("rolled_60")
+        # Recorded once a minute of data time (a page less to write per round): what a new
+        # writer needs of it is which minutes and blocks are over, and those are recorded. In
+        # the transaction that rolls a minute: one commit a minute, not two or three (its
+        # pages are written twice, WAL and file: bench/store_write.py). The GPUs' newest
+        # sample times are recorded when a block closes (``_compact``); ``latest()`` finds
+        # newer ones in the segments.
+        rolls = up_m is not None and floor_ns(newest - self.rollup_grace_ns, MINUTE_NS) > up_m
+        if rolls or newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
+            self._set_meta(con, "max_time_ns", newest)
         up_h = meta.get("rolled_3600")
         if up_m is None:
             up_m = floor_ns(t_min, MINUTE_NS)
@@ -115,7 +119,7 @@ class Maintenance:
         compacted = meta.get("compacted_until", floor_ns(t_min, BLOCK_NS))
         new_compacted = max(compacted, floor_ns(newest - self.rollup_grace_ns, BLOCK_NS))
         last_ret = meta.get("retention_at_ns")
-        check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
+        check = last_ret is None or rolls or newest - last_ret >= _RETENTION_CHECK_NS
         if new_compacted > compacted or (check and raw.head_has_before(con, compacted)):
             self._compact(con, new_compacted)
         if new_compacted != meta.get("compacted_until"):
