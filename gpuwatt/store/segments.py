@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import struct
 import threading
 import zlib
 from collections import OrderedDict
@@ -43,6 +44,9 @@ VERSION = 1
 HEADER = MAGIC + bytes((VERSION, 0, 0, 0))
 #: zstd level of the stream: bench/store_write.py (demo: 19.6 B per GPU-sample at 3, 18.5 at 7)
 ZSTD_LEVEL = 3
+#: before each piece of the zstd stream (a round's, the frame's end): its length, so that a
+#: reader feeds the decompressor whole pieces only (a torn or garbled piece ends the segment)
+PIECE = struct.Struct("<I")
 #: decoded rows a process keeps (segments are immutable once closed, the open one only grows)
 CACHE_BYTES = 128 << 20
 
@@ -93,9 +97,8 @@ class SegmentWriter:
     def append(self, time_ns: int, gpu_ids: np.ndarray, rows: np.ndarray) -> None:
         """Append one round (``gpu_ids`` distinct); in the file when this returns."""
         record = self._encoder.encode(time_ns, gpu_ids, rows)
-        self._write(
-            self._cobj.compress(record) + self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        )
+        piece = self._cobj.compress(record) + self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        self._write(PIECE.pack(len(piece)) + piece)
         self.t_min_ns = time_ns if self.t_min_ns is None else min(self.t_min_ns, time_ns)
         self.t_max_ns = time_ns if self.t_max_ns is None else max(self.t_max_ns, time_ns)
         self.n += len(gpu_ids)
@@ -106,7 +109,8 @@ class SegmentWriter:
         if self._fd < 0:
             return
         try:
-            self._write(self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+            end = self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+            self._write(PIECE.pack(len(end)) + end)
             os.fsync(self._fd)
         finally:
             os.close(self._fd)
@@ -137,11 +141,22 @@ class _Decoded:
         self.records.append(record)
         self.nbytes += record.rows.nbytes
 
-    def feed(self, data: bytes) -> None:
-        if self.broken or not data:
-            return
+    def feed(self, data: bytes) -> int:
+        """Decode the whole pieces at the start of ``data`` (the file from ``offset``); how many
+        bytes they were (a torn last piece is read again once it is whole)."""
+        pos = 0
+        while not self.broken and len(data) - pos >= PIECE.size:
+            (length,) = PIECE.unpack_from(data, pos)
+            end = pos + PIECE.size + length
+            if end > len(data):
+                break
+            self._records(data[pos + PIECE.size : end])
+            pos = end
+        return pos
+
+    def _records(self, piece: bytes) -> None:
         try:
-            out = self.dobj.decompress(data)
+            out = self.dobj.decompress(piece)
         except zstandard.ZstdError:
             self.broken = True
             return
@@ -202,8 +217,7 @@ class _Cache:
                 except FileNotFoundError:  # deleted by retention since the index was read
                     del self._entries[path]
                     return []
-                entry.offset += len(data)
-                entry.feed(data)
+                entry.offset += entry.feed(data)
             records = list(entry.records)
             self._shrink()
         return records
