@@ -54,14 +54,29 @@ def _unzigzag(z: np.ndarray) -> np.ndarray:
     return ((z >> np.uint64(1)) ^ (np.uint64(0) - (z & np.uint64(1)))).view(np.int64)
 
 
-def _decimals(both: np.ndarray) -> np.ndarray:
+def _exact(both: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Per column of ``both``: whether every value is finite and exact with ``k`` digits after
+    the point (k >= 0)."""
+    p = _POW10[np.maximum(k, 0)]
+    with np.errstate(invalid="ignore"):
+        scaled = both * p
+        return (
+            (k >= 0)
+            & (np.abs(scaled) < _LIMIT).all(axis=0)
+            & (np.rint(scaled) / p == both).all(axis=0)
+        )
+
+
+def _decimals(both: np.ndarray, todo: np.ndarray | None = None) -> np.ndarray:
     """Per column of ``both`` (this round's values over the previous ones), the fewest digits
-    after the point that hold every value exactly; -1 where none does (or a value is NaN)."""
+    after the point that hold every value exactly; -1 where none does (or a value is NaN).
+    ``todo``: only these columns are looked at (the others: -1)."""
     width = both.shape[1]
     k = np.full(width, -1, dtype=np.int64)
     if not len(both):
         return k
-    todo = np.isfinite(both).all(axis=0)
+    finite = np.isfinite(both).all(axis=0)
+    todo = finite if todo is None else todo & finite
     big = np.abs(np.where(np.isfinite(both), both, 0.0)).max(axis=0)
     for d in range(MAX_DECIMALS + 1):
         if not todo.any():
@@ -115,13 +130,30 @@ class Encoder:
 
     def __init__(self) -> None:
         self._prev = _Previous()
+        self._k: np.ndarray | None = None  # the digits each column took last (-1: XOR)
+        self._rounds = 0
+
+    def _digits(self, both: np.ndarray) -> np.ndarray:
+        """``_decimals`` of the round, searched again only for the columns whose digits of the
+        round before do not hold it (and every column every 64th round: digits that could be
+        fewer again)."""
+        k = self._k
+        self._rounds += 1
+        if k is None or len(k) != both.shape[1] or self._rounds % 64 == 0:
+            k = _decimals(both)
+        else:
+            ok = _exact(both, k)
+            if not ok.all():
+                k = np.where(ok, k, _decimals(both, ~ok))
+        self._k = k
+        return k
 
     def encode(self, time_ns: int, gpu_ids: np.ndarray, rows: np.ndarray) -> bytes:
         """The record of a round (``gpu_ids`` distinct), framed: length, CRC-32, body."""
         n, width = rows.shape
         at, same = self._prev.positions(gpu_ids, width)
         prev = self._prev.rows[at]
-        k = _decimals(np.concatenate([rows, prev]))
+        k = self._digits(np.concatenate([rows, prev]))
         words = rows.view(np.uint64) ^ prev.view(np.uint64)
         for d in np.unique(k[k >= 0]).tolist():
             cols = np.flatnonzero(k == d)

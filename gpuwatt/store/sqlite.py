@@ -295,10 +295,12 @@ class SqliteStore(Maintenance):
         cuts = np.flatnonzero(times[1:] != times[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(times)]
         t_list: list[int] = times.tolist()
+        values = self._segments.rounded(values)
+        gid_array = np.array(gids, dtype=np.int64)
         for a, b in itertools.pairwise(bounds):
             run = gids[a:b]
             if len(set(run)) == len(run):
-                self._segments.append(con, t_list[a], run, values[a:b])
+                self._segments.append(con, t_list[a], gid_array[a:b], values[a:b])
             else:
                 keep = {g: i for i, g in enumerate(run, a)}
                 self._segments.append(con, t_list[a], list(keep), values[list(keep.values())])
@@ -338,6 +340,7 @@ class SqliteStore(Maintenance):
             self._commit_ids(con)
             t_min, t_max = min(times), max(times)
             values = np.frombuffer(b"".join(parts), "<f8").reshape(-1, ncols + 2)
+            values = self._segments.rounded(values)
             if t_min == t_max and len(set(gids)) == len(gids):  # a round: one time, GPUs once
                 self._segments.append(con, t_max, gids, values)
             else:

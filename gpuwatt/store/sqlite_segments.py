@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +28,33 @@ class SegmentAppender:
 
     def __init__(self, db_path: Path, attrs: tuple[str, ...]) -> None:
         self.folder = segments.directory(db_path)
-        #: (position in a raw row, digits) of the columns with a stored precision
-        self._rounded = [(1 + c, k) for c, k in format.stored_decimals(attrs).items()]
+        #: digits -> positions in a raw row of the columns with that stored precision
+        self._rounded: dict[int, list[int]] = {}
+        for c, k in format.stored_decimals(attrs).items():
+            self._rounded.setdefault(k, []).append(1 + c)
         self._open: segments.SegmentWriter | None = None
         self._block_end_ns = 0
         self._unlink: list[Path] = []
 
+    def rounded(self, values: np.ndarray) -> np.ndarray:
+        """Raw rows with the columns that have a stored precision rounded to it (a copy)."""
+        if not self._rounded:
+            return values
+        values = values.copy()
+        for k, cols in self._rounded.items():
+            p = 10.0**k  # what numpy.round does, bit for bit
+            values[:, cols] = np.rint(values[:, cols] * p) / p
+        return values
+
     def append(
-        self, con: sqlite3.Connection, time_ns: int, gpu_ids: list[int], rows: np.ndarray
+        self,
+        con: sqlite3.Connection,
+        time_ns: int,
+        gpu_ids: Sequence[int] | np.ndarray,
+        rows: np.ndarray,
     ) -> None:
-        """Append one round (``rows``: the raw rows of ``gpu_ids``, distinct), inside the
-        writer's transaction."""
+        """Append one round (``rows``: the raw rows of ``gpu_ids``, distinct, ``rounded``),
+        inside the writer's transaction."""
         seg = self._open
         if seg is not None and (time_ns >= self._block_end_ns or seg.n >= MAX_SEGMENT_SAMPLES):
             segments.close(con, seg)
@@ -49,10 +66,6 @@ class SegmentAppender:
             con.execute("COMMIT")
             con.execute("BEGIN IMMEDIATE")
             self._block_end_ns = time_ns // BLOCK_NS * BLOCK_NS + BLOCK_NS
-        if self._rounded:
-            rows = rows.copy()
-            for j, k in self._rounded:
-                rows[:, j] = np.round(rows[:, j], k)
         seg.append(time_ns, np.asarray(gpu_ids, dtype=np.int64), rows)
 
     def delete_before(self, con: sqlite3.Connection, cut_ns: int) -> None:
