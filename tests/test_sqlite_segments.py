@@ -84,6 +84,24 @@ def test_a_reader_decodes_what_was_appended_since_it_last_looked(tmp_path: Path)
     writer.abandon()
 
 
+def test_memory_stays_bounded_and_every_round_still_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``CACHE_BYTES`` a reader drops its oldest decoded rounds; a read that reaches back
+    to them decodes the file again."""
+    monkeypatch.setattr(segments, "CACHE_BYTES", 4096)
+    want = _rounds(60)
+    writer = segments.SegmentWriter(tmp_path, 1)
+    reader = segments._Cache()
+    for k, (t, gids, rows) in enumerate(want):
+        writer.append(t, gids, rows)
+        recent = reader.records(writer.path, t)
+        _same([r for r in recent if r.time_ns >= t], [want[k]])
+        assert sum(e.nbytes for e in reader._entries.values()) <= 4096
+    _same(reader.records(writer.path), want)
+    writer.abandon()
+
+
 @pytest.mark.parametrize("garbage", [b"", b"\x00" * 300, bytes(range(256)) * 3])
 def test_a_torn_or_garbled_end_ends_what_is_read(tmp_path: Path, garbage: bytes) -> None:
     """A writer killed (or a power loss) in the middle of a round leaves part of its bytes,

@@ -134,12 +134,27 @@ class _Decoded:
         self.decoder = Decoder()
         self.records: list[Record] = []
         self.nbytes = 0
+        #: the newest time of the records dropped to keep memory bounded (``trim``): a read
+        #: that reaches back to it decodes the file again
+        self.dropped_max_ns: int | None = None
         self.broken = False  # a garbled record: nothing after it is read
         self.fed = False  # filled by this process's writer, not from the file
 
     def add(self, record: Record) -> None:
         self.records.append(record)
         self.nbytes += record.rows.nbytes
+
+    def trim(self, nbytes: int) -> None:
+        """Drop the oldest records until at most ``nbytes`` are kept (the decoder's state,
+        each GPU's last values, stays: new records still decode)."""
+        k = 0
+        while self.nbytes > nbytes and k < len(self.records):
+            r = self.records[k]
+            self.nbytes -= r.rows.nbytes
+            if self.dropped_max_ns is None or r.time_ns > self.dropped_max_ns:
+                self.dropped_max_ns = r.time_ns
+            k += 1
+        del self.records[:k]
 
     def feed(self, data: bytes) -> int:
         """Decode the whole pieces at the start of ``data`` (the file from ``offset``); how many
@@ -202,8 +217,9 @@ class _Cache:
             entry.offset = size_b
             self._shrink()
 
-    def records(self, path: Path) -> list[Record]:
-        """The whole records of a segment file (its new bytes decoded first)."""
+    def records(self, path: Path, start_ns: int = -(2**63)) -> list[Record]:
+        """The whole records of a segment file (its new bytes decoded first); those older than
+        ``start_ns`` may be left out."""
         with self._lock:
             entry = self._entries.pop(path, None) or _Decoded()
             self._entries[path] = entry  # most recently used
@@ -219,14 +235,22 @@ class _Cache:
                     return []
                 entry.offset += entry.feed(data)
             records = list(entry.records)
+            dropped = entry.dropped_max_ns is not None and entry.dropped_max_ns >= start_ns
             self._shrink()
+        if dropped:  # this read reaches records dropped from memory: decode the file again
+            return _decode_file(path).records
         return records
 
     def _shrink(self) -> None:
+        """Past ``CACHE_BYTES``: segments least recently used dropped first, the newest one's
+        oldest records last (a writer's minute rollups read its last minutes)."""
         total = sum(e.nbytes for e in self._entries.values())
-        while total > CACHE_BYTES and self._entries:
+        while total > CACHE_BYTES and len(self._entries) > 1:
             _, dropped = self._entries.popitem(last=False)
             total -= dropped.nbytes
+        if total > CACHE_BYTES:
+            for entry in self._entries.values():
+                entry.trim(CACHE_BYTES // 2)
 
     def forget(self, path: Path) -> None:
         with self._lock:
@@ -266,7 +290,7 @@ def _records(con: sqlite3.Connection, start_ns: int, end_ns: int) -> Iterator[li
     if ids:
         folder = folder_of(con)
         for i in ids:
-            yield _CACHE.records(folder / file_name(i))
+            yield _CACHE.records(folder / file_name(i), start_ns)
 
 
 def read(con: sqlite3.Connection, span: Span) -> tuple[Rows, bool]:
@@ -358,7 +382,7 @@ def first_time(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int | Non
     if open_ids:
         folder = folder_of(con)
         for i in open_ids:
-            times = [r.time_ns for r in _CACHE.records(folder / file_name(i))]
+            times = [r.time_ns for r in _CACHE.records(folder / file_name(i), start_ns)]
             found += [t for t in times if start_ns <= t < end_ns]
     return min(found) if found else None
 
@@ -368,20 +392,23 @@ def count(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int:
     return len(rows.time_ns)
 
 
-def scan(path: Path) -> tuple[int | None, int | None, int, int]:
-    """(t_min_ns, t_max_ns, samples, bytes up to the end of the last whole record) of a segment
-    file written by a writer that died (``recover``)."""
+def _decode_file(path: Path) -> _Decoded:
+    """A segment file decoded whole, outside the cache (empty if it is gone or not one)."""
     entry = _Decoded()
-    try:
+    with contextlib.suppress(FileNotFoundError):
         data = path.read_bytes()
-    except FileNotFoundError:
-        return None, None, 0, 0
-    if data[: len(HEADER)] != HEADER:
-        return None, None, 0, 0
-    entry.feed(data[len(HEADER) :])
-    times = [r.time_ns for r in entry.records]
-    n = sum(len(r.gpu_ids) for r in entry.records)
-    return (min(times) if times else None), (max(times) if times else None), n, len(data)
+        if data[: len(HEADER)] == HEADER:
+            entry.feed(data[len(HEADER) :])
+    return entry
+
+
+def scan(path: Path) -> tuple[int | None, int | None, int]:
+    """(t_min_ns, t_max_ns, samples) of a segment file written by a writer that died
+    (``recover``): its whole records."""
+    records = _decode_file(path).records
+    times = [r.time_ns for r in records]
+    n = sum(len(r.gpu_ids) for r in records)
+    return (min(times) if times else None), (max(times) if times else None), n
 
 
 def recover(con: sqlite3.Connection, folder: Path) -> None:
@@ -389,7 +416,7 @@ def recover(con: sqlite3.Connection, folder: Path) -> None:
     and count recorded, the file fsync'd. What a torn last record held is not read."""
     for (i,) in con.execute("SELECT id FROM segments WHERE closed = 0").fetchall():
         path = folder / file_name(i)
-        t_min, t_max, n, _ = scan(path)
+        t_min, t_max, n = scan(path)
         with contextlib.suppress(FileNotFoundError):
             fd = os.open(path, os.O_RDONLY)
             try:
