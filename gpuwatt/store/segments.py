@@ -52,7 +52,7 @@ CACHE_BYTES = 128 << 20
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS segments (
-  id INTEGER PRIMARY KEY,
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
   t_min_ns INTEGER,
   t_max_ns INTEGER,
   n INTEGER NOT NULL DEFAULT 0,
@@ -66,6 +66,8 @@ def directory(db_path: str | Path) -> Path:
 
 
 def file_name(segment_id: int) -> str:
+    """A segment's file name. Ids are never reused (``AUTOINCREMENT``), so a reader's decoded
+    copy of a file (``_Cache``) can never stand for another file of the same name."""
     return f"{segment_id:010d}.seg"
 
 
