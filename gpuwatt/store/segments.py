@@ -359,15 +359,23 @@ def _columns(rows: np.ndarray, cols: Sequence[int]) -> np.ndarray:
 
 def newest_times(con: sqlite3.Connection, since_ns: int) -> dict[int, int]:
     """Each GPU's newest sample time at or after ``since_ns`` in the segments."""
-    newest: dict[int, int] = {}
+    gids: list[np.ndarray] = []
+    times: list[int] = []
+    counts: list[int] = []
     for records in _records(con, since_ns, 2**62):
         for r in records:
             if r.time_ns >= since_ns:
-                t = r.time_ns
-                for g in r.gpu_ids.tolist():
-                    if newest.get(g, t) <= t:
-                        newest[g] = t
-    return newest
+                gids.append(r.gpu_ids)
+                times.append(r.time_ns)
+                counts.append(len(r.gpu_ids))
+    if not gids:
+        return {}
+    g = np.concatenate(gids)
+    t = np.repeat(np.array(times, dtype=np.int64), counts)
+    order = np.lexsort((t, g))
+    g, t = g[order], t[order]
+    last = np.r_[g[1:] != g[:-1], True]  # each GPU's newest
+    return dict(zip(g[last].tolist(), t[last].tolist(), strict=True))
 
 
 def first_time(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int | None:
