@@ -177,10 +177,31 @@ class Encoder:
 
 
 class Decoder:
-    """Decodes the records of one segment, in order (``Encoder`` reversed)."""
+    """Decodes the records of one segment, in order (``Encoder`` reversed). It works on the
+    words column by column, as they are stored (each position's words of every GPU together):
+    a record's rows come out as a column-major array."""
 
     def __init__(self) -> None:
-        self._prev = _Previous()
+        self._prev = _Previous()  # which position each GPU's previous values are at
+        self._state = np.zeros((0, 0))  # width x GPUs: each GPU's previous values
+        self._where: tuple[np.ndarray, slice | np.ndarray] | None = None
+
+    def _positions(self, gpu_ids: np.ndarray, width: int) -> slice | np.ndarray:
+        """Where the GPUs' previous values are in ``_state``: a slice when they lie in order."""
+        at, _ = self._prev.positions(gpu_ids, width)
+        if self._where is not None and self._where[0] is at:
+            return self._where[1]
+        if self._state.shape[0] != width:
+            self._state = np.zeros((width, 0))
+        if len(self._prev.rows) > self._state.shape[1]:
+            grow = len(self._prev.rows) - self._state.shape[1]
+            self._state = np.concatenate([self._state, np.zeros((width, grow))], axis=1)
+        n = len(at)
+        where: slice | np.ndarray = at
+        if n and int(at[-1]) - int(at[0]) == n - 1 and bool((np.diff(at) == 1).all()):
+            where = slice(int(at[0]), int(at[0]) + n)
+        self._where = (at, where)
+        return where
 
     def decode(self, body: bytes) -> Record:
         time_ns, n, width, flags = _BODY.unpack_from(body)
@@ -195,15 +216,19 @@ class Decoder:
         table = np.frombuffer(body, np.uint8, 2 * width, pos).reshape(width, 2)
         pos += 2 * width
         planes = np.frombuffer(body, np.uint8, 8 * n * width, pos).reshape(width, 8, n)
-        words = np.ascontiguousarray(planes.transpose(2, 0, 1)).view(np.uint64)[:, :, 0]
-        at, _ = self._prev.positions(gpu_ids, width)
-        prev = self._prev.rows[at]
-        rows = (words ^ prev.view(np.uint64)).view(np.float64)
+        words = np.ascontiguousarray(planes.transpose(0, 2, 1)).view(np.uint64)[:, :, 0]
+        where = self._positions(gpu_ids, width)
+        prev = self._state[:, where]  # width x n
         decimal = table[:, 0] == DECIMAL_DELTA
+        parts = []
         for d in np.unique(table[decimal, 1]).tolist():
             cols = np.flatnonzero(decimal & (table[:, 1] == d))
             p = _POW10[d]
-            ints = np.rint(prev[:, cols] * p).astype(np.int64) + _unzigzag(words[:, cols])
-            rows[:, cols] = ints / p
-        self._prev.rows[at] = rows
-        return Record(time_ns, gpu_ids, rows)
+            ints = np.rint(prev[cols] * p).astype(np.int64) + _unzigzag(words[cols])
+            parts.append((cols, ints / p))
+        np.bitwise_xor(words, prev.view(np.uint64), out=words)
+        columns = words.view(np.float64)
+        for cols, values in parts:
+            columns[cols] = values
+        self._state[:, where] = columns
+        return Record(time_ns, gpu_ids, columns.T)

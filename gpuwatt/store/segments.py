@@ -300,60 +300,58 @@ def read(con: sqlite3.Connection, span: Span) -> tuple[Rows, bool]:
     them twice (a round written again, a segment that overlaps another: ``chunks.dedupe``)."""
     start_ns, end_ns, col_ids, gpu_ids = span
     cols = list(col_ids)
-    times: list[np.ndarray] = []
+    times: list[int] = []
+    counts: list[int] = []
     gids: list[np.ndarray] = []
-    lost: list[np.ndarray] = []
-    tails: list[np.ndarray] = []
-    values: list[np.ndarray] = []
-    seen_times: list[int] = []
-    again = False
+    parts: list[np.ndarray] = []  # per record: lost, the columns asked for, tail (x its GPUs)
+    picks: dict[int, list[int] | None] = {}  # by width: the positions to take
     for records in _records(con, start_ns, end_ns):
-        last = None
         for r in records:
-            if last is not None and r.time_ns <= last:
-                again = True  # not in time order: a (GPU, time) may come again
-            last = r.time_ns
             if not start_ns <= r.time_ns < end_ns:
                 continue
             g = r.gpu_ids
-            rows = r.rows
+            columns = r.rows.T  # the decoder's column-major array
             if gpu_ids is not None:
                 keep = np.isin(g, gpu_ids)
-                g, rows = g[keep], rows[keep]
-                if not len(g):
+                if not keep.any():
                     continue
-            width = rows.shape[1]
-            seen_times.append(r.time_ns)
-            times.append(np.full(len(g), r.time_ns, dtype=np.int64))
+                g, columns = g[keep], columns[:, keep]
+            width = columns.shape[0]
+            if width not in picks:
+                ncols = width - 2
+                ok = all(c < ncols for c in cols)
+                picks[width] = [0, *(1 + c for c in cols), width - 1] if ok else None
+            pick = picks[width]
+            times.append(r.time_ns)
+            counts.append(len(g))
             gids.append(g)
-            lost.append(rows[:, 0])
-            tails.append(rows[:, width - 1])
-            values.append(_columns(rows, cols))
+            parts.append(columns[pick] if pick is not None else _widened(columns, cols))
     if not times:
         e = np.zeros(0, np.int64)
         return Rows(e, e, np.zeros(0), np.zeros(0), np.zeros((0, len(cols))), tuple(cols)), False
-    if len(set(seen_times)) < len(seen_times):
-        again = True
+    # of two copies of a (GPU, time) both are in the same round's time
+    again = len(set(times)) < len(times)
+    table = np.concatenate(parts, axis=1)
     rows_out = Rows(
         np.concatenate(gids),
-        np.concatenate(times),
-        np.concatenate(lost),
-        np.concatenate(tails),
-        np.concatenate(values),
+        np.repeat(np.array(times, dtype=np.int64), counts),
+        table[0],
+        table[-1],
+        table[1:-1].T,
         tuple(cols),
     )
     return rows_out, again
 
 
-def _columns(rows: np.ndarray, cols: Sequence[int]) -> np.ndarray:
-    """Metric columns ``cols`` of raw rows (a column added after the rows were written: NaN)."""
-    ncols = rows.shape[1] - 2
-    if all(c < ncols for c in cols):
-        return rows[:, [1 + c for c in cols]]
-    out = np.full((len(rows), len(cols)), np.nan)
+def _widened(columns: np.ndarray, cols: Sequence[int]) -> np.ndarray:
+    """Lost, the metric columns ``cols`` and the tail of column-major raw rows, a column added
+    after the rows were written as NaN."""
+    width, n = columns.shape
+    out = np.full((len(cols) + 2, n), np.nan)
+    out[0], out[-1] = columns[0], columns[width - 1]
     for j, c in enumerate(cols):
-        if c < ncols:
-            out[:, j] = rows[:, 1 + c]
+        if c < width - 2:
+            out[1 + j] = columns[1 + c]
     return out
 
 
