@@ -47,9 +47,10 @@ CREATE TABLE IF NOT EXISTS columns (
 
 #: Stored precision of float metrics whose sources give more digits than anyone reads (NVML's
 #: GPM percentages and the byte rates derived from its counters are full float64 ratios that
-#: change every sample: ~6 B each after compression, most of a chunk). Chunks keep them rounded
-#: to this many digits after the point (docs/storage.md, "Stored precision"); the head keeps
-#: samples as written. Suffix of the attribute -> digits.
+#: change every sample: ~6 B each after compression, most of a block). Segments keep them
+#: rounded to this many digits after the point as they are appended (docs/storage.md, "Stored
+#: precision"; format 2 rounded them in its chunks, its head kept them as written). Suffix of
+#: the attribute -> digits.
 STORED_DECIMALS: dict[str, int] = {"_pct": 3, "_bytes_per_s": 0, "tflops_estimate": 3}
 
 

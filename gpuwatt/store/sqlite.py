@@ -1,14 +1,14 @@
 """The embedded store: SQLite (stdlib), WAL mode, one writer and many readers across processes.
 
-The file's format is versioned and self-describing (``format``; docs/storage.md). Tables:
+The file's format is versioned and self-describing (``format``; docs/storage.md). The raw
+samples (format 3) are in segment files beside it (``segments``, ``sqlite_segments``): each round
+appended once, a closed segment kept as the stored block. Tables:
 
 - ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample
-  (recorded once a minute of data time; ``latest()`` finds newer ones in the head).
-- ``head`` and ``tails``: the recent raw samples as written, one row per time with every GPU's
-  values packed (``rounds``). Model units and attribute names.
-- ``chunks``: closed 10-minute blocks of raw samples, one compressed chunk per block and host
-  (``chunks``, ``codec``); a block is compacted once data time has passed its end by
-  ``rollup_grace_s``.
+  (recorded when a block closes; ``latest()`` finds newer ones in the segments). ``tails``:
+  what a sample carries besides metrics, referred to by id (``rounds``).
+- ``segments``: the index of the segment files. ``head`` and ``chunks``: the raw samples of a
+  file written in format 2 (``rounds``, ``chunks``), read as they are until the retention.
 - ``rollups``: 1-minute and 1-hour buckets per GPU as column arrays (``rollups``), computed by
   the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from minutes for
   hours. Every read that aggregates uses the same function.
@@ -21,7 +21,7 @@ once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty 
 bucket: they aggregate those from the level below, so a read is always exact.
 
 Retention is by data time too: data older than the newest data time minus the retention of its
-level is deleted (checked once per minute of data time; raw chunks go a whole block at a time).
+level is deleted (checked once per minute of data time; raw segments go whole).
 A host whose clock runs far ahead moves the newest data time with it; the collector stamps
 samples with a synchronised clock.
 """
