@@ -230,7 +230,7 @@ class SqliteStore(Maintenance):
 
     def _close_segment(self) -> None:
         """End the open segment (recorded closed); left for the next writer if SQLite is busy."""
-        if not hasattr(self, "_segments"):  # the file was refused
+        if not hasattr(self, "_segments") or not self._segments.is_open:  # nothing written
             return
         try:
             with self._transaction(self._writer):

@@ -36,6 +36,10 @@ class SegmentAppender:
         self._block_end_ns = 0
         self._unlink: list[Path] = []
 
+    @property
+    def is_open(self) -> bool:
+        return self._open is not None
+
     def rounded(self, values: np.ndarray) -> np.ndarray:
         """Raw rows with the columns that have a stored precision rounded to it (a copy)."""
         if not self._rounded:
