@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from gpuwatt.private_files import FILE_MODE, private_dir
 from gpuwatt.store.codec import Rows, Span
 from gpuwatt.store.segment_codec import FRAME, Decoder, Encoder, Record
 
@@ -75,11 +76,11 @@ class SegmentWriter:
     """The open segment of a writer: rounds appended, one ``write`` each."""
 
     def __init__(self, folder: Path, segment_id: int) -> None:
-        folder.mkdir(mode=0o700, exist_ok=True)
+        private_dir(folder)  # 0700 whatever the umask
         self.id = segment_id
         self.path = folder / file_name(segment_id)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(self.path, flags, 0o600)
+        self._fd = os.open(self.path, flags, FILE_MODE)
         self._cobj = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj()
         self._encoder = Encoder()
         self.t_min_ns: int | None = None
