@@ -1,6 +1,6 @@
 """Bytes on disk per GPU-sample: the embedded SQLite store against InfluxDB and VictoriaMetrics.
 
-    .venv/bin/python bench/storage.py [--case demo|big|both]
+    .venv/bin/python bench/storage.py [--case demo|big|both] [--sqlite-only]
 
 The same simulated samples go into each store the way production writes them: SQLite through
 ``SqliteStore.write_samples`` (one batch per collector round), Debian's ``influxd`` 1.6.7 through
@@ -168,7 +168,7 @@ def victoria_bytes(lines: list[str]) -> int:
         server.cleanup()
 
 
-def run(case: str) -> None:
+def run(case: str, sqlite_only: bool = False) -> None:
     t = time.perf_counter()
     batches = list(rounds(case))
     samples = sum(len(b) for b in batches)
@@ -180,6 +180,10 @@ def run(case: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         open_head, at_rest = sqlite_bytes(batches, Path(tmp))
     sizes = {"SQLite (gpuwatt)": at_rest, "SQLite, segment open": open_head}
+    if sqlite_only:  # the servers take minutes
+        for name, size in sizes.items():
+            print(f"{name:<20} {size:>14,} {size / samples:>9.1f} B/sample")
+        return
     sizes["InfluxDB 1.6.7"] = influx_bytes(lines)
     sizes["VictoriaMetrics"] = victoria_bytes(lines)
     print(f"{'store':<20} {'bytes':>14} {'B/sample':>9} {'SQLite / it':>12}")
@@ -192,9 +196,10 @@ def run(case: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=("demo", "big", "both"), default="both")
+    ap.add_argument("--sqlite-only", action="store_true", help="the embedded store alone")
     args = ap.parse_args()
     for case in ("demo", "big") if args.case == "both" else (args.case,):
-        run(case)
+        run(case, args.sqlite_only)
 
 
 if __name__ == "__main__":
