@@ -108,7 +108,7 @@ class SegmentWriter:
         _CACHE.written(self.path, self.size_b, Record(time_ns, gpu_ids, rows))
 
     def close(self) -> None:
-        """End the zstd frame and fsync the file: it is not written again."""
+        """End the zstd frame and fsync the file and its folder: it is not written again."""
         if self._fd < 0:
             return
         try:
@@ -118,6 +118,11 @@ class SegmentWriter:
         finally:
             os.close(self._fd)
             self._fd = -1
+        folder = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # its name too
+        finally:
+            os.close(folder)
         _CACHE.written(self.path, self.size_b, None)
 
     def abandon(self) -> None:
