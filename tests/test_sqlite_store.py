@@ -162,6 +162,11 @@ def test_retention_by_data_time(tmp_path: Path, make_sample) -> None:
         # segment (the 10-minute block from 600 s) at a time: kept until it ends before that.
         oldest_raw = oldest_raw_ns(store.path)
         assert oldest_raw == T0 + 600 * S
+        # the segments past the retention are gone from the index and from the disk
+        ids = [i for (i,) in peek(store.path, "SELECT id FROM segments ORDER BY id")]
+        folder = Path(f"{store.path}-segments")
+        assert sorted(p.name for p in folder.iterdir()) == [segments.file_name(i) for i in ids]
+        assert ids == [2]
         oldest_1m = level_rows(store.path, 60)[0][0]
         assert T0 + 200 * S <= oldest_1m <= T0 + 300 * S
         # Minutes whose raw rows are gone are still served from the rollup.
