@@ -199,3 +199,32 @@ def test_a_format_before_2_is_refused(tmp_path: Path) -> None:
         con.execute("CREATE TABLE x (a)")
     with pytest.raises(StoreRejected, match="format 1 is not supported"):
         SqliteStore(path)
+
+
+def test_a_write_that_fails_after_its_round_went_in_names_only_committed_ids(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment is not rolled back: the ids a round names (a new GPU) are committed before the
+    round goes in, so a write that fails later leaves a round of a GPU that exists, and the
+    retry (the spool's) stores it once."""
+    from gpuwatt.errors import StoreUnavailable
+
+    with SqliteStore(tmp_path / "f.db") as store:
+        store.write_samples([make_sample(T0, "node1", 0)])
+
+        def failing(*args: object) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(store, "_maintain", failing)
+        with pytest.raises(StoreUnavailable):
+            store.write_samples([make_sample(T0 + S, "node2", 5)])
+        monkeypatch.undo()
+        store.write_samples([make_sample(T0 + 2 * S, "node3", 7)])  # a GPU new to the file
+        store.write_samples([make_sample(T0 + S, "node2", 5)])  # the retry
+        got = store.series(T0, T0 + 3 * S, ["power_w"])
+        assert sorted(zip(got["time_ns"], got["host"], got["gpu_index"], strict=True)) == [
+            (T0, "node1", 0),
+            (T0 + S, "node2", 5),
+            (T0 + 2 * S, "node3", 7),
+        ]
+        assert store.count_samples(T0, T0 + 3 * S) == 3
