@@ -228,3 +228,44 @@ def test_a_write_that_fails_after_its_round_went_in_names_only_committed_ids(
             (T0 + 2 * S, "node3", 7),
         ]
         assert store.count_samples(T0, T0 + 3 * S) == 3
+
+
+def test_a_round_the_disk_refused_leaves_the_segment_readable(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of a round that fails half-way (disk full) is an outage (the spool retries): the
+    file is cut back to its last whole round, the writer goes on in a new segment, and every
+    round stored reads back, in this process and in another."""
+    import errno
+    import os
+
+    from gpuwatt.errors import StoreUnavailable
+
+    def round_(t: int) -> list:
+        return [make_sample(T0 + t * S, "node1", g) for g in range(2)]
+
+    path = tmp_path / "d.db"
+    with SqliteStore(path) as store:
+        for t in range(3):
+            store.write_samples(round_(t))
+        real = os.write
+
+        def full(fd: int, data: bytes) -> int:
+            real(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(segments.os, "write", full)
+        with pytest.raises(StoreUnavailable, match="No space left"):
+            store.write_samples(round_(3))
+        monkeypatch.undo()
+        for t in range(3, 5):  # the retry, and the next round
+            store.write_samples(round_(t))
+        assert store.count_samples(T0, T0 + 10 * S) == 10
+    monkeypatch.setattr(segments, "_CACHE", segments._Cache())  # as another process
+    with SqliteStore(path) as store:
+        assert store.count_samples(T0, T0 + 10 * S) == 10
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        assert con.execute("SELECT t_min_ns, t_max_ns, n, closed FROM segments").fetchall() == [
+            (T0, T0 + 2 * S, 6, 1),
+            (T0 + 3 * S, T0 + 4 * S, 4, 1),
+        ]

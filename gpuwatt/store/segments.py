@@ -87,6 +87,9 @@ class SegmentWriter:
         self.t_max_ns: int | None = None
         self.n = 0
         self.size_b = 0
+        #: a write failed (disk full...): the file is cut back to its last whole round and
+        #: the segment takes no more (the coder's state went past what the file holds)
+        self.failed = False
         self._write(HEADER)
         _CACHE.started(self.path)
 
@@ -101,7 +104,15 @@ class SegmentWriter:
         """Append one round (``gpu_ids`` distinct); in the file when this returns."""
         record = self._encoder.encode(time_ns, gpu_ids, rows)
         piece = self._cobj.compress(record) + self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        self._write(PIECE.pack(len(piece)) + piece)
+        whole = self.size_b
+        try:
+            self._write(PIECE.pack(len(piece)) + piece)
+        except OSError:
+            self.failed = True
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, whole)
+            self.size_b = whole
+            raise
         self.t_min_ns = time_ns if self.t_min_ns is None else min(self.t_min_ns, time_ns)
         self.t_max_ns = time_ns if self.t_max_ns is None else max(self.t_max_ns, time_ns)
         self.n += len(gpu_ids)
@@ -112,8 +123,9 @@ class SegmentWriter:
         if self._fd < 0:
             return
         try:
-            end = self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
-            self._write(PIECE.pack(len(end)) + end)
+            if not self.failed:  # (a failed one stays without its frame's end: read as torn)
+                end = self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+                self._write(PIECE.pack(len(end)) + end)
             os.fsync(self._fd)
         finally:
             os.close(self._fd)

@@ -88,6 +88,8 @@ def _store_errors(method: F) -> F:
             raise StoreUnavailable(f"embedded store {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:
             raise StoreRejected(f"embedded store {self.path} cannot be read: {exc}") from exc
+        except OSError as exc:  # a segment file (disk full, ...)
+            raise StoreUnavailable(f"embedded store {self.path}: {exc}") from exc
 
     return wrapped  # type: ignore[return-value]
 
@@ -223,20 +225,11 @@ class SqliteStore(Maintenance):
             if self._closed:
                 return
             self._closed = True
-            self._close_segment()
+            if hasattr(self, "_segments"):  # (not when the file was refused)
+                self._segments.close_store(self._writer)
             connections, self._connections = self._connections, []
         for con in connections:
             con.close()
-
-    def _close_segment(self) -> None:
-        """End the open segment (recorded closed); left for the next writer if SQLite is busy."""
-        if not hasattr(self, "_segments") or not self._segments.is_open:  # nothing written
-            return
-        try:
-            with self._transaction(self._writer):
-                self._segments.close(self._writer)
-        except sqlite3.Error:
-            self._segments.abandon()
 
     def __enter__(self) -> SqliteStore:
         return self

@@ -36,10 +36,6 @@ class SegmentAppender:
         self._block_end_ns = 0
         self._unlink: list[Path] = []
 
-    @property
-    def is_open(self) -> bool:
-        return self._open is not None
-
     def rounded(self, values: np.ndarray) -> np.ndarray:
         """Raw rows with the columns that have a stored precision rounded to it (a copy)."""
         if not self._rounded:
@@ -60,7 +56,9 @@ class SegmentAppender:
         """Append one round (``rows``: the raw rows of ``gpu_ids``, distinct, ``rounded``),
         inside the writer's transaction."""
         seg = self._open
-        if seg is not None and (time_ns >= self._block_end_ns or seg.n >= MAX_SEGMENT_SAMPLES):
+        if seg is not None and (
+            seg.failed or time_ns >= self._block_end_ns or seg.n >= MAX_SEGMENT_SAMPLES
+        ):
             segments.close(con, seg)
             seg = self._open = None
         if seg is None:
@@ -93,6 +91,21 @@ class SegmentAppender:
         if self._open is not None:
             segments.close(con, self._open)
             self._open = None
+
+    def close_store(self, con: sqlite3.Connection) -> None:
+        """End the open segment as the store closes, in a transaction of its own (if SQLite is
+        busy, it is left open in the index: the next writer closes it). A store that wrote
+        nothing takes no write lock."""
+        if self._open is None:
+            return
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            self.close(con)
+            con.execute("COMMIT")
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                con.execute("ROLLBACK")
+            self.abandon()
 
     def abandon(self) -> None:
         if self._open is not None:
