@@ -143,7 +143,7 @@ class SqliteStore(Maintenance):
         self._layout = rounds.Layout(self._columns.attrs)
         self._encode_rows = rounds.compile_encoder(sqlite_schema.KEY_ATTRS, self._layout)
         self._row_encoder = sqlite_rows.RowEncoder(sqlite_schema.KEY_ATTRS, self._layout)
-        self._segments = SegmentAppender(self.path, self._columns.attrs)
+        self._segments = SegmentAppender(self._writer, self._columns.attrs)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"

@@ -26,8 +26,10 @@ MAX_SEGMENT_SAMPLES = 1 << 24
 class SegmentAppender:
     """The writer's open segment of one store file."""
 
-    def __init__(self, db_path: Path, attrs: tuple[str, ...]) -> None:
-        self.folder = segments.directory(db_path)
+    def __init__(self, con: sqlite3.Connection, attrs: tuple[str, ...]) -> None:
+        # the folder as readers find it (``segments.folder_of``): the same paths, so that this
+        # process's reads take the rounds its writer appended from memory
+        self.folder = segments.folder_of(con)
         #: digits -> positions in a raw row of the columns with that stored precision
         self._rounded: dict[int, list[int]] = {}
         for c, k in format.stored_decimals(attrs).items():
