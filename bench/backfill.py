@@ -7,11 +7,11 @@ integrating power, tensor activity and an estimated TFLOPS from it; a thermal st
 
 88.5 M samples (1,024 GPUs x 24 h of 1-second samples) do not go through ``GpuSample`` objects
 and ``write_samples`` (building the objects alone would take longer than the writes): values are
-generated with numpy, a minute of rounds at a time, and inserted as rounds of the store's own head
-(``rounds.insert``); rollups, compaction into chunks and retention are then run by the store's
-own maintenance, exactly as after a ``write_samples`` batch. The first and the last round go
-through ``write_samples`` (they register the GPUs and their tails, and set each GPU's newest
-sample).
+generated with numpy, a minute of rounds at a time, and appended as rounds to the store's open
+segment as ``write_samples`` appends them (format 3); rollups, closing segments and retention
+are then run by the store's own maintenance, exactly as after a ``write_samples`` batch. The
+first and the last round go through ``write_samples`` (they register the GPUs and their tails,
+and set each GPU's newest sample).
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def backfill(
         for gid, h, i in store._writer.execute("SELECT id, host, gpu_index FROM gpus").fetchall()
     }
     gpu_ids = [ids[(h, i)] for h, i in zip(cluster.hosts, cluster.index, strict=True)]
+    gid_array = np.array(gpu_ids, dtype=np.int64)
     # The values that do not change, and each GPU's tail (its job) as the store recorded it.
     layout = store._layout
     column = {a: 1 + i for i, a in enumerate(layout.attrs)}  # a row: lost, metrics..., tail
@@ -150,8 +151,8 @@ def backfill(
                 vals = base.copy()
                 for attr, values in cluster.round(j).items():
                     vals[:, column[attr]] = values
-                rounds.insert(
-                    store._writer, cluster.time_ns(j), gpu_ids, vals.tobytes(), len(layout.attrs)
+                store._segments.append(  # as write_samples appends a round (format 3)
+                    store._writer, cluster.time_ns(j), gid_array, store._segments.rounded(vals)
                 )
             store._maintain(store._writer, (t_lo, t_hi), t_lo, t_hi)
         written += len(ks) * cluster.gpus

@@ -229,7 +229,9 @@ def main() -> None:
         t = time.perf_counter()
         n = backfill(store, Cluster(args.gpus, args.hours, args.interval_s, END_NS))
         dt = time.perf_counter() - t
-        size = sum(p.stat().st_size for p in args.db.parent.glob(args.db.name + "*")) / 1e9
+        files = [p for p in args.db.parent.glob(args.db.name + "*") if p.is_file()]
+        files += list(Path(f"{args.db}-segments").glob("*"))  # format 3's segment files
+        size = sum(p.stat().st_size for p in files) / 1e9
         print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s), {size:.1f} GB on disk")
     if args.store != "sqlite":
         from engine_compare import compare

@@ -228,17 +228,23 @@ def test_full_precision_ratios_are_kept_to_their_stored_precision() -> None:
     assert back[:, 4].tolist() == values[:, 4].tolist()
 
 
-def test_closed_blocks_are_compacted_and_late_samples_merged(tmp_path: Path, make_sample) -> None:
-    """Past a block's end (plus the grace), its samples leave the head for one chunk per host;
-    raw reads are exact across head and chunks; a sample rewritten late for a compacted block
-    is read back at once (the head's copy wins) and merged into the chunk later, once."""
+def test_closed_blocks_are_closed_segments_and_late_samples_win(
+    tmp_path: Path, make_sample
+) -> None:
+    """Past a block's end, its segment is closed: recorded in the index with its time range
+    and samples, never written again. Raw reads are exact across segments; a sample rewritten
+    late for a closed block goes into the open segment and is read back at once (the copy
+    written last wins), counted once; ``compact`` closes the open segment too."""
     with SqliteStore(tmp_path / "c.db") as store:
         written = _write(store, make_sample, 0, 1300)
-        assert sql(store.path, "SELECT start_ns, host, n FROM chunks ORDER BY 1") == [
-            (T0, "node1", 120),
-            (T0 + 600 * S, "node1", 120),
+        assert sql(store.path, "SELECT t_min_ns, t_max_ns, n, closed FROM segments") == [
+            (T0, T0 + 590 * S, 120, 1),
+            (T0 + 600 * S, T0 + 1190 * S, 120, 1),
+            (None, None, 0, 0),  # open: its range is read from the file
         ]
-        assert sql(store.path, "SELECT min(time_ns) FROM head") == [(T0 + 1200 * S,)]
+        folder = Path(f"{store.path}-segments")
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o600}
         raw = store.series(T0, T0 + 1300 * S, ["power_w", "energy_j"])
         assert raw["power_w"].tolist() == [s.power_w for s in written]
         assert raw["energy_j"].tolist() == [s.energy_j for s in written]
@@ -247,17 +253,14 @@ def test_closed_blocks_are_compacted_and_late_samples_merged(tmp_path: Path, mak
         assert store.count_samples(T0, T0 + 1300 * S) == len(written)
         raw = store.series(T0 + 20 * S, T0 + 21 * S, ["power_w"])
         assert raw["power_w"].tolist() == [100.0 + 20, 5000.0]
-        store.write_samples([make_sample(T0 + 1361 * S, "node1", 0)])  # a minute on: merged
-        assert sql(store.path, f"SELECT count(*) FROM head WHERE time_ns < {T0 + 1200 * S}") == [
-            (0,)
-        ]
+        store.write_samples([make_sample(T0 + 1361 * S, "node1", 0)])  # a minute on
         assert store.count_samples(T0, T0 + 1300 * S) == len(written)
         got = store.series(T0, T0 + 60 * S, ["power_w"], step_s=60)
         want = (sum(101.0 + t % 37 for t in range(0, 60, 10)) - 121.0 + 5000.0) / 6
         assert got["power_w"].tolist()[1] == pytest.approx(want, rel=1e-12)
         before = store.series(T0, T0 + 1400 * S, ["power_w", "energy_j"])
-        store.compact()  # the open block too
-        assert sql(store.path, "SELECT count(*) FROM head") == [(0,)]
+        store.compact()  # the open segment too
+        assert sql(store.path, "SELECT count(*) FROM segments WHERE closed = 0") == [(0,)]
         pd.testing.assert_frame_equal(
             store.series(T0, T0 + 1400 * S, ["power_w", "energy_j"]), before
         )

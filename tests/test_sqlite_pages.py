@@ -1,7 +1,7 @@
 """What the embedded store's writes cost on disk (docs/storage.md, "Size and writes"): new files
 get small pages and files made with larger ones still open, are written and read; the WAL is
-checkpointed after a bounded number of bytes whatever the page size; a compaction does not write
-again the head pages it frees."""
+checkpointed after a bounded number of bytes whatever the page size; a compaction of what a
+format 2 file kept in its head does not write again the head pages it frees."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from gpuwatt.store import format
+from gpuwatt.store import format, rounds
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000
@@ -54,7 +55,7 @@ def test_a_file_made_with_larger_pages_keeps_them_and_is_written_and_read(
     tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch, old_page_size: int
 ) -> None:
     """Files made before 1 KiB pages (SQLite's 4 KiB; 16 KiB where the job-step store created
-    the file) open as they are: old samples read back, new ones are written, blocks compact."""
+    the file) open as they are: old samples read back, new ones are written, blocks close."""
     path = tmp_path / "old.db"
     with monkeypatch.context() as m:
         m.setattr(format, "PAGE_SIZE", old_page_size)
@@ -66,7 +67,10 @@ def test_a_file_made_with_larger_pages_keeps_them_and_is_written_and_read(
         assert _power(store, 0, 1300) == [s.power_w for s in old + new]
         assert store.count_samples(T0, T0 + 1300 * S) == len(old) + len(new)
     assert sql(path, "PRAGMA page_size") == [(old_page_size,)]
-    assert sql(path, "SELECT count(*) FROM chunks") == [(2,)]
+    # segments: 0-300 s (closed with the store), 300-600, 600-1200, 1200-1300 (closed with it)
+    assert sql(path, "SELECT t_min_ns, closed FROM segments ORDER BY id") == [
+        (T0 + t * S, 1) for t in (0, 300, 600, 1200)
+    ]
 
 
 @pytest.mark.parametrize("page_size", [format.PAGE_SIZE, 4096])
@@ -90,12 +94,21 @@ def test_the_wal_is_checkpointed_after_a_bounded_number_of_bytes(
 
 
 def test_a_compaction_does_not_write_again_the_pages_it_frees(tmp_path: Path, make_sample) -> None:
-    """The head rows that a compaction moves into a chunk are deleted; the pages they leave
-    free are listed in the free list, not zeroed and written (SQLite's secure_delete, on in
-    Debian's build, wrote every one of them again: into the WAL, then into the file)."""
+    """The head rows (a format 2 file's) that a compaction moves into a chunk are deleted; the
+    pages they leave free are listed in the free list, not zeroed and written (SQLite's
+    secure_delete, on in Debian's build, wrote every one of them again: into the WAL, then into
+    the file)."""
     path = tmp_path / "c.db"
     with SqliteStore(path) as store:
-        _rounds(store, make_sample, 0, 300, gpus=8)
+        _rounds(store, make_sample, 0, 1, gpus=8)  # the GPUs and their tail
+        con = store._writer
+        ncols = len(format.read_columns(con).attrs)
+        gids = [g for (g,) in con.execute("SELECT id FROM gpus ORDER BY id")]
+        with store._transaction(con):  # the head rows a format 2 writer left
+            for t in range(1, 300):
+                rows = t + np.add.outer(np.arange(8.0) * 1e3, np.arange(ncols + 2.0))
+                rows[:, 0], rows[:, -1] = 0.0, 1.0  # not lost, tail 1
+                rounds.insert(con, T0 + t * S, gids, rows.tobytes(), ncols)
         with contextlib.closing(sqlite3.connect(path)) as con:
             con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         store.compact()

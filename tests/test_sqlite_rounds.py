@@ -176,26 +176,20 @@ def test_a_value_that_is_not_a_number_is_refused_with_its_name(tmp_path: Path, m
 
 
 def test_rounds_read_back_by_their_writer_equal_those_decoded_from_the_file(
-    tmp_path: Path, make_sample
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The writing thread reads its recent rounds from its cache of them (``rounds._written``);
-    a thread that did not write them decompresses the file's copy: both give what was written."""
-    import threading
-
-    from gpuwatt.store import rounds
+    """The writing process reads its open segment's rounds as it appended them (its cache of
+    decoded segments); a process that did not write them decodes the file: both give what was
+    written."""
+    from gpuwatt.store import segments
 
     batches = cluster(make_sample, 200, shuffle=True)
     with SqliteStore(tmp_path / "w.db") as store:
         for b in batches:
             store.write_samples(b)
-        assert rounds._written(), "the writer keeps its rounds"
         mine = store.series(T0, T0 + 200 * S, ATTRS)
-        theirs: list[object] = []
-        reader = threading.Thread(
-            target=lambda: theirs.append(store.series(T0, T0 + 200 * S, ATTRS))
-        )
-        reader.start()
-        reader.join()
+        monkeypatch.setattr(segments, "_CACHE", segments._Cache())  # as another process
+        theirs = [store.series(T0, T0 + 200 * S, ATTRS)]
     written = sorted(
         (s.time_ns, s.host, s.gpu_index, *(getattr(s, a) for a in ATTRS))
         for b in batches

@@ -17,7 +17,8 @@ import pytest
 
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample, TflopsMethod
-from gpuwatt.store import format, rollups
+from gpuwatt.store import format, rollups, segments
+from gpuwatt.store.codec import Span
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000
@@ -47,9 +48,11 @@ def level_rows(path: Path, level_s: int, attrs: tuple[str, ...] = ("power_w",)) 
 
 
 def oldest_raw_ns(path: Path) -> int:
-    (head,) = peek(path, "SELECT min(time_ns) FROM head")[0]
-    (chunk,) = peek(path, "SELECT min(t_min_ns) FROM chunks")[0]
-    return min(t for t in (head, chunk) if t is not None)
+    """The oldest raw sample the file keeps: segments (their index; the open one read whole)."""
+    (closed,) = peek(path, "SELECT min(t_min_ns) FROM segments WHERE closed = 1")[0]
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        found, _ = segments.read(con, Span(0, 2**62, ()))
+    return min(t for t in (closed, *found.time_ns.tolist()) if t is not None)
 
 
 def rounds(make_sample, start_s: int, end_s: int, every_s: int, gpus: int = 2, **kw):
@@ -155,9 +158,15 @@ def test_retention_by_data_time(tmp_path: Path, make_sample) -> None:
     with SqliteStore(tmp_path / "r.db", retention_raw_s=120, retention_1m_s=600) as store:
         for batch in rounds(make_sample, 0, 900, 10):
             store.write_samples(batch)
-        # Newest data 890 s: raw kept from >= ~770 s (checked once a minute of data time).
+        # Newest data 890 s: raw kept from >= ~770 s (checked once a minute of data time), a
+        # segment (the 10-minute block from 600 s) at a time: kept until it ends before that.
         oldest_raw = oldest_raw_ns(store.path)
-        assert T0 + 700 * S <= oldest_raw <= T0 + 780 * S
+        assert oldest_raw == T0 + 600 * S
+        # the segments past the retention are gone from the index and from the disk
+        ids = [i for (i,) in peek(store.path, "SELECT id FROM segments ORDER BY id")]
+        folder = Path(f"{store.path}-segments")
+        assert sorted(p.name for p in folder.iterdir()) == [segments.file_name(i) for i in ids]
+        assert ids == [2]
         oldest_1m = level_rows(store.path, 60)[0][0]
         assert T0 + 200 * S <= oldest_1m <= T0 + 300 * S
         # Minutes whose raw rows are gone are still served from the rollup.
@@ -197,7 +206,8 @@ WRITER = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from conftest import _make_sample
-from gpuwatt.store import format, rollups
+from gpuwatt.store import format, rollups, segments
+from gpuwatt.store.codec import Span
 from gpuwatt.store.sqlite import SqliteStore
 with SqliteStore({path!r}) as store:
     for i in range(40):

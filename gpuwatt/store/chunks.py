@@ -1,5 +1,9 @@
 """Closed blocks of raw samples, compressed: one chunk per block of ``BLOCK_NS`` and host.
 
+Format 2 (docs/storage.md): format 3 keeps its raw samples in segment files (``segments``) and
+writes no chunk; a file upgraded from format 2 keeps its chunks, read here, and what its head
+still held is compacted into them, until the retention deletes them.
+
 Samples arrive in the head (``rounds``) and stay there, as written, while their block of time is
 open. Once data time has moved past a block (``compact``), its samples move into one chunk per
 host (the GPUs of a node move together and look alike, which zstd exploits), encoded by

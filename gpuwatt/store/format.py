@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from gpuwatt.schema import FIELDS, FieldSpec
 
 APPLICATION_ID = 0x47505754  # "GPWT"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: Older formats this version reads, and upgrades in place when it opens them (docs/storage.md)
+UPGRADES_FROM = (2,)
 
 #: The page size of a new file (an existing file keeps the one it was made with: SQLite fixes
 #: it when the file is created). Each commit appends every page it changed to the WAL, so what a
@@ -45,9 +47,10 @@ CREATE TABLE IF NOT EXISTS columns (
 
 #: Stored precision of float metrics whose sources give more digits than anyone reads (NVML's
 #: GPM percentages and the byte rates derived from its counters are full float64 ratios that
-#: change every sample: ~6 B each after compression, most of a chunk). Chunks keep them rounded
-#: to this many digits after the point (docs/storage.md, "Stored precision"); the head keeps
-#: samples as written. Suffix of the attribute -> digits.
+#: change every sample: ~6 B each after compression, most of a block). Segments keep them
+#: rounded to this many digits after the point as they are appended (docs/storage.md, "Stored
+#: precision"; format 2 rounded them in its chunks, its head kept them as written). Suffix of
+#: the attribute -> digits.
 STORED_DECIMALS: dict[str, int] = {"_pct": 3, "_bytes_per_s": 0, "tflops_estimate": 3}
 
 
@@ -77,9 +80,10 @@ class Columns:
 
 
 def check(con: sqlite3.Connection, path: object) -> bool:
-    """Whether the file is a store of this format (False: a new, empty file). Raises
-    ``FormatError`` for any other file: another application's database, a newer format, or a
-    layout written before format 2 (development versions only; no release wrote one)."""
+    """Whether the file is a store of this format or of one it upgrades (False: a new, empty
+    file). Raises ``FormatError`` for any other file: another application's database, a newer
+    format, or a layout written before format 2 (development versions only; no release wrote
+    one)."""
     (app_id,) = con.execute("PRAGMA application_id").fetchone()
     (version,) = con.execute("PRAGMA user_version").fetchone()
     if app_id == APPLICATION_ID:
@@ -88,7 +92,7 @@ def check(con: sqlite3.Connection, path: object) -> bool:
                 f"{path} is embedded store format {version}, newer than this gpuwatt reads "
                 f"(format {FORMAT_VERSION}): upgrade gpuwatt to read it"
             )
-        if version < FORMAT_VERSION:
+        if version < FORMAT_VERSION and version not in UPGRADES_FROM:
             raise FormatError(f"{path}: embedded store format {version} is not supported")
         return True
     (tables,) = con.execute("SELECT count(*) FROM sqlite_master").fetchone()

@@ -1,5 +1,7 @@
-"""The embedded store's raw samples: the head (``rounds``, as written) and the chunks (closed
-blocks, compressed), read as one."""
+"""The embedded store's raw samples, read as one: the segments (format 3, ``segments``) and what
+a file upgraded from format 2 still has of its head (``rounds``, as written) and chunks (closed
+blocks, compressed). Of two copies of a sample, the one written later wins: chunks, then the
+head, then the segments in write order."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpuwatt.store import chunks, rounds
+from gpuwatt.store import chunks, rounds, segments
 from gpuwatt.store.chunks import BLOCK_NS
 from gpuwatt.store.codec import Rows, Span
 
@@ -20,14 +22,18 @@ def read(
     col_ids: Sequence[int],
     gpu_ids: np.ndarray | None = None,
 ) -> Rows:
-    """The raw samples in ``[start_ns, end_ns)``, from the chunks and the head (whose copy of a
-    sample wins: it was written later)."""
+    """The raw samples in ``[start_ns, end_ns)``, from the chunks, the head and the segments
+    (the copy written last of a sample wins)."""
     span = Span(start_ns, end_ns, col_ids, gpu_ids)
     old = chunks.read(con, span)
     new = rounds.read(con, span)
+    seg, again = segments.read(con, span)
+    parts = [old, new, seg]
+    if again or (len(seg.time_ns) and (len(old.time_ns) or len(new.time_ns))):
+        return chunks.dedupe(chunks.concat(parts, col_ids))
     if len(old.time_ns) and len(new.time_ns) and head_overlaps_chunks(con, start_ns, end_ns):
-        return chunks.dedupe(chunks.concat([old, new], col_ids))
-    return chunks.concat([old, new], col_ids)
+        return chunks.dedupe(chunks.concat(parts, col_ids))
+    return chunks.concat(parts, col_ids)
 
 
 def head_overlaps_chunks(con: sqlite3.Connection, start_ns: int, end_ns: int) -> bool:
@@ -57,5 +63,6 @@ def first_raw_time(con: sqlite3.Connection, start_ns: int, end_ns: int) -> int |
         "AND t_max_ns >= ?1",
         (start_ns, end_ns, BLOCK_NS),
     ).fetchone()
-    found = [t for t in (head, chunk) if t is not None]
+    seg = segments.first_time(con, start_ns, end_ns)
+    found = [t for t in (head, chunk, seg) if t is not None]
     return min(found) if found else None

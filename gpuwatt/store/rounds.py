@@ -1,5 +1,10 @@
 """The head: recent raw samples as rounds, one row per write and time, every GPU's values packed.
 
+Format 2 (docs/storage.md): format 3 appends its rounds to segment files (``segments``) and
+writes no head row; a file upgraded from format 2 keeps its head, read here, until it is
+compacted and the retention deletes it. The writer's row layout (``Layout``, the encoder) is
+format 3's raw row too.
+
 A wide SQLite row per GPU and sample cost ~6 µs to bind and insert (48 parameters and a B-tree
 cell each), which held the embedded store at ~100,000 GPU-samples/s on one core. A round stores
 the GPU ids (little-endian int64) and their rows of values (little-endian float64) of one time:

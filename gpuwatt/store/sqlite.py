@@ -1,14 +1,14 @@
 """The embedded store: SQLite (stdlib), WAL mode, one writer and many readers across processes.
 
-The file's format is versioned and self-describing (``format``; docs/storage.md). Tables:
+The file's format is versioned and self-describing (``format``; docs/storage.md). The raw
+samples (format 3) are in segment files beside it (``segments``, ``sqlite_segments``): each round
+appended once, a closed segment kept as the stored block. Tables:
 
 - ``gpus``: one row per GPU (host, gpu_index, uuid; name) with the time of its newest sample
-  (recorded once a minute of data time; ``latest()`` finds newer ones in the head).
-- ``head`` and ``tails``: the recent raw samples as written, one row per time with every GPU's
-  values packed (``rounds``). Model units and attribute names.
-- ``chunks``: closed 10-minute blocks of raw samples, one compressed chunk per block and host
-  (``chunks``, ``codec``); a block is compacted once data time has passed its end by
-  ``rollup_grace_s``.
+  (recorded when a block closes; ``latest()`` finds newer ones in the segments). ``tails``:
+  what a sample carries besides metrics, referred to by id (``rounds``).
+- ``segments``: the index of the segment files. ``head`` and ``chunks``: the raw samples of a
+  file written in format 2 (``rounds``, ``chunks``), read as they are until the retention.
 - ``rollups``: 1-minute and 1-hour buckets per GPU as column arrays (``rollups``), computed by
   the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from minutes for
   hours. Every read that aggregates uses the same function.
@@ -21,7 +21,7 @@ once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty 
 bucket: they aggregate those from the level below, so a read is always exact.
 
 Retention is by data time too: data older than the newest data time minus the retention of its
-level is deleted (checked once per minute of data time; raw chunks go a whole block at a time).
+level is deleted (checked once per minute of data time; raw segments go whole).
 A host whose clock runs far ahead moves the newest data time with it; the collector stamps
 samples with a synchronised clock.
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import queue
 import sqlite3
 import threading
@@ -54,6 +53,7 @@ from gpuwatt.store import (
     frames,
     raw,
     rounds,
+    segments,
     sqlite_reads,
     sqlite_rows,
     sqlite_schema,
@@ -64,6 +64,7 @@ from gpuwatt.store.rollup_rule import (
 )
 from gpuwatt.store.sqlite_maintenance import Maintenance
 from gpuwatt.store.sqlite_reads import HOUR_NS, MINUTE_NS, NS_PER_S
+from gpuwatt.store.sqlite_segments import SegmentAppender
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,21 +72,6 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 DAY_S = 86_400
-
-
-class _GpuState:
-    """What the writer keeps per GPU: its id, its last ``sqlite_schema.KEY_ATTRS`` values, the
-    id of that tail (a float: it is packed with the values) and its ``rounds.Masked`` plan."""
-
-    __slots__ = ("gid", "key", "plan", "tail")
-
-    def __init__(
-        self, gid: int, key: tuple[Any, ...], tail: float, plan: rounds.Masked | None
-    ) -> None:
-        self.gid = gid
-        self.key = key
-        self.tail = tail
-        self.plan = plan
 
 
 def _store_errors(method: F) -> F:
@@ -102,6 +88,8 @@ def _store_errors(method: F) -> F:
             raise StoreUnavailable(f"embedded store {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:
             raise StoreRejected(f"embedded store {self.path} cannot be read: {exc}") from exc
+        except OSError as exc:  # a segment file (disk full, ...)
+            raise StoreUnavailable(f"embedded store {self.path}: {exc}") from exc
 
     return wrapped  # type: ignore[return-value]
 
@@ -134,9 +122,10 @@ class SqliteStore(Maintenance):
         self._connections: list[sqlite3.Connection] = []
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
         self._gpu_ids: dict[tuple[str, int, str, str], int] = {}
-        self._states: dict[str, _GpuState] = {}  # by UUID
+        self._states: dict[str, sqlite_rows.GpuState] = {}  # by UUID
         self._tail_ids: dict[tuple[Any, ...], int] = {}
         self._newest_ns = NULL_TIME  # the newest data time written (``_maintain``)
+        self._fresh_ids = False  # ids inserted by the write under way (``_commit_ids``)
         self._last_times: dict[int, int] = {}  # GPU id -> newest sample not in ``gpus`` yet
         self._cctx = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
         self._closed = False
@@ -154,6 +143,7 @@ class SqliteStore(Maintenance):
         self._layout = rounds.Layout(self._columns.attrs)
         self._encode_rows = rounds.compile_encoder(sqlite_schema.KEY_ATTRS, self._layout)
         self._row_encoder = sqlite_rows.RowEncoder(sqlite_schema.KEY_ATTRS, self._layout)
+        self._segments = SegmentAppender(self._writer, self._columns.attrs)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -172,6 +162,7 @@ class SqliteStore(Maintenance):
                         if statement.strip():
                             con.execute(statement)
                     format.stamp(con)
+                sqlite_schema.upgrade(con)
                 return format.add_columns(con, format.read_columns(con))
         except format.FormatError as exc:
             raise StoreRejected(str(exc)) from exc
@@ -234,6 +225,8 @@ class SqliteStore(Maintenance):
             if self._closed:
                 return
             self._closed = True
+            if hasattr(self, "_segments"):  # (not when the file was refused)
+                self._segments.close_store(self._writer)
             connections, self._connections = self._connections, []
         for con in connections:
             con.close()
@@ -269,6 +262,7 @@ class SqliteStore(Maintenance):
             values, gids, times = self._row_encoder.encode(
                 rows, self._states, functools.partial(self._new_state, con)
             )
+            self._commit_ids(con)
             self._write_values(con, values, gids, times)
 
     @contextlib.contextmanager
@@ -282,25 +276,27 @@ class SqliteStore(Maintenance):
                 yield self._writer
             except BaseException:
                 self._forget_ids()  # ids inserted by the rolled-back transaction are gone
+                self._segments.rolled_back()
                 raise
+            self._segments.committed()
 
     def _write_values(
         self, con: sqlite3.Connection, values: np.ndarray, gids: list[int], times: np.ndarray
     ) -> None:
         """Store packed rows (``values[i]`` of GPU ``gids[i]`` at ``times[i]``), a round per run
         of one time; the same GPU twice in a run: the last one is kept."""
-        ncols = len(self._columns.attrs)
         cuts = np.flatnonzero(times[1:] != times[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(times)]
         t_list: list[int] = times.tolist()
+        values = self._segments.rounded(values)
+        gid_array = np.array(gids, dtype=np.int64)
         for a, b in itertools.pairwise(bounds):
             run = gids[a:b]
             if len(set(run)) == len(run):
-                rounds.insert(con, t_list[a], run, values[a:b].tobytes(), ncols)
+                self._segments.append(con, t_list[a], gid_array[a:b], values[a:b])
             else:
                 keep = {g: i for i, g in enumerate(run, a)}
-                rows = values[list(keep.values())].tobytes()
-                rounds.insert(con, t_list[a], list(keep), rows, ncols)
+                self._segments.append(con, t_list[a], list(keep), values[list(keep.values())])
         last = self._last_times
         newest = dict(zip(gids, t_list, strict=True))  # the last time of each GPU...
         if len(bounds) > 2 and not bool((times[1:] >= times[:-1]).all()):
@@ -313,7 +309,16 @@ class SqliteStore(Maintenance):
                 last[g] = t
         self._maintain(con, t_list, t_list[0] if len(bounds) == 2 else min(t_list), max(t_list))
 
+    def _commit_ids(self, con: sqlite3.Connection) -> None:
+        """Commit the GPU and tail ids inserted for a write before its rounds go into the
+        segment (which no rollback undoes): a round there never names an id rolled back."""
+        if self._fresh_ids:
+            con.execute("COMMIT")
+            con.execute("BEGIN IMMEDIATE")
+            self._fresh_ids = False
+
     def _forget_ids(self) -> None:
+        self._fresh_ids = False
         self._row_encoder.forget()
         self._newest_ns = NULL_TIME
         self._last_times.clear()
@@ -325,17 +330,19 @@ class SqliteStore(Maintenance):
         ncols = len(self._columns.attrs)
         with self._transaction(con):
             parts, gids, times = self._encode(con, samples)
+            self._commit_ids(con)
             t_min, t_max = min(times), max(times)
+            values = np.frombuffer(b"".join(parts), "<f8").reshape(-1, ncols + 2)
+            values = self._segments.rounded(values)
             if t_min == t_max and len(set(gids)) == len(gids):  # a round: one time, GPUs once
-                rounds.insert(con, t_max, gids, b"".join(parts), ncols)
+                self._segments.append(con, t_max, gids, values)
             else:
                 by_time: dict[int, dict[int, int]] = {}
                 for i, (g, t) in enumerate(zip(gids, times, strict=True)):
                     by_time.setdefault(t, {})[g] = i  # the same GPU and time twice: keep the last
                 for t in sorted(by_time):
                     rows = by_time[t]
-                    vals = b"".join(parts[i] for i in rows.values())
-                    rounds.insert(con, t, list(rows), vals, ncols)
+                    self._segments.append(con, t, list(rows), values[list(rows.values())])
             last = self._last_times
             if t_min == t_max:
                 for g in gids:
@@ -346,25 +353,10 @@ class SqliteStore(Maintenance):
                         last[g] = t
             self._maintain(con, times, t_min, t_max)
 
-    def _flush_last_times(self, con: sqlite3.Connection) -> None:
-        """Record each GPU's newest sample in ``gpus`` (done once a minute of data time and
-        before a compaction, not every round: a page less to write per round). ``latest()``
-        finds what is newer in the head rows from ``last_times_until`` on."""
-        by_time: dict[int, list[int]] = {}
-        for g, t in self._last_times.items():
-            by_time.setdefault(t, []).append(g)
-        for t, ids in by_time.items():
-            con.execute(
-                "UPDATE gpus SET last_time_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
-                "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
-                (t, json.dumps(sorted(ids))),
-            )
-        self._last_times.clear()
-        self._set_meta(con, "last_times_until", self._newest_ns)
-
     def _gpu_id(self, con: sqlite3.Connection, key: tuple[str, int, str, str]) -> int:
         gid = self._gpu_ids.get(key)
         if gid is None:
+            self._fresh_ids = True
             (gid,) = con.execute(
                 "INSERT INTO gpus (host, gpu_index, uuid, name) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (host, gpu_index, uuid) DO UPDATE SET name = excluded.name "
@@ -381,6 +373,7 @@ class SqliteStore(Maintenance):
         if tid is None:
             if len(self._tail_ids) >= 65536:
                 self._tail_ids.clear()
+            self._fresh_ids = True
             (tid,) = con.execute(
                 f"INSERT INTO tails ({', '.join(rounds.TAIL_COLUMNS)}, last_ns) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
@@ -393,7 +386,9 @@ class SqliteStore(Maintenance):
             )
         return tid
 
-    def _new_state(self, con: sqlite3.Connection, key: tuple[Any, ...], time_ns: int) -> _GpuState:
+    def _new_state(
+        self, con: sqlite3.Connection, key: tuple[Any, ...], time_ns: int
+    ) -> sqlite_rows.GpuState:
         """Make and record the state of a GPU first seen, or whose key changed."""
         states = self._states
         st = states.get(key[2])
@@ -403,7 +398,7 @@ class SqliteStore(Maintenance):
             if len(states) >= 65536:
                 states.clear()
             gid, plan = self._gpu_id(con, key[:4]), None
-        st = _GpuState(gid, key, float(self._tail_id(con, key, time_ns)), plan)
+        st = sqlite_rows.GpuState(gid, key, float(self._tail_id(con, key, time_ns)), plan)
         states[key[2]] = st
         self._row_encoder.forget()  # it keeps the states it saw
         return st
@@ -424,12 +419,13 @@ class SqliteStore(Maintenance):
 
     @_store_errors
     def compact(self) -> None:
-        """Move every raw sample of the head into compressed chunks now, the open block
-        included (normally a block is compacted once data time has passed its end). For a
-        store at rest (``bench/storage.py``); samples written later for the same block wait
-        in the head and are merged into its chunk when the block closes."""
+        """Bring the raw samples to their stored form now, the open block included: the open
+        segment is closed (fsync'd; the next write opens another), and what a format 2 file
+        still has in its head moves into compressed chunks. For a store at rest
+        (``bench/storage.py``)."""
         with self._lock, self._transaction(self._writer):
             self._compact(self._writer, 2**62)
+            self._segments.close(self._writer)  # the open segment too: written once, at rest
 
     @_store_errors
     def flush_rollups(self) -> None:
@@ -443,7 +439,7 @@ class SqliteStore(Maintenance):
     @_store_errors
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         with self._reader() as con:
-            if raw.head_overlaps_chunks(con, start_ns, end_ns):
+            if segments.has_index(con) or raw.head_overlaps_chunks(con, start_ns, end_ns):
                 return len(raw.read(con, start_ns, end_ns, ()).time_ns)
             return rounds.count(con, start_ns, end_ns) + chunks.count(con, start_ns, end_ns)
 

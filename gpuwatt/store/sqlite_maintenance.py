@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from gpuwatt.store.rollup_rule import (
     combine,
 )
 from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, floor_ns
+from gpuwatt.store.sqlite_segments import SegmentAppender
 
 _RETENTION_CHECK_NS = MINUTE_NS
 
@@ -42,7 +43,8 @@ class Maintenance:
     _newest_ns: int
     _states: dict[str, Any]  # by UUID: the writer's per-GPU state (its ``tail`` id in use)
     _tail_ids: dict[tuple[Any, ...], int]
-    _flush_last_times: Callable[[sqlite3.Connection], None]
+    _last_times: dict[int, int]  # GPU id -> newest sample not in ``gpus`` yet
+    _segments: SegmentAppender
 
     @staticmethod
     def _meta(con: sqlite3.Connection) -> dict[str, int]:
@@ -58,12 +60,16 @@ class Maintenance:
         meta = self._meta(con)
         newest = max(meta.get("max_time_ns", t_max), t_max, self._newest_ns)
         self._newest_ns = newest
-        # Recorded once a minute of data time (a page less to write per round): what a new
-        # writer needs of it is which minutes and blocks are over, and those are recorded.
-        if newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
-            self._set_meta(con, "max_time_ns", newest)
-            self._flush_last_times(con)
         up_m = meta.get("rolled_60")
+        # Recorded once a minute of data time (a page less to write per round): what a new
+        # writer needs of it is which minutes and blocks are over, and those are recorded. In
+        # the transaction that rolls a minute: one commit a minute, not two or three (its
+        # pages are written twice, WAL and file: bench/store_write.py). The GPUs' newest
+        # sample times are recorded when a block closes (``_compact``); ``latest()`` finds
+        # newer ones in the segments.
+        rolls = up_m is not None and floor_ns(newest - self.rollup_grace_ns, MINUTE_NS) > up_m
+        if rolls or newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
+            self._set_meta(con, "max_time_ns", newest)
         up_h = meta.get("rolled_3600")
         if up_m is None:
             up_m = floor_ns(t_min, MINUTE_NS)
@@ -113,7 +119,7 @@ class Maintenance:
         compacted = meta.get("compacted_until", floor_ns(t_min, BLOCK_NS))
         new_compacted = max(compacted, floor_ns(newest - self.rollup_grace_ns, BLOCK_NS))
         last_ret = meta.get("retention_at_ns")
-        check = last_ret is None or newest - last_ret >= _RETENTION_CHECK_NS
+        check = last_ret is None or rolls or newest - last_ret >= _RETENTION_CHECK_NS
         if new_compacted > compacted or (check and raw.head_has_before(con, compacted)):
             self._compact(con, new_compacted)
         if new_compacted != meta.get("compacted_until"):
@@ -121,6 +127,22 @@ class Maintenance:
         if check:
             self._apply_retention(con, newest)
             self._set_meta(con, "retention_at_ns", newest)
+
+    def _flush_last_times(self, con: sqlite3.Connection) -> None:
+        """Record each GPU's newest sample in ``gpus`` (done once a minute of data time and
+        before a compaction, not every round: a page less to write per round). ``latest()``
+        finds what is newer in the head rows from ``last_times_until`` on."""
+        by_time: dict[int, list[int]] = {}
+        for g, t in self._last_times.items():
+            by_time.setdefault(t, []).append(g)
+        for t, ids in by_time.items():
+            con.execute(
+                "UPDATE gpus SET last_time_ns = ?1 WHERE id IN (SELECT value FROM json_each(?2)) "
+                "AND (last_time_ns IS NULL OR last_time_ns < ?1)",
+                (t, json.dumps(sorted(ids))),
+            )
+        self._last_times.clear()
+        self._set_meta(con, "last_times_until", self._newest_ns)
 
     def _compact(self, con: sqlite3.Connection, before_ns: int) -> None:
         self._flush_last_times(con)  # head rows after last_times_until must stay in the head
@@ -189,6 +211,7 @@ class Maintenance:
         raw_cut = newest_ns - self.retention_raw_ns
         con.execute("DELETE FROM head WHERE time_ns < ?", (raw_cut,))
         chunks.delete_before(con, raw_cut)
+        self._segments.delete_before(con, raw_cut)
         # A tail's last_ns is the newest of: its first sample, a GPU taking it up again
         # (``_tail_id``), the last minute rolled with it (``_roll``). A block before the cut
         # is kept whole until it ends before the cut: its tails are kept a block longer.

@@ -26,6 +26,7 @@ from gpuwatt.store import (
     raw,
     rollups,
     rounds,
+    segments,
 )
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.codec import Rows, Span
@@ -74,6 +75,9 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
             newest.setdefault(g, t)
         if len(newest) == len(rows):  # every GPU found (the newest round, mostly)
             break
+    for g, t in segments.newest_times(con, until).items():
+        if newest.get(g, t) <= t:
+            newest[g] = t
     since = NULL_TIME if since_ns is None else since_ns
     gpus = []
     for gid, host, gpu_index, uuid, name, t in rows:
@@ -96,17 +100,27 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
                     full = np.full(len(all_cols), np.nan)
                     full[:ncols] = vv[i, 1 : ncols + 1]
                     found[g] = (vv[i, 0], vv[i, ncols + 1], full)
-    # GPUs silent since their block was compacted: their newest sample is in a chunk.
+    # The others: in the segments, or (silent since their block was compacted) in a chunk.
     hosts = {g[0]: g[1] for g in gpus}
-    by_chunk: dict[tuple[int, str], list[int]] = {}
+    by_time: dict[int, list[int]] = {}
     for g, t in wanted.items():
         if g not in found:
-            by_chunk.setdefault((floor_ns(t, BLOCK_NS), hosts[g]), []).append(g)
+            by_time.setdefault(t, []).append(g)
+    seg_ids = segments.has_index(con)
+    by_chunk: dict[tuple[int, str], list[int]] = {}
+    for t, gids in sorted(by_time.items(), reverse=True):
+        if seg_ids and len(by_time) <= 16:  # mostly one time: the newest round
+            got = raw.read(con, t, t + 1, all_cols, np.array(gids))
+            _pick(got, wanted, found)
+        for g in gids:
+            if g not in found:
+                by_chunk.setdefault((floor_ns(t, BLOCK_NS), hosts[g]), []).append(g)
     for (block, host), gids in by_chunk.items():
-        got = chunks.read(con, Span(block, block + BLOCK_NS, all_cols, np.array(gids)), [host])
-        for i, (g, t) in enumerate(zip(got.gpu_id.tolist(), got.time_ns.tolist(), strict=True)):
-            if wanted[g] == t:
-                found[g] = (got.lost[i], got.tail[i], got.values[i])
+        if seg_ids:
+            got = raw.read(con, block, block + BLOCK_NS, all_cols, np.array(gids))
+        else:
+            got = chunks.read(con, Span(block, block + BLOCK_NS, all_cols, np.array(gids)), [host])
+        _pick(got, wanted, found)
     tail_ids = sorted({int(v[1]) for v in found.values()})
     tails = {
         r[0]: r[1:]
@@ -126,6 +140,15 @@ def latest(con: sqlite3.Connection, since_ns: int | None) -> list[GpuSample]:
         metrics = dict(zip(columns.attrs, values.tolist(), strict=True))
         out.append(frames.sample_from_row((t, host, gpu_index, uuid, name, lost), metrics, tail))
     return out
+
+
+def _pick(
+    got: Rows, wanted: dict[int, int], found: dict[int, tuple[float, float, np.ndarray]]
+) -> None:
+    """Record in ``found`` each GPU's row of ``got`` at the time ``wanted`` of it."""
+    for i, (g, t) in enumerate(zip(got.gpu_id.tolist(), got.time_ns.tolist(), strict=True)):
+        if wanted[g] == t:
+            found[g] = (got.lost[i], got.tail[i], got.values[i])
 
 
 def xid_columns(

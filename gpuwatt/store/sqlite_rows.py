@@ -23,13 +23,26 @@ import numpy as np
 
 from gpuwatt.model import EnergyMethod, TflopsMethod
 from gpuwatt.sample_rows import ATTRS, RowDecoder, SampleRows
-from gpuwatt.store.rounds import Layout
+from gpuwatt.store.rounds import Layout, Masked
 
 _I_TIME = ATTRS.index("time_ns")
 _TIME = operator.itemgetter(_I_TIME)
 
-#: A GPU's writer state, as ``SqliteStore`` keeps it (``gid``, ``key``, ``tail``, ``plan``).
+#: A GPU's writer state, as ``SqliteStore`` keeps it (``GpuState``).
 State = Any
+
+
+class GpuState:
+    """What the writer keeps per GPU: its id, its last ``sqlite_schema.KEY_ATTRS`` values, the
+    id of that tail (a float: it is packed with the values) and its ``rounds.Masked`` plan."""
+
+    __slots__ = ("gid", "key", "plan", "tail")
+
+    def __init__(self, gid: int, key: tuple[Any, ...], tail: float, plan: Masked | None) -> None:
+        self.gid = gid
+        self.key = key
+        self.tail = tail
+        self.plan = plan
 
 
 class RowEncoder:

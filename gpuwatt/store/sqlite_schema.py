@@ -7,10 +7,11 @@ docs/storage.md describes them all.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from gpuwatt.line_protocol import format_processes
-from gpuwatt.store import chunks, format, rollups, rounds
+from gpuwatt.store import chunks, format, rollups, rounds, segments
 
 #: The GPU's identity and the fields of its tail (``rounds``): while they are equal from one
 #: sample of a GPU to the next (one tuple comparison, mostly of identical objects), its id and
@@ -40,6 +41,7 @@ CREATE TABLE IF NOT EXISTS gpus (
 {format.COLUMNS_SQL}
 {rounds.SCHEMA_SQL}
 {chunks.SCHEMA_SQL}
+{segments.SCHEMA_SQL}
 {rollups.SCHEMA_SQL}
 CREATE TABLE IF NOT EXISTS rollup_dirty (
   level_ns INTEGER NOT NULL,
@@ -48,6 +50,16 @@ CREATE TABLE IF NOT EXISTS rollup_dirty (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER);
 """
+
+
+def upgrade(con: sqlite3.Connection) -> None:
+    """Bring a file of an older format (``format.UPGRADES_FROM``) to this one, in the
+    transaction that opens it: format 2 gains the ``segments`` index; its head and chunks stay
+    as they are, read as before, until the raw retention deletes them."""
+    (version,) = con.execute("PRAGMA user_version").fetchone()
+    if version < format.FORMAT_VERSION:
+        con.execute(segments.SCHEMA_SQL)
+        format.stamp(con)
 
 
 def tail_row(
