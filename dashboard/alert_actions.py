@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import dash
 import dash_mantine_components as dmc
 from dash import ALL, Dash, Input, Output, State
 from dash.exceptions import PreventUpdate
@@ -33,11 +32,29 @@ def request_user() -> str:
     return "dashboard"
 
 
-def clicked() -> dict[str, Any]:
-    """The id of the button that was clicked; PreventUpdate for buttons a re-render drew."""
-    trig = dash.ctx.triggered_id
-    fired = dash.ctx.triggered[0].get("value") if dash.ctx.triggered else None
-    if not isinstance(trig, dict) or not fired:
+#: In the browser: a click on a silence or expire button, as ``{"id": <the button's id>, "at":
+#: <ms>}`` in ``alerts-click`` (outside the redrawn content); nothing for buttons a redraw drew.
+#: The buttons are a pattern-matching input, so every redraw of the content also fires the
+#: callback they feed (with no click). When that was the server callback, a click made while its
+#: no-click request was on its way sent no request at all: under load, three clicks in a row were
+#: lost (tests/test_dashboard_browser_daily.py). Here the redraw's firing ends in the browser,
+#: and the server callback fires on clicks only.
+CLICK_JS = """
+function(_silences, _expires) {
+    const ctx = window.dash_clientside.callback_context;
+    const fired = ctx.triggered.length === 1 && ctx.triggered[0].value;
+    if (!fired || typeof ctx.triggered_id !== 'object') {
+        return window.dash_clientside.no_update;
+    }
+    return {id: ctx.triggered_id, at: Date.now()};
+}
+"""
+
+
+def clicked(click: Any) -> dict[str, Any]:
+    """The id of the button in ``alerts-click``; PreventUpdate if there is none."""
+    trig = click.get("id") if isinstance(click, dict) else None
+    if not isinstance(trig, dict):
         raise PreventUpdate
     return dict(trig)
 
@@ -53,30 +70,35 @@ def outcome(message: str, ok: bool) -> Any:
 
 
 def register(app: Dash, actions: AlertActions) -> None:
-    """One callback for both actions. Its outcome goes to ``alerts-action`` above the content,
-    and it bumps the page's refresh counter so that the content is drawn again from the
-    evaluator's database. Nothing but the page's own callback writes the content (no
-    ``allow_duplicate`` outputs to keep apart)."""
+    """One callback for both actions, fed by the clicks ``CLICK_JS`` relays. Its outcome goes to
+    ``alerts-action`` above the content, and it bumps the page's refresh counter so that the
+    content is drawn again from the evaluator's database. Nothing but the page's own callback
+    writes the content (no ``allow_duplicate`` outputs to keep apart)."""
     durations = dict(alerts_page.SILENCE_FOR)
+    app.clientside_callback(
+        CLICK_JS,
+        Output("alerts-click", "data"),
+        Input({"type": "alert-silence", "m": ALL}, "n_clicks"),
+        Input({"type": "silence-expire", "id": ALL}, "n_clicks"),
+        prevent_initial_call=True,
+    )
 
     @app.callback(
         Output("alerts-action", "children"),
         Output("alerts-refresh", "n_intervals"),
-        Input({"type": "alert-silence", "m": ALL}, "n_clicks"),
-        Input({"type": "silence-expire", "id": ALL}, "n_clicks"),
+        Input("alerts-click", "data"),
         State("silence-for", "value"),
         State("silence-comment", "value"),
         State("alerts-refresh", "n_intervals"),
         prevent_initial_call=True,
     )
     def _act(
-        _silences: list[int | None],
-        _expires: list[int | None],
+        click: dict[str, Any] | None,
         for_: str | None,
         comment: str | None,
         refreshes: int | None,
     ) -> tuple[Any, int]:
-        trig = clicked()
+        trig = clicked(click)
         if trig.get("type") == "alert-silence":
             head = _silence(actions, trig, durations.get(for_ or "1h", 3600), for_, comment)
         else:

@@ -467,7 +467,8 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
 
 
 def _silence_request(url: str, matchers_key: str, auth: bool = False) -> urllib.request.Request:
-    """The POST a click on an alert's "silence" button makes (Dash's callback request)."""
+    """The POST a click on an alert's "silence" button makes (Dash's callback request: the click
+    relayed by the browser into ``alerts-click``)."""
     import base64
 
     button = {"m": matchers_key, "type": "alert-silence"}
@@ -477,8 +478,10 @@ def _silence_request(url: str, matchers_key: str, auth: bool = False) -> urllib.
             {"id": "alerts-action", "property": "children"},
             {"id": "alerts-refresh", "property": "n_intervals"},
         ],
-        "inputs": [[{"id": button, "property": "n_clicks", "value": 1}], []],
-        "changedPropIds": [json.dumps(button, separators=(",", ":")) + ".n_clicks"],
+        "inputs": [
+            {"id": "alerts-click", "property": "data", "value": {"id": button, "at": 1}}
+        ],
+        "changedPropIds": ["alerts-click.data"],
         "state": [
             {"id": "silence-for", "property": "value", "value": "1h"},
             {"id": "silence-comment", "property": "value", "value": "by POST"},

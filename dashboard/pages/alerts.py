@@ -37,8 +37,9 @@ READ_ONLY_NOTE = (
 
 
 def layout(**query: str) -> Any:
-    # the outcome of a silence or an expiry (``alert_actions``), outside the redrawn content
-    return page_frame(PAGE, NAME, query, html.Div(id="alerts-action"))
+    # the outcome of a silence or an expiry (``alert_actions``) and the click that asked for it,
+    # outside the redrawn content
+    return page_frame(PAGE, NAME, query, html.Div(id="alerts-action"), dcc.Store(id="alerts-click"))
 
 
 def silence_matchers(a: AlertView) -> dict[str, str]:
