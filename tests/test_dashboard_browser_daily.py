@@ -478,9 +478,7 @@ def _silence_request(url: str, matchers_key: str, auth: bool = False) -> urllib.
             {"id": "alerts-action", "property": "children"},
             {"id": "alerts-refresh", "property": "n_intervals"},
         ],
-        "inputs": [
-            {"id": "alerts-click", "property": "data", "value": {"id": button, "at": 1}}
-        ],
+        "inputs": [{"id": "alerts-click", "property": "data", "value": {"id": button, "at": 1}}],
         "changedPropIds": ["alerts-click.data"],
         "state": [
             {"id": "silence-for", "property": "value", "value": "1h"},
