@@ -365,22 +365,48 @@ def zoom_query(relayout: dict[str, Any] | None, query: dict[str, str]) -> dict[s
     return out
 
 
+#: In the browser: a drag across a time chart, as ``{"relayout": <plotly's relayoutData>, "at":
+#: <ms>}`` in ``zoom-relayout`` (outside the pages' redrawn content); nothing for the other
+#: relayout events. The charts are a pattern-matching input, so every redraw of a page fires the
+#: callback they feed (autosize); when that was the server callback, a drag made while that
+#: request was on its way sent nothing (lost three times in a row on a loaded machine, as clicks
+#: on the alerts page were: ``alert_actions.CLICK_JS``).
+ZOOM_JS = """
+function(_relayouts) {
+    const axis = /^xaxis\\d*\\.range(\\[[01]\\])?$/;
+    for (const t of window.dash_clientside.callback_context.triggered) {
+        const v = t.value;
+        if (v && typeof v === 'object' && Object.keys(v).some(k => axis.test(k))) {
+            return {relayout: v, at: Date.now()};
+        }
+    }
+    return window.dash_clientside.no_update;
+}
+"""
+
+
 def _register_range_callbacks(app: Dash) -> None:
     """Zoom on any time chart, the custom from/to range, and back to live: all through the
     URL's query, from which the page re-renders."""
+    app.clientside_callback(
+        ZOOM_JS,
+        Output("zoom-relayout", "data"),
+        Input({"type": "zoom-graph", "name": ALL}, "relayoutData"),
+        prevent_initial_call=True,
+    )
 
     @app.callback(
         Output("url", "search", allow_duplicate=True),
-        Input({"type": "zoom-graph", "name": ALL}, "relayoutData"),
+        Input("zoom-relayout", "data"),
         State("url", "search"),
         prevent_initial_call=True,
     )
-    def _zoom(_relayouts: list[Any], search: str | None) -> str:
-        for trig in dash.callback_context.triggered:
-            query = zoom_query(trig.get("value"), query_dict(search))
-            if query is not None:
-                return to_search(query)
-        raise PreventUpdate
+    def _zoom(zoom: dict[str, Any] | None, search: str | None) -> str:
+        relayout = zoom.get("relayout") if isinstance(zoom, dict) else None
+        query = zoom_query(relayout, query_dict(search))
+        if query is None:
+            raise PreventUpdate
+        return to_search(query)
 
     @app.callback(
         Output("url", "search", allow_duplicate=True),
@@ -446,7 +472,9 @@ def create_app(
         serve_locally=True,
     )
     _register_pages()
-    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), _shell()])
+    app.layout = html.Div(
+        [dcc.Location(id="url", refresh="callback-nav"), dcc.Store(id="zoom-relayout"), _shell()]
+    )
     work = None
     if job_steps is not None:
         precision = config.collector.tensor_precision if config is not None else "bf16"
