@@ -43,20 +43,16 @@ def thread_cpu_s() -> dict[int, float]:
 
 
 def monitor(stop: threading.Event, seen: dict[int, tuple[str, float, float]]) -> None:
-    """Every 0.5 s: each thread's name and CPU at its first reading after the warm-up and at
-    its latest reading."""
+    """Every 0.5 s after the warm-up: each thread's name, its CPU at its first reading after the
+    warm-up, and at its latest reading."""
     start = time.monotonic()
     while not stop.wait(0.5):
+        if time.monotonic() - start < WARM_UP_S:
+            continue
         names = {t.native_id: t.name for t in threading.enumerate()}
-        warm = time.monotonic() - start >= WARM_UP_S
         for tid, cpu in thread_cpu_s().items():
-            name = names.get(tid, f"thread-{tid}")
-            if tid not in seen:
-                seen[tid] = (name, cpu if warm else float("nan"), cpu)
-            elif seen[tid][1] != seen[tid][1] and warm:  # NaN: first reading after warm-up
-                seen[tid] = (name, cpu, cpu)
-            else:
-                seen[tid] = (name, seen[tid][1], cpu)
+            name, first, _ = seen.get(tid, (names.get(tid, f"thread-{tid}"), cpu, cpu))
+            seen[tid] = (name, first, cpu)
 
 
 def main() -> int:
@@ -83,7 +79,7 @@ def main() -> int:
     watcher.join()
     rows: dict[str, float] = {}
     for name, first, last in seen.values():
-        if name == "bench-monitor" or first != first:
+        if name == "bench-monitor":
             continue
         rows[name] = rows.get(name, 0.0) + last - first
     report = {

@@ -62,7 +62,7 @@ def pipe_tflops(block: pd.DataFrame, spec: GpuSpec, precision: str) -> np.ndarra
         pct = block[col].to_numpy(dtype=float)
         fin = np.isfinite(pct)
         any_measured |= fin
-        at_mhz = spec.hmma_clock_mhz if col == _PIPES[0] else spec.peak_clock_mhz
+        at_mhz = spec.hmma_clock_mhz if col == "tensor_hmma_active_pct" else spec.peak_clock_mhz
         ratio = np.where(np.isfinite(clk), clk / at_mhz, 1.0)
         total += np.where(fin, pct, 0.0) / 100.0 * peak * ratio
     return np.where(any_measured, total, np.nan)
