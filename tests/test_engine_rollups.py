@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from servers import http
 
+from gpuwatt.analytics.inputs import context_reads
 from gpuwatt.collector.rollup_writer import STATE_FILE, RollupWriter, open_rollup_writer
 from gpuwatt.collector.runtime import Flusher
 from gpuwatt.collector.spool import Spool
@@ -361,6 +362,37 @@ def test_the_reads_of_one_view_send_the_requests_they_share_once(
         assert len(alone) or read.start_ns < T0
         pd.testing.assert_frame_equal(frame, alone, obj=str(read))
     assert view < len(sent)  # read alone, the newest hour's requests went twice
+
+
+def test_an_analysis_context_and_range_are_read_in_one_request_per_level(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """An analysis's context and range (``context_reads``) abut: where they meet at a bucket
+    boundary the engine is asked for the minute rollups of both at once, and each read's frame
+    is what it reads alone; where they meet inside a bucket, each is read apart."""
+    write(engine, samples(make_sample, T0, T0 + 127 * MINUTE_NS))
+    engine_rollups.roll_range(engine.source, T0, T0 + 126 * MINUTE_NS)
+    engine.flush()
+    rollups = engine.store.rollups
+    asked: list[tuple[int, int, int]] = []
+    real = rollups.rollup_points
+
+    def spy(level_ns: int, start_ns: int, end_ns: int, *args: Any, **kwargs: Any) -> Any:
+        asked.append((level_ns, start_ns, end_ns))
+        return real(level_ns, start_ns, end_ns, *args, **kwargs)
+
+    rollups.rollup_points = spy
+    end = T0 + 127 * MINUTE_NS
+    for start, together in ((end - HOUR_NS, True), (end - HOUR_NS + 30 * S, False)):
+        reads = context_reads(start, end, 60)
+        asked.clear()
+        frames = series_many(engine.store, reads)
+        minutes = [a for a in asked if a[0] == MINUTE_NS]
+        assert len(minutes) == (1 if together else 2), minutes
+        for read, frame in zip(reads, frames, strict=True):
+            alone = engine.store.series(read.start_ns, read.end_ns, read.fields, step_s=60)
+            assert len(alone) > 0
+            pd.testing.assert_frame_equal(frame, alone, obj=str(read))
 
 
 def test_a_range_on_days_before_the_data_sends_no_raw_read(

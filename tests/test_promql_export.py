@@ -45,6 +45,26 @@ def test_text_reading_equals_the_json_reading() -> None:
     assert text.values.tolist() == [350.25, 1e-7, 0.0, -3.0, 60.0]
 
 
+def test_series_sharing_their_times_read_as_the_json_reading() -> None:
+    """Most series of an export share their timestamps text (every GPU's minute rollups), which
+    is parsed once; a series whose values and times differ in count is still refused."""
+    times = [1767225540000 + 60_000 * k for k in range(5)]
+    lines = [
+        {"metric": {"__name__": f"m{f}", "host": f"node-{g}"}, "values": [g + f + k / 8 for k in
+         range(5)], "timestamps": times}
+        for g in range(40) for f in range(3)
+    ] + [LINES[1], LINES[2], {**LINES[0], "timestamps": times[1:]}]  # fmt: skip
+    text = frames.exported_text(body(lines))
+    expected = frames.exported(lines)
+    assert text is not None
+    assert text.labels == expected.labels
+    assert np.array_equal(text.lengths, expected.lengths)
+    assert np.array_equal(text.t_ms, expected.t_ms)
+    assert np.array_equal(text.values, expected.values)
+    short = {**lines[0], "timestamps": times[:4]}  # five values, four times: not this shape
+    assert frames.exported_text(body([*lines, short])) is None
+
+
 def test_other_shapes_are_left_to_the_json_reading() -> None:
     with_null = [{**LINES[0], "values": [1.0, None, 2.0, 3.0]}]
     assert frames.exported_text(body(with_null)) is None

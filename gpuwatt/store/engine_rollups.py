@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -430,8 +430,12 @@ def frame(
     from gpuwatt.store.base import KEY_COLUMNS, SEEN_COLUMN
 
     if not len(cols["time_ns"]):
-        dtypes = {"time_ns": "int64", "gpu_index": "int64", **dict.fromkeys(attrs, "float64")}
-        return pd.DataFrame(columns=[*KEY_COLUMNS, *attrs]).astype(dtypes)
+        # the columns and types of a read with rows
+        seen_column = [SEEN_COLUMN] if "seen_ns" in cols else []
+        dtypes: dict[str, Any] = {"time_ns": "int64", "gpu_index": "int64"}
+        dtypes |= dict.fromkeys(("host", "uuid", "name"), str)
+        dtypes |= dict.fromkeys([*attrs, *seen_column], "float64")
+        return pd.DataFrame(columns=[*KEY_COLUMNS, *attrs, *seen_column]).astype(dtypes)
     order_ids = sorted(range(len(idents)), key=lambda g: idents[g][:3])
     rank = np.empty(len(idents), dtype=np.int64)
     rank[order_ids] = np.arange(len(idents))
