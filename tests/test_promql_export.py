@@ -65,9 +65,31 @@ def test_series_sharing_their_times_read_as_the_json_reading() -> None:
     assert frames.exported_text(body([*lines, short])) is None
 
 
+def test_every_double_is_read_as_python_reads_it() -> None:
+    """The numbers of an export are read by pandas' C reader (``promql_frames._numbers``): the
+    same doubles as ``float()``, in shortest and in 17-digit form, over the whole range."""
+    rng = np.random.default_rng(7)
+    bits = np.frombuffer(rng.bytes(8 * 20_000), dtype=np.float64)
+    doubles = np.concatenate(
+        [bits[np.isfinite(bits)], rng.random(20_000) * 100, rng.standard_normal(20_000) * 1e12]
+    )
+    for form in (repr, "{:.17g}".format):
+        values = [float(form(float(x))) for x in doubles]
+        lines = [
+            {"metric": {"__name__": "m", "k": str(i)}, "values": values[i::50],
+             "timestamps": list(range(len(values[i::50])))}
+            for i in range(50)
+        ]  # fmt: skip
+        text = frames.exported_text(body(lines))
+        assert text is not None
+        assert np.array_equal(text.values, frames.exported(lines).values)
+
+
 def test_other_shapes_are_left_to_the_json_reading() -> None:
     with_null = [{**LINES[0], "values": [1.0, None, 2.0, 3.0]}]
     assert frames.exported_text(body(with_null)) is None
+    with_nan = body([LINES[0]]).replace(b"350.25", b"NaN")
+    assert frames.exported_text(with_nan) is None
     assert np.isnan(frames.exported(with_null).values[1])
     reordered = [{"values": [1.0], "timestamps": [1], "metric": {"host": "x"}}]
     assert frames.exported_text(body(reordered)) is None

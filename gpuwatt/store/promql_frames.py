@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,23 @@ def gpu_ident(dialect: Dialect, labels: dict[str, str]) -> tuple[str, int, str, 
     if dialect.encoded_names:  # gpuwatt's line protocol (``line_protocol.encode_name``)
         names = tuple(map(decode_name, names))  # type: ignore[assignment]
     return (names[0], index, names[1], names[2])
+
+
+def ident_reader(dialect: Dialect) -> Callable[[dict[str, str]], tuple[str, int, str, str]]:
+    """``gpu_ident`` of series labels, remembering each GPU's: the series of one answer are a
+    few per GPU (one per metric), and decoding their labels is much of reading them (the
+    newest samples of 1,024 GPUs, ~20,000 series: ~30 ms of CPU, ~8 ms remembered)."""
+    host, index, uuid, model = dialect.host, dialect.index, dialect.uuid, dialect.model
+    known: dict[tuple[str | None, ...], tuple[str, int, str, str]] = {}
+
+    def ident(labels: dict[str, str]) -> tuple[str, int, str, str]:
+        raw = (labels.get(host), labels.get(index), labels.get(uuid), labels.get(model))
+        found = known.get(raw)
+        if found is None:
+            found = known[raw] = gpu_ident(dialect, labels)
+        return found
+
+    return ident
 
 
 @dataclass(frozen=True)
@@ -144,9 +162,9 @@ def exported_text(body: bytes) -> Exported | None:
         lengths.append(n)
     total = sum(lengths)
     try:
-        v_all = np.fromstring(b",".join(x for x in values if x), dtype=np.float64, sep=",")
+        v_all = _numbers(b",".join(x for x in values if x), np.float64)
         t_all = _times_parsed(times, distinct)
-    except (ValueError, DeprecationWarning):  # something other than numbers
+    except ValueError:  # something other than numbers
         return None
     if len(v_all) != total or len(t_all) != total:
         return None
@@ -161,10 +179,33 @@ def _times_parsed(times: list[bytes], distinct: dict[bytes, tuple[int, int]]) ->
     import numpy as np
 
     if len(distinct) * 2 > len(times):  # mostly different: one parse of them all
-        return np.fromstring(b",".join(x for x in times if x), dtype=np.int64, sep=",")
+        return _numbers(b",".join(x for x in times if x), np.int64)
     empty = np.zeros(0, dtype=np.int64)
-    parsed = [np.fromstring(x, dtype=np.int64, sep=",") if x else empty for x in distinct]
+    parsed = [_numbers(x, np.int64) for x in distinct]
     return np.concatenate([parsed[distinct[x][0]] for x in times]) if times else empty
+
+
+def _numbers(text: bytes, dtype: Any) -> Any:
+    """Comma-separated numbers as an array, read by pandas' C reader: ~3x faster than
+    ``numpy.fromstring`` (an hour of 1,024 GPUs' minute rollups, 737,000 values: ~20 against
+    ~56 ms) and correctly rounded since pandas 3 (the same doubles as ``float()``, tested on
+    random ones, ``tests/test_promql_export.py``). ValueError where one is not a number."""
+    import numpy as np
+    import pandas as pd
+
+    if not text:
+        return np.zeros(0, dtype=dtype)
+    read = pd.read_csv(
+        io.BytesIO(text),
+        header=None,
+        lineterminator=",",
+        dtype=dtype,
+        na_filter=False,  # "null", "NaN": not numbers here, refused
+        engine="c",
+    )
+    if read.shape[1] != 1:
+        raise ValueError("not one number per item")
+    return read.iloc[:, 0].to_numpy()
 
 
 def pivot_exported(
@@ -328,20 +369,21 @@ def latest_samples(
     by_gpu: dict[tuple[str, int, str, str], dict[str, Any]] = {}
     jobs: dict[tuple[str, int, str, str], str] = {}
     names = dialect.by_attr()
+    gpu_of = ident_reader(dialect)
     for r in times:
-        key = gpu_ident(dialect, r["metric"])
+        key = gpu_of(r["metric"])
         by_gpu.setdefault(key, {})["time_ns"] = round(float(r["value"][1]) * 1000) * NS_PER_MS
         for label in dialect.jobs:
             if r["metric"].get(label):
                 jobs.setdefault(key, r["metric"][label])
                 break
     for r in results.pop("lost", []):
-        key = gpu_ident(dialect, r["metric"])
+        key = gpu_of(r["metric"])
         if key in by_gpu:
             by_gpu[key]["lost"] = float(r["value"][1]) == dialect.lost_value
     for attr, result in results.items():
         for r in result:
-            key = gpu_ident(dialect, r["metric"])
+            key = gpu_of(r["metric"])
             if key not in by_gpu or by_gpu[key].get("lost"):
                 continue  # a lost GPU's newest sample is its marker: no metrics
             value = float(r["value"][1])

@@ -97,10 +97,13 @@ def _latest_older(
     silent for longer (a lost node), a metric measured less often. A metric no GPU has in
     the last minutes is asked for every GPU; the others only for the hosts of the GPUs
     that lack them. Each value kept is the one a single query over ``window`` gives."""
-    labels = (store.dialect.host, store.dialect.index, store.dialect.uuid, store.dialect.model)
+    host, index, uuid, model = (
+        store.dialect.host, store.dialect.index, store.dialect.uuid, store.dialect.model
+    )  # fmt: skip
 
     def key(r: dict[str, Any]) -> tuple[str | None, ...]:
-        return tuple(r["metric"].get(k) for k in labels)
+        m = r["metric"]
+        return (m.get(host), m.get(index), m.get(uuid), m.get(model))
 
     gpus = {key(r): r["metric"].get(store.dialect.host, "") for r in times}
     if not gpus:
