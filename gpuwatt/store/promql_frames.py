@@ -218,7 +218,7 @@ def pivot_exported(
 
     width = len(names)
     column_of = {n: i for i, n in enumerate(names)}
-    labels = [dialect.host, dialect.index, dialect.uuid, dialect.model]
+    host, index, uuid, model = dialect.host, dialect.index, dialect.uuid, dialect.model
     gid_of: dict[tuple[str | None, ...], int] = {}
     series_gid = np.full(len(series.labels), -1, dtype=np.int64)
     series_col = np.full(len(series.labels), -1, dtype=np.int64)
@@ -226,7 +226,7 @@ def pivot_exported(
         col = column_of.get(m.get("__name__", ""))
         if col is None:
             continue
-        key = tuple(m.get(k) for k in labels)
+        key = (m.get(host), m.get(index), m.get(uuid), m.get(model))
         gid = gid_of.get(key)
         if gid is None:
             gid = gid_of[key] = ids.of(gpu_ident(dialect, m))
