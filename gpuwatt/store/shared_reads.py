@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 Cols = dict[str, np.ndarray]
-S = 1_000_000_000
+NS_PER_S = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def _abuts(a: SeriesRead, b: SeriesRead) -> bool:
         return False
     if _names(a.fields) != _names(b.fields) or _names(a.hosts) != _names(b.hosts):
         return False
-    return a.start_ns < a.end_ns == b.start_ns < b.end_ns and a.end_ns % (int(a.step_s) * S) == 0
+    return a.start_ns < a.end_ns == b.start_ns < b.end_ns and a.end_ns % (int(a.step_s) * NS_PER_S) == 0
 
 
 def _names(names: Sequence[str] | None) -> tuple[str, ...] | None:
