@@ -181,7 +181,8 @@ def _abuts(a: SeriesRead, b: SeriesRead) -> bool:
         return False
     if _names(a.fields) != _names(b.fields) or _names(a.hosts) != _names(b.hosts):
         return False
-    return a.start_ns < a.end_ns == b.start_ns < b.end_ns and a.end_ns % (int(a.step_s) * NS_PER_S) == 0
+    on_boundary = a.end_ns % (int(a.step_s) * NS_PER_S) == 0
+    return a.start_ns < a.end_ns == b.start_ns < b.end_ns and on_boundary
 
 
 def _names(names: Sequence[str] | None) -> tuple[str, ...] | None:
