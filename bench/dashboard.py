@@ -3,10 +3,14 @@
     .venv/bin/python bench/dashboard.py [--gpus 1024] [--hours 24] [--interval-s 1] [--db FILE]
                                         [--repeat 7] [--no-browser]
                                         [--store sqlite|influxdb|victoriametrics]
+                                        [--presets 1h,24h] [--raw-repeat 2]
 
 ``--store influxdb`` or ``victoriametrics``: the same cluster also loaded into that engine, and
 every page and range timed on the embedded store, on the engine's rollups and on the engine's
 raw ``GROUP BY`` side by side (``bench/engine_compare.py``), with the warmer's CPU in the engine.
+``--presets`` chooses the preset ranges timed there (``15m,1h,6h,24h,7d`` for all of them);
+``--raw-repeat 0`` leaves the raw ``GROUP BY`` out (on InfluxDB it takes ~18 s a callback for a
+day, and longer for a week).
 
 1. Backfill (``bench/backfill.py``): a synchronous training job on every node with a thermal
    straggler on node-057 GPU 3 for the last 6 hours, generated with numpy and inserted as rows
@@ -216,7 +220,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--store", choices=("sqlite", "influxdb", "victoriametrics"), default="sqlite")
-    ap.add_argument("--raw-repeat", type=int, default=2, help="runs of the raw GROUP BY reads")
+    ap.add_argument(
+        "--raw-repeat", type=int, default=2, help="runs of the raw GROUP BY reads (0: none)"
+    )
+    ap.add_argument(
+        "--presets",
+        default="1h,24h",
+        help="the preset ranges timed on an engine, comma-separated (of 15m,1h,6h,24h,7d)",
+    )
     args = ap.parse_args()
     tmp = None
     if args.db is None:
@@ -236,7 +247,10 @@ def main() -> None:
     if args.store != "sqlite":
         from engine_compare import compare
 
-        ranges = [("preset 1h (default)", {}), ("preset 24h", {"range": "24h"})]
+        ranges = [
+            (f"preset {p}" + (" (default)" if p == DEFAULT_RANGE else ""), {"range": p})
+            for p in args.presets.split(",")
+        ]
         for label, span_s in (("1h", 3600), ("24h", 86_400)):
             lo, hi = _iso(END_NS - 3600 * NS - span_s * NS), _iso(END_NS - 3600 * NS)
             ranges.append((f"a {label} range no one has viewed", {"from": lo, "to": hi}))
