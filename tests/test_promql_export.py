@@ -73,16 +73,20 @@ def test_every_double_is_read_as_python_reads_it() -> None:
     doubles = np.concatenate(
         [bits[np.isfinite(bits)], rng.random(20_000) * 100, rng.standard_normal(20_000) * 1e12]
     )
-    for form in (repr, "{:.17g}".format):
-        values = [float(form(float(x))) for x in doubles]
-        lines = [
-            {"metric": {"__name__": "m", "k": str(i)}, "values": values[i::50],
-             "timestamps": list(range(len(values[i::50])))}
-            for i in range(50)
-        ]  # fmt: skip
-        text = frames.exported_text(body(lines))
+    for form in (repr, "{:.17g}".format):  # as VictoriaMetrics writes them, and longer
+        lines = []
+        for i in range(50):
+            part = doubles[i::50]
+            values = ",".join(form(float(x)) for x in part)
+            times = ",".join(str(t) for t in range(len(part)))
+            lines.append(
+                f'{{"metric":{{"__name__":"m","k":"{i}"}},"values":[{values}],'
+                f'"timestamps":[{times}]}}\n'
+            )
+        text = frames.exported_text("".join(lines).encode())
         assert text is not None
-        assert np.array_equal(text.values, frames.exported(lines).values)
+        want = np.concatenate([doubles[i::50] for i in range(50)])
+        assert np.array_equal(text.values, want)
 
 
 def test_other_shapes_are_left_to_the_json_reading() -> None:
