@@ -395,6 +395,37 @@ def test_an_analysis_context_and_range_are_read_in_one_request_per_level(
             pd.testing.assert_frame_equal(frame, alone, obj=str(read))
 
 
+def test_a_read_within_another_reads_minutes_takes_them_from_its_answer(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """A view in 5-minute buckets reads its range's minute rollups; its newest hour in 1-minute
+    buckets lies within them and is not asked of the engine again; each frame is what its
+    read gives alone."""
+    write(engine, samples(make_sample, T0, T0 + 127 * MINUTE_NS))
+    engine_rollups.roll_range(engine.source, T0, T0 + 126 * MINUTE_NS)
+    engine.flush()
+    rollups = engine.store.rollups
+    asked: list[tuple[int, int, int]] = []
+    real = rollups.rollup_points
+
+    def spy(level_ns: int, start_ns: int, end_ns: int, *args: Any, **kwargs: Any) -> Any:
+        asked.append((level_ns, start_ns, end_ns))
+        return real(level_ns, start_ns, end_ns, *args, **kwargs)
+
+    rollups.rollup_points = spy
+    end = T0 + 127 * MINUTE_NS
+    view = [SeriesRead(end - 2 * HOUR_NS, end, ATTRS, 300)]
+    newest = [SeriesRead(end - HOUR_NS, end, ATTRS[:3], 60)]
+    session = shared_session(engine.store)
+    frames = series_many(engine.store, view, shared=session)
+    frames += series_many(engine.store, newest, shared=session)
+    assert [a[0] for a in asked] == [MINUTE_NS], asked  # the newest hour's: from the view's
+    for read, frame in zip(view + newest, frames, strict=True):
+        alone = engine.store.series(read.start_ns, read.end_ns, read.fields, step_s=read.step_s)
+        assert len(alone) > 0
+        pd.testing.assert_frame_equal(frame, alone, obj=str(read))
+
+
 def test_a_range_on_days_before_the_data_sends_no_raw_read(
     engine: Engine, make_sample: Callable[..., GpuSample]
 ) -> None:
