@@ -364,12 +364,11 @@ def test_the_reads_of_one_view_send_the_requests_they_share_once(
     assert view < len(sent)  # read alone, the newest hour's requests went twice
 
 
-def test_an_analysis_context_and_range_are_read_in_one_request_per_level(
+def rolled_and_spied(
     engine: Engine, make_sample: Callable[..., GpuSample]
-) -> None:
-    """An analysis's context and range (``context_reads``) abut: where they meet at a bucket
-    boundary the engine is asked for the minute rollups of both at once, and each read's frame
-    is what it reads alone; where they meet inside a bucket, each is read apart."""
+) -> list[tuple[int, int, int]]:
+    """127 minutes of samples written and rolled; the (level, start, end) of each rollup-points
+    request the engine is asked from then on, in the list returned."""
     write(engine, samples(make_sample, T0, T0 + 127 * MINUTE_NS))
     engine_rollups.roll_range(engine.source, T0, T0 + 126 * MINUTE_NS)
     engine.flush()
@@ -382,6 +381,16 @@ def test_an_analysis_context_and_range_are_read_in_one_request_per_level(
         return real(level_ns, start_ns, end_ns, *args, **kwargs)
 
     rollups.rollup_points = spy
+    return asked
+
+
+def test_an_analysis_context_and_range_are_read_in_one_request_per_level(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """An analysis's context and range (``context_reads``) abut: where they meet at a bucket
+    boundary the engine is asked for the minute rollups of both at once, and each read's frame
+    is what it reads alone; where they meet inside a bucket, each is read apart."""
+    asked = rolled_and_spied(engine, make_sample)
     end = T0 + 127 * MINUTE_NS
     for start, together in ((end - HOUR_NS, True), (end - HOUR_NS + 30 * S, False)):
         reads = context_reads(start, end, 60)
@@ -401,18 +410,7 @@ def test_a_read_within_another_reads_minutes_takes_them_from_its_answer(
     """A view in 5-minute buckets reads its range's minute rollups; its newest hour in 1-minute
     buckets lies within them and is not asked of the engine again; each frame is what its
     read gives alone."""
-    write(engine, samples(make_sample, T0, T0 + 127 * MINUTE_NS))
-    engine_rollups.roll_range(engine.source, T0, T0 + 126 * MINUTE_NS)
-    engine.flush()
-    rollups = engine.store.rollups
-    asked: list[tuple[int, int, int]] = []
-    real = rollups.rollup_points
-
-    def spy(level_ns: int, start_ns: int, end_ns: int, *args: Any, **kwargs: Any) -> Any:
-        asked.append((level_ns, start_ns, end_ns))
-        return real(level_ns, start_ns, end_ns, *args, **kwargs)
-
-    rollups.rollup_points = spy
+    asked = rolled_and_spied(engine, make_sample)
     end = T0 + 127 * MINUTE_NS
     view = [SeriesRead(end - 2 * HOUR_NS, end, ATTRS, 300)]
     newest = [SeriesRead(end - HOUR_NS, end, ATTRS[:3], 60)]
