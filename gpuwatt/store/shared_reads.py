@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -163,26 +163,22 @@ def series_many(
         return series_in_parallel(store, reads, on_done=on_done)
     session = shared
     groups = abutting(reads)
-    if len(groups) == len(reads):
-        return series_in_parallel(store, reads, on_done=on_done, read=lambda r: read(r, session))
+    runs = [run for run, _ in groups]
+    joined = {id(run): len(members) - 1 for run, members in groups}
 
-    def one(group: tuple[SeriesRead, list[int]]) -> pd.DataFrame:
-        frame = read(group[0], session)
-        if on_done is not None:
-            for _ in group[1]:  # the progress counts the reads asked for
+    def one(run: SeriesRead) -> pd.DataFrame:
+        frame = read(run, session)
+        if on_done is not None:  # the progress counts the reads asked for
+            for _ in range(joined[id(run)]):
                 on_done()
         return frame
 
-    if len(groups) == 1:
-        whole = [one(groups[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="reads") as pool:
-            whole = list(pool.map(one, groups))
-    out: dict[int, pd.DataFrame] = {}
-    for (_, members), frame in zip(groups, whole, strict=True):
-        for i in members:
-            out[i] = frame if len(members) == 1 else _part(frame, reads[i])
-    return [out[i] for i in range(len(reads))]
+    whole = series_in_parallel(store, runs, on_done=on_done, read=one)
+    return [
+        frame if len(members) == 1 else _part(frame, reads[i])
+        for (_, members), frame in zip(groups, whole, strict=True)
+        for i in members
+    ]
 
 
 def abutting(reads: Sequence[SeriesRead]) -> list[tuple[SeriesRead, list[int]]]:
