@@ -43,7 +43,7 @@ from gpuwatt.line_protocol import LineEncoder, _numeric_fields, _pattern
 from gpuwatt.schema import FIELD_ENERGY_METHOD, FIELD_JOB_ID, FIELD_TFLOPS_METHOD, FIELDS
 from gpuwatt.store import LAST_VALUE_ATTRS, open_store
 from gpuwatt.store.engine_rollups import (
-    HOUR_NS,
+    COARSE_LEVELS,
     MINUTE_NS,
     GpuIds,
     concat,
@@ -113,7 +113,8 @@ def load(
     workers: int = 2,
     progress: Callable[[str], None] = print,
 ) -> int:
-    """Write every round of ``cluster`` and its minute and hour rollups; the samples written."""
+    """Write every round of ``cluster`` and its minute, 5-minute and hour rollups; the samples
+    written."""
     store = engine.store()
     fast = FastLines(cluster)
     ids = GpuIds()
@@ -126,7 +127,8 @@ def load(
     lost = np.zeros(cluster.gpus, bool)
     pending: list[str] = []
     minute_rows: list[dict[str, np.ndarray]] = []  # the current minute's samples (level cols)
-    hour_minutes: list[dict[str, np.ndarray]] = []
+    # the minutes of each coarse level's current bucket
+    coarse_minutes: dict[int, list[dict[str, np.ndarray]]] = {lv: [] for lv in COARSE_LEVELS}
     written, t0, next_report = 0, time.perf_counter(), 0.0
     poster = Poster(engine, workers)
 
@@ -136,24 +138,24 @@ def load(
                 concat(minute_rows, ATTRS), MINUTE_NS, ATTRS, LAST_VALUE_ATTRS, level_ns=0
             )
             pending.extend(store.rollups.rollup_lines(MINUTE_NS, cols, ids.idents))
-            hour_minutes.append(cols)
+            for minutes in coarse_minutes.values():
+                minutes.append(cols)
             minute_rows.clear()
 
-    def close_hour() -> None:
-        close_minute()
-        if hour_minutes:
-            cols = combine(concat(hour_minutes, ATTRS), HOUR_NS, ATTRS, LAST_VALUE_ATTRS)
-            pending.extend(store.rollups.rollup_lines(HOUR_NS, cols, ids.idents))
-            hour_minutes.clear()
+    def close_coarse(level_ns: int) -> None:
+        if minutes := coarse_minutes[level_ns]:
+            cols = combine(concat(minutes, ATTRS), level_ns, ATTRS, LAST_VALUE_ATTRS)
+            pending.extend(store.rollups.rollup_lines(level_ns, cols, ids.idents))
+            minutes.clear()
 
     step_ns = round(cluster.interval_s * 1e9)
     for k in range(cluster.steps):
         t = cluster.time_ns(k)
         if minute_rows and t % MINUTE_NS < step_ns:
-            if t % HOUR_NS < step_ns:
-                close_hour()
-            else:
-                close_minute()
+            close_minute()
+            for level in COARSE_LEVELS:
+                if t % level < step_ns:
+                    close_coarse(level)
         values = fast.values(k)
         lines = fast.lines(t, values)
         if k in (0, cluster.steps - 1):  # the first round, and one with the straggler
@@ -170,7 +172,9 @@ def load(
             rate = written / (time.perf_counter() - t0)
             progress(f"  load {(k + 1) / cluster.steps:5.0%}  {written:,} samples  {rate:,.0f}/s")
             next_report += 0.1
-    close_hour()
+    close_minute()
+    for level in COARSE_LEVELS:
+        close_coarse(level)
     poster.post(pending)
     poster.close()
     engine.flush()

@@ -1,19 +1,21 @@
-"""Keeps the engine's 1-minute and 1-hour rollups of this collector's GPUs (``engine_rollups``).
+"""Keeps the engine's 1-minute, 5-minute and 1-hour rollups of this collector's GPUs
+(``engine_rollups``).
 
 The flusher tells it which lines the store has taken (``delivered``, before the spool's cursor
 moves). A minute is rolled once lines ``grace_s`` past its end have been delivered: the spool
 delivers in order, so by then the engine holds all of the minute this collector will ever send
-(a VictoriaMetrics makes new samples searchable within a few seconds; the grace covers that). An
-hour is rolled from its minutes once they are, ``settle_s`` after the last of them (it reads them
-back, and they too take a moment to become searchable). A replay of old lines (an outage,
-``gpuwatt spool replay``) marks their minutes again and they are rolled again, from what the
-engine then holds.
+(a VictoriaMetrics makes new samples searchable within a few seconds; the grace covers that). A
+5-minute bucket or an hour is rolled from its minutes once they are, ``settle_s`` after the last
+of them (it reads them back, and they too take a moment to become searchable). A replay of old
+lines (an outage, ``gpuwatt spool replay``) marks their minutes again and they are rolled again,
+from what the engine then holds.
 
 The buckets still to roll are kept in a small private file beside the spool, written before the
 spool's cursor moves: a collector killed at any point rolls them after its next start, and one
 restarted mid-minute rolls that minute again once the rest of it is delivered (a bucket is
 always computed from all the engine holds, so the second roll is the complete one). At shutdown
-the open minute and hour are rolled with what was delivered (the next start completes them).
+the open minute, 5 minutes and hour are rolled with what was delivered (the next start completes
+them).
 
 Rolling reads the bucket back: the collector's token needs read access to its bucket. Without it
 (a write-only token) the first refusal is logged and rollups are off for the process; reads then
@@ -35,11 +37,22 @@ from gpuwatt.line_protocol import decode_name
 from gpuwatt.private_files import private_file
 from gpuwatt.schema import MEASUREMENT
 from gpuwatt.store import StoreRejected, engine_rollups
-from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, RollupSource, RollupsUnsupported
+from gpuwatt.store.engine_rollups import (
+    COARSE_LEVELS,
+    FIVE_MINUTES_NS,
+    HOUR_NS,
+    MINUTE_NS,
+    RollupSource,
+    RollupsUnsupported,
+)
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "rollups.json"
+#: The state file's key of the buckets of each coarse level still to roll. A file written before
+#: the 5-minute level has none: 5-minute buckets are rolled from the next minute rolled on, and
+#: reads take the older ones from minutes (a level is read from its oldest point).
+_STATE_KEYS = {FIVE_MINUTES_NS: "five_minutes", HOUR_NS: "hours"}
 _HOST = re.compile(re.escape(MEASUREMENT) + r",(?:(?:[^ ,\\]|\\.)*,)*?host=((?:[^ ,\\]|\\.)*)[ ,]")
 _UNESCAPE = re.compile(r"\\(.)")
 
@@ -75,14 +88,19 @@ class RollupWriter:
         self.rolled = 0  # GPU points written
         state = self._load()
         self._minutes: set[int] = set(state.get("minutes", []))
-        self._hours: set[int] = set(state.get("hours", []))
+        #: the 5-minute buckets and hours still to roll, per level
+        self._coarse: dict[int, set[int]] = {
+            level: set(state.get(key, [])) for level, key in _STATE_KEYS.items()
+        }
         self._hosts: set[str] = set(state.get("hosts", []))
         self._newest_ns: int = int(state.get("newest_ns", 0))
         started = monotonic_s()
         self._touched_s: dict[int, float] = dict.fromkeys(self._minutes, started)
-        # when a minute of each hour was last rolled: the hour waits ``settle_s`` for it to be
-        # searchable (it is built from its minutes read back)
-        self._hour_touched_s: dict[int, float] = dict.fromkeys(self._hours, started)
+        # when a minute of each coarse bucket was last rolled: the bucket waits ``settle_s`` for
+        # it to be searchable (it is built from its minutes read back)
+        self._coarse_touched_s: dict[int, dict[int, float]] = {
+            level: dict.fromkeys(buckets, started) for level, buckets in self._coarse.items()
+        }
         self._down_logged = False
 
     def delivered(self, lines: Sequence[str]) -> None:
@@ -132,8 +150,9 @@ class RollupWriter:
         return changed
 
     def roll_due(self, *, final: bool = False) -> int:
-        """Roll the minutes, then the hours, whose end is ``grace_s`` behind the newest line
-        delivered (all of them when ``final``); the number of GPU points written."""
+        """Roll the minutes, then the 5-minute buckets and hours, whose end is ``grace_s`` behind
+        the newest line delivered (all of them when ``final``); the number of GPU points
+        written."""
         frontier = 2**62 if final else self._newest_ns - self.grace_ns
         settled = 2**62 if final else self._monotonic_s() - self.settle_s
         hosts = sorted(self._hosts)
@@ -141,30 +160,22 @@ class RollupWriter:
         try:
             for minute in sorted(self._minutes):
                 if minute + MINUTE_NS > frontier or self._touched_s.get(minute, 0.0) > settled:
-                    break  # minutes are rolled in order: an hour never misses one
+                    break  # minutes are rolled in order: a coarse bucket never misses one
                 written += engine_rollups.roll(self.source, MINUTE_NS, minute, hosts)
                 self._minutes.discard(minute)
                 self._touched_s.pop(minute, None)
-                hour = minute // HOUR_NS * HOUR_NS
-                self._hours.add(hour)
-                self._hour_touched_s[hour] = self._monotonic_s()
+                for level in COARSE_LEVELS:
+                    bucket = minute // level * level
+                    self._coarse[level].add(bucket)
+                    self._coarse_touched_s[level][bucket] = self._monotonic_s()
                 self._save()
                 last_minute = minute
-            if final and last_minute is not None:  # the hours below are rolled at once
+            if final and last_minute is not None:  # the buckets below are rolled at once
                 engine_rollups.await_visible(self.source, MINUTE_NS, last_minute, hosts)
             # the minutes just rolled count from now
             settled = 2**62 if final else self._monotonic_s() - self.settle_s
-            for hour in sorted(self._hours):
-                if (
-                    hour + HOUR_NS > frontier
-                    or self._hour_touched_s.get(hour, 0.0) > settled
-                    or any(hour <= m < hour + HOUR_NS for m in self._minutes)
-                ):
-                    continue
-                written += engine_rollups.roll(self.source, HOUR_NS, hour, hosts)
-                self._hours.discard(hour)
-                self._hour_touched_s.pop(hour, None)
-                self._save()
+            for level in COARSE_LEVELS:
+                written += self._roll_coarse(level, frontier, settled, hosts)
             self._down_logged = False
         except RollupsUnsupported as exc:
             self.enabled = False
@@ -186,6 +197,23 @@ class RollupWriter:
         self.rolled += written
         return written
 
+    def _roll_coarse(self, level_ns: int, frontier: int, settled: float, hosts: list[str]) -> int:
+        """Roll the buckets of ``level_ns`` whose minutes are all rolled and searchable."""
+        written = 0
+        touched = self._coarse_touched_s[level_ns]
+        for bucket in sorted(self._coarse[level_ns]):
+            if (
+                bucket + level_ns > frontier
+                or touched.get(bucket, 0.0) > settled
+                or any(bucket <= m < bucket + level_ns for m in self._minutes)
+            ):
+                continue
+            written += engine_rollups.roll(self.source, level_ns, bucket, hosts)
+            self._coarse[level_ns].discard(bucket)
+            touched.pop(bucket, None)
+            self._save()
+        return written
+
     def _load(self) -> dict[str, Any]:
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
@@ -199,7 +227,7 @@ class RollupWriter:
     def _save(self) -> None:
         state = {
             "minutes": sorted(self._minutes),
-            "hours": sorted(self._hours),
+            **{key: sorted(self._coarse[level]) for level, key in _STATE_KEYS.items()},
             "hosts": sorted(self._hosts),
             "newest_ns": self._newest_ns,
         }

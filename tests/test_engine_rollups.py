@@ -25,7 +25,7 @@ from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.model import GpuSample
 from gpuwatt.store import engine_rollups, open_store
 from gpuwatt.store.base import SEEN_COLUMN, SeriesRead, series_many, shared_session
-from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, GpuIds, Scope
+from gpuwatt.store.engine_rollups import FIVE_MINUTES_NS, HOUR_NS, MINUTE_NS, GpuIds, Scope
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.promql_rollups import PromRollups
 from gpuwatt.store.sqlite import SqliteStore
@@ -214,8 +214,9 @@ def test_rollups_serve_what_the_embedded_store_serves(
     assert engine.source.rollup_span(MINUTE_NS) is None  # none yet: raw GROUP BY, as before
     assert_same(engine, ref, READS)
     written = engine_rollups.roll_range(engine.source, T0, T0 + 127 * MINUTE_NS)
-    assert written == 3 * 127 + 3 * 3
+    assert written == 3 * 127 + 3 * 26 + 3 * 3
     assert engine.count_points(MINUTE_NS) == 3 * 127
+    assert engine.count_points(FIVE_MINUTES_NS) == 3 * 26
     assert engine.count_points(HOUR_NS) == 3 * 3
     assert_same(engine, ref, READS)
     # Served from the rollups: with the raw samples of all but the newest minutes gone, reads
@@ -236,6 +237,7 @@ def test_rollups_take_late_data_and_replays(
     late = samples(make_sample, T0 + 5 * MINUTE_NS + 5 * S, T0 + 6 * MINUTE_NS, power_offset=99)
     write(engine, late)
     engine_rollups.roll(engine.source, MINUTE_NS, T0 + 5 * MINUTE_NS)
+    engine_rollups.roll(engine.source, FIVE_MINUTES_NS, T0 + 5 * MINUTE_NS)
     engine_rollups.roll(engine.source, HOUR_NS, T0)
     for _ in range(2):
         write(engine, batch)
@@ -245,6 +247,7 @@ def test_rollups_take_late_data_and_replays(
                               (0, 60 * MINUTE_NS, 300)])  # fmt: skip
     # The replays wrote nothing new; the late minute has its first, stale point besides.
     assert engine.count_points(MINUTE_NS) == 3 * 70 + 3
+    assert engine.count_points(FIVE_MINUTES_NS) == 3 * 14 + 3
     assert engine.count_points(HOUR_NS) == 3 * 2 + 3
     ref.close()
 
@@ -273,11 +276,18 @@ def test_a_collector_restarted_mid_minute_leaves_complete_rollups(
     state = tmp_path / "spool" / STATE_FILE
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     run_collector(lines[cut:], close=True)
+    # every 5-minute bucket rolled (the newest point of each: the restart's is rolled twice)
+    fives = engine.source.rollup_points(FIVE_MINUTES_NS, 0, 2**62, Scope((), None))
+    assert len(engine_rollups.newest_per_bucket(fives, FIVE_MINUTES_NS)["n"]) == 3 * 13
     ref = embedded(tmp_path, batch)
     assert_same(engine, ref, [(0, 65 * MINUTE_NS, 60), (0, 65 * MINUTE_NS, 3600)])
     # and served from the rollups, the minute of the restart included
     engine.drop_raw_before(T0 + 64 * MINUTE_NS)
-    assert_same(engine, ref, [(0, 63 * MINUTE_NS, 60), (0, 120 * MINUTE_NS, 3600)])
+    assert_same(
+        engine,
+        ref,
+        [(0, 63 * MINUTE_NS, 60), (0, 60 * MINUTE_NS, 300), (0, 120 * MINUTE_NS, 3600)],
+    )
     ref.close()
 
 
@@ -407,12 +417,12 @@ def test_an_analysis_context_and_range_are_read_in_one_request_per_level(
 def test_a_read_within_another_reads_minutes_takes_them_from_its_answer(
     engine: Engine, make_sample: Callable[..., GpuSample]
 ) -> None:
-    """A view in 5-minute buckets reads its range's minute rollups; its newest hour in 1-minute
-    buckets lies within them and is not asked of the engine again; each frame is what its
-    read gives alone."""
+    """A view in 2-minute buckets (no level above minutes tiles them) reads its range's minute
+    rollups; its newest hour in 1-minute buckets lies within them and is not asked of the
+    engine again; each frame is what its read gives alone."""
     asked = rolled_and_spied(engine, make_sample)
     end = T0 + 127 * MINUTE_NS
-    view = [SeriesRead(end - 2 * HOUR_NS, end, ATTRS, 300)]
+    view = [SeriesRead(end - 2 * HOUR_NS, end, ATTRS, 120)]
     newest = [SeriesRead(end - HOUR_NS, end, ATTRS[:3], 60)]
     session = shared_session(engine.store)
     frames = series_many(engine.store, view, shared=session)
@@ -422,6 +432,32 @@ def test_a_read_within_another_reads_minutes_takes_them_from_its_answer(
         alone = engine.store.series(read.start_ns, read.end_ns, read.fields, step_s=read.step_s)
         assert len(alone) > 0
         pd.testing.assert_frame_equal(frame, alone, obj=str(read))
+
+
+def test_steps_of_five_minutes_are_read_from_the_five_minute_level(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    """A view in 5- or 10-minute buckets asks for 5-minute rollup points (5x fewer than its
+    minutes) and minutes only for the part of its range not rolled in 5 minutes; its frame is
+    what the embedded store serves."""
+    asked = rolled_and_spied(engine, make_sample)
+    ref = embedded(tmp_path, samples(make_sample, T0, T0 + 127 * MINUTE_NS))
+    m = MINUTE_NS
+    expected = {
+        # minutes rolled up to minute 125: the 5-minute bucket at 125 is the newest, from below
+        (0, 127 * m, 300): [(FIVE_MINUTES_NS, 0, 125 * m)],
+        # the parts of the range inside a 5-minute bucket, from minutes
+        (2 * m, 123 * m, 600): [
+            (FIVE_MINUTES_NS, 5 * m, 120 * m),
+            (m, 2 * m, 5 * m),
+            (m, 120 * m, 123 * m),
+        ],
+    }
+    for (lo, hi, step), want in expected.items():
+        asked.clear()
+        assert_same(engine, ref, [(lo, hi, step)])
+        assert sorted(asked) == sorted((lv, T0 + a, T0 + b) for lv, a, b in want), asked
+    ref.close()
 
 
 def test_a_range_on_days_before_the_data_sends_no_raw_read(

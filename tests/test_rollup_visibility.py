@@ -1,7 +1,8 @@
-"""An hour is built from its minutes read back from the engine. VictoriaMetrics makes points it
-took searchable a moment later, so an hour rolled at once could miss its newest minutes: the
-backfill (``engine_rollups.roll_range``) waits until the engine answers with them, and the
-collector's ``RollupWriter`` rolls an hour ``settle_s`` after its last minute. An engine whose
+"""An hour (and a 5-minute bucket) is built from its minutes read back from the engine.
+VictoriaMetrics makes points it took searchable a moment later, so an hour rolled at once could
+miss its newest minutes: the backfill (``engine_rollups.roll_range``) waits until the engine
+answers with them, and the collector's ``RollupWriter`` rolls an hour ``settle_s`` after its
+last minute. An engine whose
 writes become readable only after a delay stands in for VictoriaMetrics here (the servers' tests
 flush it before each read, which hides the delay)."""
 
@@ -16,7 +17,14 @@ import numpy as np
 from gpuwatt.collector.rollup_writer import RollupWriter
 from gpuwatt.line_protocol import LineEncoder
 from gpuwatt.store import engine_rollups
-from gpuwatt.store.engine_rollups import HOUR_NS, MINUTE_NS, Ident, Scope, empty_level
+from gpuwatt.store.engine_rollups import (
+    FIVE_MINUTES_NS,
+    HOUR_NS,
+    LEVELS,
+    Ident,
+    Scope,
+    empty_level,
+)
 from gpuwatt.store.rollup_rule import as_level
 
 S = 1_000_000_000
@@ -33,8 +41,7 @@ class DelayedEngine:
         self.visible_after = visible_after
         self.reads = 0
         self.points: dict[int, list[tuple[int, dict[str, np.ndarray]]]] = {
-            MINUTE_NS: [],
-            HOUR_NS: [],
+            level: [] for level in LEVELS
         }
 
     def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
@@ -77,16 +84,22 @@ class DelayedEngine:
         for level_ns, cols in lines:
             self.points[level_ns].append((self.reads + self.visible_after, cols))
 
-    def hour_n(self, hour_ns: int) -> int:
-        """Samples the newest point of the hour at ``hour_ns`` counts."""
-        points = [c for _, c in self.points[HOUR_NS] if int(c["time_ns"][0]) == hour_ns]
+    def hour_n(self, hour_ns: int, level_ns: int = HOUR_NS) -> int:
+        """Samples the newest point of the ``level_ns`` bucket at ``hour_ns`` counts."""
+        points = [c for _, c in self.points[level_ns] if int(c["time_ns"][0]) == hour_ns]
         return int(points[-1]["n"][0]) if points else 0
+
+    def fives_n(self, hour_ns: int) -> list[int]:
+        """Samples each 5-minute bucket of the hour at ``hour_ns`` counts."""
+        fives = range(hour_ns, hour_ns + HOUR_NS, FIVE_MINUTES_NS)
+        return [self.hour_n(t, FIVE_MINUTES_NS) for t in fives]
 
 
 def test_a_backfill_rolls_each_hour_from_all_its_minutes_on_an_engine_slow_to_show_them() -> None:
     engine = DelayedEngine(T0 + HOUR_NS, visible_after=3)
     assert engine_rollups.roll_range(engine, T0, T0 + HOUR_NS, attrs=("power_w",)) > 0
     assert engine.hour_n(T0) == 360  # every 10-s sample of the hour, the last minute's too
+    assert engine.fives_n(T0) == [30] * 12
 
 
 def test_the_collector_rolls_an_hour_only_once_its_last_minute_has_settled(
@@ -101,9 +114,12 @@ def test_the_collector_rolls_an_hour_only_once_its_last_minute_has_settled(
     for t_ns in range(T0, T0 + HOUR_NS + 31 * S, 10 * S):  # the last one makes minute 59 due
         writer.delivered(encode([make_sample(t_ns)]))
         clock[0] += 10.0
+        engine.reads += 1  # and the engine shows what it took meanwhile
     # the hour's last minute was rolled on the last delivery, less than settle_s ago
     assert engine.hour_n(T0) == 0
+    assert engine.fives_n(T0)[-1] == 0
     clock[0] += 5.0
     engine.reads += 1  # the engine shows what it took meanwhile
     writer.roll_due()
     assert engine.hour_n(T0) == 360
+    assert engine.fives_n(T0) == [30] * 12
