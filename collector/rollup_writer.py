@@ -49,10 +49,11 @@ from gpuwatt.store.engine_rollups import (
 log = logging.getLogger(__name__)
 
 STATE_FILE = "rollups.json"
-#: The state file's key of the buckets of each coarse level still to roll. A file written before
-#: the 5-minute level has none: 5-minute buckets are rolled from the next minute rolled on, and
-#: reads take the older ones from minutes (a level is read from its oldest point).
+#: The state file's key of the buckets of each coarse level still to roll.
 _STATE_KEYS = {FIVE_MINUTES_NS: "five_minutes", HOUR_NS: "hours"}
+#: How far back a collector upgraded after others fills its 5-minute buckets in
+#: (``_fill_five_minutes``): a week, 2,016 buckets.
+FILL_FIVES_NS = 7 * 86_400 * 10**9
 _HOST = re.compile(re.escape(MEASUREMENT) + r",(?:(?:[^ ,\\]|\\.)*,)*?host=((?:[^ ,\\]|\\.)*)[ ,]")
 _UNESCAPE = re.compile(r"\\(.)")
 
@@ -94,6 +95,9 @@ class RollupWriter:
         }
         self._hosts: set[str] = set(state.get("hosts", []))
         self._newest_ns: int = int(state.get("newest_ns", 0))
+        # A state written before the 5-minute level (its hosts, no "five_minutes"): a collector
+        # upgraded after others (``_fill_five_minutes``).
+        self._fill_fives = bool(self._hosts) and _STATE_KEYS[FIVE_MINUTES_NS] not in state
         started = monotonic_s()
         self._touched_s: dict[int, float] = dict.fromkeys(self._minutes, started)
         # when a minute of each coarse bucket was last rolled: the bucket waits ``settle_s`` for
@@ -158,6 +162,8 @@ class RollupWriter:
         hosts = sorted(self._hosts)
         written, last_minute = 0, None
         try:
+            if self._fill_fives:
+                self._fill_five_minutes()
             for minute in sorted(self._minutes):
                 if minute + MINUTE_NS > frontier or self._touched_s.get(minute, 0.0) > settled:
                     break  # minutes are rolled in order: a coarse bucket never misses one
@@ -196,6 +202,24 @@ class RollupWriter:
                 self._down_logged = True
         self.rolled += written
         return written
+
+    def _fill_five_minutes(self) -> None:
+        """Note the 5-minute buckets of this collector's hosts from the engine's oldest one to
+        the newest line delivered, to be rolled from the minutes the engine holds.
+
+        Reads take a level's buckets from its oldest point on, for every host: where collectors
+        are upgraded one after another, the 5-minute buckets written before this one's upgrade
+        lack its GPUs. The first collector upgraded finds none and notes nothing; the others
+        fill their GPUs in since then, at most ``FILL_FIVES_NS`` back (a day of a fleet's
+        upgrade: 288 buckets, rolled at the first delivery)."""
+        span = self.source.rollup_span(FIVE_MINUTES_NS)
+        if span is not None:
+            first = max(span[0], self._newest_ns - FILL_FIVES_NS)
+            first = first // FIVE_MINUTES_NS * FIVE_MINUTES_NS
+            for bucket in range(first, self._newest_ns, FIVE_MINUTES_NS):
+                self._coarse[FIVE_MINUTES_NS].add(bucket)  # their minutes are settled long ago
+        self._fill_fives = False
+        self._save()
 
     def _roll_coarse(self, level_ns: int, frontier: int, settled: float, hosts: list[str]) -> int:
         """Roll the buckets of ``level_ns`` whose minutes are all rolled and searchable."""

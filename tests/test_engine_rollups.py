@@ -291,6 +291,36 @@ def test_a_collector_restarted_mid_minute_leaves_complete_rollups(
     ref.close()
 
 
+def test_a_collector_upgraded_after_others_fills_in_its_five_minute_buckets(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    """Collectors of a version without the 5-minute level rolled minutes and hours; node1's was
+    upgraded at minute 30 and rolls 5-minute buckets since. Reads take them from the oldest on,
+    so node-2's GPU is missing from them until its collector, upgraded later, fills its own in
+    at its first delivery; then a 5-minute view equals the embedded store's."""
+    batch = samples(make_sample, T0, T0 + 66 * MINUTE_NS)
+    write(engine, batch)
+    for minute in range(T0, T0 + 65 * MINUTE_NS, MINUTE_NS):
+        engine_rollups.roll(engine.source, MINUTE_NS, minute)
+    engine_rollups.roll(engine.source, HOUR_NS, T0)
+    for bucket in range(T0 + 30 * MINUTE_NS, T0 + 65 * MINUTE_NS, FIVE_MINUTES_NS):
+        engine_rollups.roll(engine.source, FIVE_MINUTES_NS, bucket, hosts=["node1"])
+    ref = embedded(tmp_path, batch)
+    view = (30 * MINUTE_NS, 65 * MINUTE_NS, 300)
+    engine.flush()
+    before = engine.store.series(T0 + view[0], T0 + view[1], ATTRS, step_s=300)
+    assert len(before) == 2 * 6 + 3  # node-2 is missing from the six rolled buckets
+    state = {"minutes": [], "hours": [], "hosts": ["node-2 b"], "newest_ns": T0 + 65 * MINUTE_NS}
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    writer = RollupWriter(engine.source, tmp_path, settle_s=0.0)
+    node2 = [s for s in batch if s.host == "node-2 b" and s.time_ns >= T0 + 65 * MINUTE_NS]
+    writer.delivered(LineEncoder().encode_many(node2))
+    assert writer.rolled >= 7  # its seven 5-minute buckets since minute 30
+    assert "five_minutes" in json.loads((tmp_path / STATE_FILE).read_text())  # filled once
+    assert_same(engine, ref, [view, (0, 65 * MINUTE_NS, 600)])
+    ref.close()
+
+
 def test_the_embedded_store_gets_no_rollup_writer(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "x.db")
     assert open_rollup_writer(store, tmp_path) is None
