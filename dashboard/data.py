@@ -260,34 +260,43 @@ class DashboardData:
         # the context before the range, then the range (as ``analytics.inputs`` reads them)
         reads = context_reads(tr.start_ns, tr.end_ns, tr.step_s, float(tr.step_s))
         recent_start = max(tr.start_ns, tr.end_ns - RECENT_SPAN_S * NS_PER_S)
+        recent_read = SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S)
+        shared = self._shared_recent() if coarse and tr.live else None
         # the view's reads, in one batch or two, send the requests they share once
         session = shared_session(self.store)
         with self.progress.tracking(view_key(tr)) as count:
             early: Future[tuple[list[pd.DataFrame], Partial | None]] | None = None
+            early_reads = reads
             if coarse and not getattr(self.store, "reads_share_work", False):
                 # A network engine: the context and the range, read whatever the GPU count,
-                # go to it while the newest samples are read. (The embedded store reads a
-                # view's reads in one transaction, their newest raw samples aggregated once.)
-                early = _started(self._read_counted, reads, count, session)
+                # go to it while the newest samples are read, and so does the newest hour in
+                # minutes unless the GPUs last counted say the range is accounted in minutes
+                # (a cold 6 h view of 1,024 GPUs on VictoriaMetrics sent it ~0.5 s later,
+                # after the count). (The embedded store reads a view's reads in one
+                # transaction, their newest raw samples aggregated once.)
+                if shared is None and not self._accounted_in_minutes(tr, self._gpus_counted()):
+                    early_reads = [*reads, recent_read]
+                early = _started(self._read_counted, early_reads, count, session)
             latest = newest.result() if coarse else []
-            gpu_minutes = len(latest) * tr.span_s / 60
-            accounting = coarse and gpu_minutes <= self.accounting_max_gpu_minutes
-            shared = self._shared_recent() if coarse and tr.live and not accounting else None
+            accounting = coarse and self._accounted_in_minutes(tr, len(latest))
+            shared = shared if not accounting else None
             more: list[SeriesRead] = []
             if accounting:
                 # the range in 1-minute windows, read with the rest: its figures, and its
                 # stragglers (they include the newest hour's)
                 more = context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
-            elif coarse and shared is None:
+            elif coarse and shared is None and recent_read not in early_reads:
                 # read with the rest: one snapshot, the newest raw samples aggregated once
-                more = [SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S)]
+                more = [recent_read]
             if early is None:
                 frames, partial = self._read_counted(reads + more, count, session)
             else:
                 later = self._read_counted(more, count, session) if more else ([], None)
                 first = early.result()
-                frames = first[0] + later[0]
-                partial = joined_partial((reads, first[1]), (more, later[1]))
+                # the newest hour read early is not used where the range is accounted in
+                # minutes after all (the GPUs counted had changed)
+                frames = (first[0][:2] if accounting else first[0]) + later[0]
+                partial = joined_partial((early_reads, first[1]), (more, later[1]))
         latest = newest.result()
         jobs = jobs_of(latest, tr.start_ns)  # as the CLI and the alert evaluator attribute them
         frame = frames[1]
@@ -341,6 +350,16 @@ class DashboardData:
             if "two collectors" in note and note not in self._logged:
                 self._logged.add(note)
                 log.warning("%s", note)
+
+    def _accounted_in_minutes(self, tr: TimeRange, gpus: int | None) -> bool:
+        """Whether a coarse range of ``gpus`` GPUs is analysed in 1-minute windows as well
+        (False where the count is not known)."""
+        return gpus is not None and gpus * tr.span_s / 60 <= self.accounting_max_gpu_minutes
+
+    def _gpus_counted(self) -> int | None:
+        """The number of GPUs of the newest samples last read (None: none cached)."""
+        latest: list[GpuSample] | None = self.cache.peek(("latest",), float("inf"))
+        return None if latest is None else len(latest)
 
     def _shared_recent(self) -> WindowData | None:
         """The cached live view of the last hour in 1-minute windows, if at most

@@ -212,9 +212,12 @@ class EngineLike(CountingStore):
         super().__init__(store)
         self.reading = threading.Event()
         self.waited_for_latest: list[bool] = []
+        self.batches: list[list[int | None]] = []  # the step of each read, per call
 
     def series_many(self, reads: Sequence[Any]) -> Any:
         self.reading.set()
+        with self.lock:
+            self.batches.append([r.step_s for r in reads])
         return super().series_many(reads)
 
     def latest(self, **kw: Any) -> Any:
@@ -226,19 +229,32 @@ def test_a_coarse_range_reads_its_range_while_the_newest_samples_are_read(
     demo_store: SqliteStore,
 ) -> None:
     """The context and the range of a coarse view do not depend on the GPU count (which the
-    newest samples give): a network engine gets them at once, and the view is the same."""
+    newest samples give): a network engine gets them at once, and the newest hour in minutes
+    with them unless the GPUs last counted say the range is read in minutes; the view is the
+    same."""
     clock = Clock(DEMO_END_NS)
     store = EngineLike(demo_store)
     data = DashboardData(store, clock_ns=clock)  # type: ignore[arg-type]
     ref = DashboardData(demo_store, clock_ns=clock)
+    minutes, hours = 60, 3600  # the steps of the reads
     try:
-        for accounting_max in (0, 10**9):  # the newest hour apart, or the range in minutes
+        # the newest hour apart; the range in minutes (the count learnt after the first reads,
+        # then known from the cache)
+        for accounting_max, cold, batches in (
+            (0, True, [[hours, hours, minutes]]),
+            (10**9, True, [[hours, hours, minutes], [minutes, minutes]]),
+            (10**9, False, [[hours, hours], [minutes, minutes]]),
+        ):
             data.accounting_max_gpu_minutes = ref.accounting_max_gpu_minutes = accounting_max
             data.clear_cache()
+            if not cold:  # the newest samples read, no view
+                data.latest()
             store.reading.clear()
+            store.batches.clear()
             tr = parse_range({"range": "24h"}, clock())[0]
             day = data.window(tr)
             want = ref.window(tr)
+            assert store.batches == batches
             assert store.waited_for_latest[-1] is False
             assert day.recent_is_range is want.recent_is_range is (accounting_max > 0)
             assert day.partial is None
