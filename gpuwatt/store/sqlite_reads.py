@@ -52,6 +52,12 @@ LEVELS: tuple[int, ...] = (MINUTE_NS, FIVE_MINUTES_NS, HOUR_NS)
 #: hours combined from 5-minute buckets would differ from hours combined from minutes wherever a
 #: metric was unset for a whole minute of a 5-minute bucket (``rollup_rule``).
 ROLLED_FROM = {MINUTE_NS: 0, FIVE_MINUTES_NS: MINUTE_NS, HOUR_NS: MINUTE_NS}
+#: The levels whose buckets a read combines into a coarser step (a multiple of theirs). Not the
+#: 5-minute level, for the same reason as above: a 10-minute step combined from it would differ
+#: from the one combined from minutes where a metric was unset for a whole minute; such steps
+#: read minutes, as they did before the level. (Hours serve multiples of an hour, as they always
+#: have: that is what the store answers for them.)
+COMBINED_FURTHER = (MINUTE_NS, HOUR_NS)
 
 
 def floor_ns(t_ns: int, step_ns: int) -> int:
@@ -424,8 +430,10 @@ def rolled_from_key(level_ns: int) -> str:
 
 
 def _level_for(step_ns: int) -> int:
-    """The coarsest stored level whose buckets tile ``step_ns`` (0: raw samples)."""
+    """The coarsest stored level that answers ``step_ns`` exactly as the levels below it would
+    (0: raw samples): its own step, or a multiple of it where it is combined further
+    (``COMBINED_FURTHER``)."""
     for level in reversed(LEVELS):
-        if step_ns % level == 0:
+        if step_ns == level or (step_ns % level == 0 and level in COMBINED_FURTHER):
             return level
     return 0
