@@ -302,3 +302,43 @@ def test_a_late_sample_in_a_rolled_five_minute_bucket(tmp_path: Path, make_sampl
 def peek(path: Path, sql: str) -> list[tuple[Any, ...]]:
     with contextlib.closing(sqlite3.connect(path)) as con:
         return con.execute(sql).fetchall()
+
+
+def test_a_file_written_before_the_five_minute_level(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file with no 5-minute buckets and no ``rolled_300`` (an earlier gpuwatt) gets the
+    level when opened: rolled from the last ``LEVEL_BACKFILL_S`` of its minutes, its start
+    recorded (``rolled_300_from``); reads take the time before it from minutes and read what
+    they read before; new data gets 5-minute buckets as it comes."""
+    from gpuwatt.store import sqlite
+
+    path = tmp_path / "old.db"
+    with SqliteStore(path) as store:
+        write_random(store, make_sample, 3, 3 * 3600)
+        args = (T0 + 125 * S, T0 + 3 * 3600 * S, [*FIELDS, "utilization_gpu_pct"])
+        before = from_minutes(store, *args, step_s=300)
+    with contextlib.closing(sqlite3.connect(path)) as con, con:
+        con.execute("DELETE FROM rollups WHERE level_ns = ?", (300 * S,))
+        con.execute("DELETE FROM rollup_dirty WHERE level_ns = ?", (300 * S,))
+        con.execute("DELETE FROM meta WHERE key LIKE 'rolled_300%'")
+        ((rolled_60,),) = con.execute("SELECT value FROM meta WHERE key = 'rolled_60'")
+    monkeypatch.setattr(sqlite, "LEVEL_BACKFILL_S", 3600)
+    with SqliteStore(path) as store:
+        since = rolled_60 // (300 * S) * 300 * S - 3600 * S
+        assert peek(
+            path, "SELECT key, value FROM meta WHERE key LIKE 'rolled_300%' ORDER BY 1"
+        ) == [
+            ("rolled_300", rolled_60 // (300 * S) * 300 * S),
+            ("rolled_300_from", since),
+        ]
+        assert stored_buckets(store, 300) == list(range(since, since + 3600 * S, 300 * S))
+        used = five_minute_reads(monkeypatch)
+        got = store.series(*args, step_s=300)
+        assert used and min(start for _, start, _ in used) == since
+        pd.testing.assert_frame_equal(got, before, check_exact=False, rtol=1e-9)
+        write_random(store, make_sample, 4, 4 * 3600)  # (rewrites the first hours: late data)
+        got = store.series(T0, T0 + 4 * 3600 * S, FIELDS, step_s=300)
+        want = from_minutes(store, T0, T0 + 4 * 3600 * S, FIELDS, step_s=300)
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+        assert stored_buckets(store, 300)[-1] >= T0 + (4 * 3600 - 600) * S
