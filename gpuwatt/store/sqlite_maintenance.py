@@ -157,15 +157,23 @@ class Maintenance:
         """Give a file written before a level rolled from minutes existed (no ``rolled_<s>``
         meta, minutes rolled) that level: its buckets are rolled from minutes over the last
         ``backfill_ns`` of rolled minutes, recorded as the level's start
-        (``rolled_<s>_from``); reads take the time before that from minutes."""
+        (``rolled_<s>_from``); reads take the time before that from minutes.
+
+        A level whose rolled end is behind the minutes' was not kept up: a gpuwatt from before
+        it has written the file since, and it marks none of the level's buckets dirty for late
+        samples. Its buckets are then dropped and the level added again."""
         meta = self._meta(con)
         up_m = meta.get("rolled_60")
         if up_m is None:  # a new file, or one without data: ``_maintain`` starts every level
             return
         for level in _COARSE_LEVELS:
-            if rolled_key(level) in meta:
-                continue
             end = floor_ns(up_m, level)
+            up = meta.get(rolled_key(level))
+            if up is not None and up >= end:
+                continue
+            if up is not None:
+                rollups.delete_before(con, level, 2**62)
+                con.execute("DELETE FROM rollup_dirty WHERE level_ns = ?", (level,))
             first = rollups.first_time(con, MINUTE_NS, end)
             start = end if first is None else max(floor_ns(first, level), end - backfill_ns)
             start = floor_ns(start, level)
