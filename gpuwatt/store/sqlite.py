@@ -9,15 +9,16 @@ appended once, a closed segment kept as the stored block. Tables:
   what a sample carries besides metrics, referred to by id (``rounds``).
 - ``segments``: the index of the segment files. ``head`` and ``chunks``: the raw samples of a
   file written in format 2 (``rounds``, ``chunks``), read as they are until the retention.
-- ``rollups``: 1-minute and 1-hour buckets per GPU as column arrays (``rollups``), computed by
-  the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from minutes for
-  hours. Every read that aggregates uses the same function.
+- ``rollups``: 1-minute, 5-minute and 1-hour buckets per GPU as column arrays (``rollups``),
+  computed by the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from
+  minutes for 5-minute buckets and hours. Every read that aggregates uses the same function.
 
 Rollups follow *data* time, never the wall clock. A 1-minute bucket is rolled once the newest data
-time has passed its end by ``rollup_grace_s``; hours are rolled from minutes. A sample that
-arrives for a bucket already rolled (a spool replaying an outage) marks the bucket dirty; dirty
-buckets are recomputed once a later write has moved past them (a replay recomputes each bucket
-once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
+time has passed its end by ``rollup_grace_s``; 5-minute buckets and hours are rolled from
+minutes. A sample that arrives for a bucket already rolled (a spool replaying an outage) marks the
+bucket, and the 5-minute bucket and hour it is in, dirty; dirty buckets are recomputed once a
+later write has moved past them (a replay recomputes each bucket once, not once per batch), or by
+``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
 bucket: they aggregate those from the level below, so a read is always exact.
 
 Retention is by data time too: data older than the newest data time minus the retention of its
