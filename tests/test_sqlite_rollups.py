@@ -344,30 +344,35 @@ def test_a_file_written_before_the_five_minute_level(
         assert stored_buckets(store, 300)[-1] >= T0 + (4 * 3600 - 600) * S
 
 
-def test_five_minute_level_left_behind_by_an_older_writer(tmp_path: Path, make_sample) -> None:
+def test_five_minute_level_left_behind_by_an_older_writer(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A gpuwatt from before the 5-minute level that writes the file rolls minutes but not
-    5-minute buckets, and marks none dirty for late samples: the next open sees the level
-    behind the minutes and rolls it again from them."""
+    5-minute buckets, and marks none dirty for late samples: a reader sees the level behind the
+    minutes and reads minutes; the next open rolls the level again from them."""
     path = tmp_path / "mixed.db"
+    args = (T0, T0 + 3600 * S, FIELDS)
     with SqliteStore(path) as store:
         write_random(store, make_sample, 5, 3600)
+        want = from_minutes(store, *args, step_s=300)
     stale = T0 + 1200 * S
-    with contextlib.closing(sqlite3.connect(path)) as con, con:
-        # what the older writer leaves: minutes moved on, a 5-minute bucket no longer theirs
-        ((rolled,),) = con.execute("SELECT value FROM meta WHERE key = 'rolled_300'")
-        con.execute("UPDATE meta SET value = ? WHERE key = 'rolled_300'", (rolled - 600 * S,))
-        con.execute(
-            "UPDATE rollups SET data = (SELECT data FROM rollups r WHERE r.level_ns = ?1 "
-            "AND r.time_ns = ?2 AND r.col = rollups.col) WHERE level_ns = ?1 AND time_ns = ?3",
-            (300 * S, T0, stale),
-        )
+    with SqliteStore(path) as reader:  # (opened before the older writer came)
+        with contextlib.closing(sqlite3.connect(path)) as con, con:
+            # what the older writer leaves: minutes moved on, a 5-minute bucket no longer theirs
+            ((rolled,),) = con.execute("SELECT value FROM meta WHERE key = 'rolled_300'")
+            con.execute("UPDATE meta SET value = ? WHERE key = 'rolled_300'", (rolled - 600 * S,))
+            con.execute(
+                "UPDATE rollups SET data = (SELECT data FROM rollups r WHERE r.level_ns = ?1 "
+                "AND r.time_ns = ?2 AND r.col = rollups.col) WHERE level_ns = ?1 AND time_ns = ?3",
+                (300 * S, T0, stale),
+            )
+        used = five_minute_reads(monkeypatch)
+        got = reader.series(*args, step_s=300)
+        assert not used
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
     with SqliteStore(path) as store:
         assert peek(path, "SELECT value FROM meta WHERE key = 'rolled_300'") == [(rolled,)]
         assert stale in stored_buckets(store, 300)
-        args = (T0, T0 + 3600 * S, FIELDS)
-        pd.testing.assert_frame_equal(
-            store.series(*args, step_s=300),
-            from_minutes(store, *args, step_s=300),
-            check_exact=False,
-            rtol=1e-9,
-        )
+        got = store.series(*args, step_s=300)
+        assert used
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)

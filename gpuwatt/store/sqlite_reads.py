@@ -344,6 +344,12 @@ def _level_plan(
     up (None: no such part), the dirty buckets in it (not to be trusted), and the ranges to
     aggregate from the level below instead (those buckets, and what is not rolled yet)."""
     up = meta.get(rolled_key(level_ns))
+    lower_up = meta.get(rolled_key(ROLLED_FROM[level_ns])) if ROLLED_FROM[level_ns] else None
+    if up is not None and lower_up is not None and up < floor_ns(lower_up, level_ns):
+        # Rolled with the level below, in the same transaction: behind it, the level was not
+        # kept up (a gpuwatt from before it writes the file, and marks none of its buckets
+        # dirty): none of it is trusted.
+        up = None
     # A level added to a file that had data before it is rolled from ``rolled_<s>_from`` on
     # (``Maintenance._add_levels``): before that, read from the level below.
     since = meta.get(rolled_from_key(level_ns), NULL_TIME)
