@@ -5,11 +5,13 @@ and retention; several reads in one snapshot aggregate the raw tail once."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -173,3 +175,204 @@ def test_rollups_written_before_the_seen_time_read_as_before(tmp_path: Path, mak
             s = analyze(old, now_ns=T0 + 2 * 3600 * S, start_ns=T0, step_s=step_s)
             # counted whole: every GPU that holds a measurement in a bucket, for the bucket
             assert s.cluster["gpu_hours"].value == pytest.approx(6 * 2), step_s
+
+
+def write_random(store: SqliteStore, make_sample, seed: int, end_s: int) -> None:
+    """Four GPUs sampled every 10 s over ``[0, end_s)`` with uneven data: lost samples, a
+    metric unset in single samples and in whole minutes, a GPU silent for a while, a GPU that
+    joins late, and a few late samples written out of order."""
+    rng = np.random.default_rng(seed)
+    late = []
+    for t in range(0, end_s, 10):
+        batch = []
+        for g in range(4):
+            if (g == 1 and 2000 <= t < 2400) or (g == 3 and t < 1500):
+                continue
+            if rng.random() < 0.05:
+                s = make_sample(T0 + t * S, "node1", g)
+                batch.append(GpuSample(s.time_ns, s.host, s.gpu_index, s.uuid, s.name, lost=True))
+                continue
+            extra: dict[str, Any] = {"temperature_memory_c": float(rng.integers(40, 90))}
+            if rng.random() < 0.1 or (g == 2 and (t // 60) % 7 == 2):  # a sample, a minute
+                extra["temperature_memory_c"] = None
+            sample = make_sample(
+                T0 + t * S,
+                "node1",
+                g,
+                power_w=float(rng.integers(100, 700)) + rng.random(),
+                energy_j=10.0 * t + g,
+                clock_event_reasons=int(rng.integers(0, 4)),
+                fan_speed_pct=float(rng.integers(20, 80)),
+                **extra,
+            )
+            (late if rng.random() < 0.003 and t > 900 else batch).append(sample)
+        store.write_samples(batch)
+        if late and rng.random() < 0.02:  # a replay of what arrived late
+            store.write_samples([dataclasses.replace(s, power_w=s.power_w * 3) for s in late])
+            late.clear()
+
+
+def from_minutes(store: SqliteStore, *args, **kw) -> pd.DataFrame:
+    """The same read without the 5-minute level: what the store answered before it, every
+    bucket combined from minutes (or raw samples) by the rule."""
+    from gpuwatt.store import sqlite_reads
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite_reads, "LEVELS", (sqlite_reads.MINUTE_NS, sqlite_reads.HOUR_NS))
+        return store.series(*args, **kw)
+
+
+def five_minute_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """Record the reads of stored 5-minute buckets: (level, start, end)."""
+    from gpuwatt.store import rollups
+
+    calls: list[tuple[int, int, int]] = []
+    read = rollups.read
+
+    def spied(con: Any, level_ns: int, start_ns: int, end_ns: int, *a: Any, **kw: Any) -> Any:
+        if level_ns == 300 * S:
+            calls.append((level_ns, start_ns, end_ns))
+        return read(con, level_ns, start_ns, end_ns, *a, **kw)
+
+    monkeypatch.setattr(rollups, "read", spied)
+    return calls
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_five_minute_level_reads_what_minutes_give(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Random ranges at 5-minute steps and random multiples of them (not of an hour): the frame
+    equals what combining the minutes gives (the read before the level existed), counts and
+    times exactly, means to float rounding. 5-minute steps read the stored 5-minute buckets;
+    coarser ones minutes, as before (from 5-minute buckets, a metric unset for a whole minute of
+    one would weigh differently: ``sqlite_reads.COMBINED_FURTHER``)."""
+    end_s = 2 * 3600 + 1234
+    with SqliteStore(tmp_path / "f.db") as store:
+        write_random(store, make_sample, seed, end_s)
+        assert len(stored_buckets(store, 300)) >= 24
+        ((rolled_ns,),) = peek(store.path, "SELECT value FROM meta WHERE key = 'rolled_300'")
+        used = five_minute_reads(monkeypatch)
+        rng = np.random.default_rng(100 + seed)
+        fields = [*FIELDS, "utilization_gpu_pct"]
+        served = 0
+        for _ in range(20):
+            step_s = 300 * int(rng.choice([1, 1, 1, 2, 3, 4, 6]))
+            start_s = int(rng.integers(-600, end_s - 300))
+            stop_s = int(rng.integers(start_s + 1, end_s + 900))
+            args = (T0 + start_s * S, T0 + stop_s * S, fields)
+            hosts = None if rng.random() < 0.8 else ["node1"]
+            used.clear()
+            got = store.series(*args, step_s=step_s, hosts=hosts)
+            whole = T0 + (-(-start_s // 300) * 300 + 300) * S <= min(T0 + stop_s * S, rolled_ns)
+            assert bool(used) == (whole and step_s == 300), (start_s, stop_s, step_s)
+            served += bool(used)
+            want = from_minutes(store, *args, step_s=step_s, hosts=hosts)
+            pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+            exact = ["time_ns", "host", "gpu_index", "energy_j", "clock_event_reasons"]
+            pd.testing.assert_frame_equal(got[exact], want[exact], check_exact=True)
+        assert served >= 4
+
+
+def test_a_late_sample_in_a_rolled_five_minute_bucket(tmp_path: Path, make_sample) -> None:
+    """A late sample makes its minute and its 5-minute bucket dirty: the 5-minute read changes
+    as the minute read does (read from minutes until the bucket is recomputed), and the bucket
+    recomputed reads the same."""
+    with SqliteStore(tmp_path / "l.db") as store:
+        write_hours(store, make_sample, 0, 3600, every_s=10)
+        bucket = T0 + 600 * S
+        assert bucket in stored_buckets(store, 300)
+        args = (T0, T0 + 3000 * S, ["power_w", "energy_j"])
+        before = store.series(*args, step_s=300)
+        minutes_before = store.series(*args, step_s=60)
+        store.write_samples([make_sample(T0 + 725 * S, "node2", 1, power_w=9000.0)])
+        dirty = peek(store.path, "SELECT level_ns, bucket_ns FROM rollup_dirty ORDER BY 1, 2")
+        assert (300 * S, bucket) in dirty and (60 * S, T0 + 720 * S) in dirty
+        after = store.series(*args, step_s=300)
+        minutes_after = store.series(*args, step_s=60)
+        changed = before.compare(after)
+        assert list(after.loc[changed.index, "time_ns"].unique()) == [bucket]
+        assert not minutes_before.compare(minutes_after).empty
+        pd.testing.assert_frame_equal(after, from_minutes(store, *args, step_s=300))
+        store.flush_rollups()
+        assert peek(store.path, "SELECT * FROM rollup_dirty") == []
+        pd.testing.assert_frame_equal(store.series(*args, step_s=300), after)
+
+
+def peek(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_a_file_written_before_the_five_minute_level(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file with no 5-minute buckets and no ``rolled_300`` (an earlier gpuwatt) gets the
+    level when opened: rolled from the last ``LEVEL_BACKFILL_S`` of its minutes, its start
+    recorded (``rolled_300_from``); reads take the time before it from minutes and read what
+    they read before; new data gets 5-minute buckets as it comes."""
+    from gpuwatt.store import sqlite
+
+    path = tmp_path / "old.db"
+    with SqliteStore(path) as store:
+        write_random(store, make_sample, 3, 3 * 3600)
+        args = (T0 + 125 * S, T0 + 3 * 3600 * S, [*FIELDS, "utilization_gpu_pct"])
+        before = from_minutes(store, *args, step_s=300)
+    with contextlib.closing(sqlite3.connect(path)) as con, con:
+        con.execute("DELETE FROM rollups WHERE level_ns = ?", (300 * S,))
+        con.execute("DELETE FROM rollup_dirty WHERE level_ns = ?", (300 * S,))
+        con.execute("DELETE FROM meta WHERE key LIKE 'rolled_300%'")
+        ((rolled_60,),) = con.execute("SELECT value FROM meta WHERE key = 'rolled_60'")
+    monkeypatch.setattr(sqlite, "LEVEL_BACKFILL_S", 3600)
+    with SqliteStore(path) as store:
+        since = rolled_60 // (300 * S) * 300 * S - 3600 * S
+        assert peek(
+            path, "SELECT key, value FROM meta WHERE key LIKE 'rolled_300%' ORDER BY 1"
+        ) == [
+            ("rolled_300", rolled_60 // (300 * S) * 300 * S),
+            ("rolled_300_from", since),
+        ]
+        assert stored_buckets(store, 300) == list(range(since, since + 3600 * S, 300 * S))
+        used = five_minute_reads(monkeypatch)
+        got = store.series(*args, step_s=300)
+        assert used and min(start for _, start, _ in used) == since
+        pd.testing.assert_frame_equal(got, before, check_exact=False, rtol=1e-9)
+        write_random(store, make_sample, 4, 4 * 3600)  # (rewrites the first hours: late data)
+        got = store.series(T0, T0 + 4 * 3600 * S, FIELDS, step_s=300)
+        want = from_minutes(store, T0, T0 + 4 * 3600 * S, FIELDS, step_s=300)
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+        assert stored_buckets(store, 300)[-1] >= T0 + (4 * 3600 - 600) * S
+
+
+def test_five_minute_level_left_behind_by_an_older_writer(
+    tmp_path: Path, make_sample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gpuwatt from before the 5-minute level that writes the file rolls minutes but not
+    5-minute buckets, and marks none dirty for late samples: a reader sees the level behind the
+    minutes and reads minutes; the next open rolls the level again from them."""
+    path = tmp_path / "mixed.db"
+    args = (T0, T0 + 3600 * S, FIELDS)
+    with SqliteStore(path) as store:
+        write_random(store, make_sample, 5, 3600)
+        want = from_minutes(store, *args, step_s=300)
+    stale = T0 + 1200 * S
+    with SqliteStore(path) as reader:  # (opened before the older writer came)
+        with contextlib.closing(sqlite3.connect(path)) as con, con:
+            # what the older writer leaves: minutes moved on, a 5-minute bucket no longer theirs
+            ((rolled,),) = con.execute("SELECT value FROM meta WHERE key = 'rolled_300'")
+            con.execute("UPDATE meta SET value = ? WHERE key = 'rolled_300'", (rolled - 600 * S,))
+            con.execute(
+                "UPDATE rollups SET data = (SELECT data FROM rollups r WHERE r.level_ns = ?1 "
+                "AND r.time_ns = ?2 AND r.col = rollups.col) WHERE level_ns = ?1 AND time_ns = ?3",
+                (300 * S, T0, stale),
+            )
+        used = five_minute_reads(monkeypatch)
+        got = reader.series(*args, step_s=300)
+        assert not used
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+    with SqliteStore(path) as store:
+        assert peek(path, "SELECT value FROM meta WHERE key = 'rolled_300'") == [(rolled,)]
+        assert stale in stored_buckets(store, 300)
+        got = store.series(*args, step_s=300)
+        assert used
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)

@@ -1,4 +1,5 @@
-"""Rollup buckets (1 minute, 1 hour) as column arrays: the one stored form of the rollups.
+"""Rollup buckets (1 minute, 5 minutes, 1 hour) as column arrays: the one stored form of the
+rollups.
 
 Each bucket of a level is stored as a few BLOBs keyed ``(level_ns, time_ns, col)``: the key
 columns ``gpu_id``, ``n``, ``n_ok``, ``t_last_ns`` and ``seen_ns`` (int64, negative ``col``;
@@ -114,6 +115,15 @@ def write(
 
 def delete_before(con: sqlite3.Connection, level_ns: int, cut_ns: int) -> None:
     con.execute("DELETE FROM rollups WHERE level_ns = ? AND time_ns < ?", (level_ns, cut_ns))
+
+
+def first_time(con: sqlite3.Connection, level_ns: int, before_ns: int) -> int | None:
+    """The start of a level's first bucket before ``before_ns`` (None: there is none)."""
+    (t,) = con.execute(
+        "SELECT min(time_ns) FROM rollups WHERE level_ns = ? AND time_ns < ?",
+        (level_ns, before_ns),
+    ).fetchone()
+    return None if t is None else int(t)
 
 
 def read(

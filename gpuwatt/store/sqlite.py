@@ -9,15 +9,16 @@ appended once, a closed segment kept as the stored block. Tables:
   what a sample carries besides metrics, referred to by id (``rounds``).
 - ``segments``: the index of the segment files. ``head`` and ``chunks``: the raw samples of a
   file written in format 2 (``rounds``, ``chunks``), read as they are until the retention.
-- ``rollups``: 1-minute and 1-hour buckets per GPU as column arrays (``rollups``), computed by
-  the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from minutes for
-  hours. Every read that aggregates uses the same function.
+- ``rollups``: 1-minute, 5-minute and 1-hour buckets per GPU as column arrays (``rollups``),
+  computed by the one rollup rule (``rollup_rule.combine``): from raw samples for minutes, from
+  minutes for 5-minute buckets and hours. Every read that aggregates uses the same function.
 
 Rollups follow *data* time, never the wall clock. A 1-minute bucket is rolled once the newest data
-time has passed its end by ``rollup_grace_s``; hours are rolled from minutes. A sample that
-arrives for a bucket already rolled (a spool replaying an outage) marks the bucket dirty; dirty
-buckets are recomputed once a later write has moved past them (a replay recomputes each bucket
-once, not once per batch), or by ``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
+time has passed its end by ``rollup_grace_s``; 5-minute buckets and hours are rolled from
+minutes. A sample that arrives for a bucket already rolled (a spool replaying an outage) marks the
+bucket, and the 5-minute bucket and hour it is in, dirty; dirty buckets are recomputed once a
+later write has moved past them (a replay recomputes each bucket once, not once per batch), or by
+``flush_rollups()``. Reads never trust a dirty or not-yet-rolled
 bucket: they aggregate those from the level below, so a read is always exact.
 
 Retention is by data time too: data older than the newest data time minus the retention of its
@@ -63,7 +64,7 @@ from gpuwatt.store.rollup_rule import (
     NULL_TIME,
 )
 from gpuwatt.store.sqlite_maintenance import Maintenance
-from gpuwatt.store.sqlite_reads import HOUR_NS, MINUTE_NS, NS_PER_S
+from gpuwatt.store.sqlite_reads import LEVELS, NS_PER_S
 from gpuwatt.store.sqlite_segments import SegmentAppender
 
 if TYPE_CHECKING:
@@ -72,6 +73,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 DAY_S = 86_400
+#: How much of a file written before the 5-minute level gets 5-minute buckets when a gpuwatt
+#: that has the level first opens it (rolled from its minutes in the transaction that opens it;
+#: reads take older time from minutes): docs/storage.md.
+LEVEL_BACKFILL_S = DAY_S
 
 
 def _store_errors(method: F) -> F:
@@ -163,7 +168,9 @@ class SqliteStore(Maintenance):
                             con.execute(statement)
                     format.stamp(con)
                 sqlite_schema.upgrade(con)
-                return format.add_columns(con, format.read_columns(con))
+                self._columns = format.add_columns(con, format.read_columns(con))
+                self._add_levels(con, LEVEL_BACKFILL_S * NS_PER_S)
+                return self._columns
         except format.FormatError as exc:
             raise StoreRejected(str(exc)) from exc
         except sqlite3.OperationalError as exc:
@@ -431,8 +438,8 @@ class SqliteStore(Maintenance):
     def flush_rollups(self) -> None:
         """Recompute every dirty bucket now (normally done once writes have moved past it)."""
         with self._lock, self._transaction(self._writer):
-            self._recompute_dirty(self._writer, MINUTE_NS, 2**62)
-            self._recompute_dirty(self._writer, HOUR_NS, 2**62)
+            for level in LEVELS:  # finest first: a coarser bucket waits for its minutes
+                self._recompute_dirty(self._writer, level, 2**62)
 
     # --- reads --------------------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 Mixed into ``SqliteStore`` (``sqlite``), whose writer calls ``_maintain`` inside each write's
 transaction: a 1-minute bucket is rolled once the newest data time has passed its end by the
-grace, hours from minutes, late samples make their buckets dirty (recomputed once writes have
-moved past them), closed 10-minute blocks are compacted into chunks, and data older than its
-level's retention is deleted once a minute of data time. docs/storage.md describes the tables.
+grace, 5-minute buckets and hours from minutes, late samples make their buckets dirty
+(recomputed once writes have moved past them), closed 10-minute blocks are compacted into
+chunks, and data older than its level's retention is deleted once a minute of data time.
+docs/storage.md describes the tables.
 """
 
 from __future__ import annotations
@@ -24,10 +25,22 @@ from gpuwatt.store.rollup_rule import (
     SLOT_LOOKBEHIND_NS,
     combine,
 )
-from gpuwatt.store.sqlite_reads import BLOCK_NS, HOUR_NS, MINUTE_NS, floor_ns
+from gpuwatt.store.sqlite_reads import (
+    BLOCK_NS,
+    FIVE_MINUTES_NS,
+    HOUR_NS,
+    LEVELS,
+    MINUTE_NS,
+    ROLLED_FROM,
+    floor_ns,
+    rolled_from_key,
+    rolled_key,
+)
 from gpuwatt.store.sqlite_segments import SegmentAppender
 
 _RETENTION_CHECK_NS = MINUTE_NS
+#: The levels rolled from minutes, finest first.
+_COARSE_LEVELS = tuple(level for level in LEVELS if ROLLED_FROM[level] == MINUTE_NS)
 
 
 class Maintenance:
@@ -70,12 +83,12 @@ class Maintenance:
         rolls = up_m is not None and floor_ns(newest - self.rollup_grace_ns, MINUTE_NS) > up_m
         if rolls or newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
             self._set_meta(con, "max_time_ns", newest)
-        up_h = meta.get("rolled_3600")
+        coarse = {level: meta.get(rolled_key(level)) for level in _COARSE_LEVELS}
         if up_m is None:
             up_m = floor_ns(t_min, MINUTE_NS)
-            up_h = floor_ns(t_min, HOUR_NS)
-            self._set_meta(con, "rolled_3600", up_h)
-        assert up_h is not None
+            for level in _COARSE_LEVELS:
+                coarse[level] = floor_ns(t_min, level)
+                self._set_meta(con, rolled_key(level), floor_ns(t_min, level))
         # Late samples: buckets already rolled become dirty.
         if t_min < up_m:
             # a sample's neighbours' slots change with it (rollup_rule.sample_seen_ns)
@@ -91,29 +104,27 @@ class Maintenance:
                 "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
                 [(MINUTE_NS, b) for b in minutes],
             )
-            hours = {floor_ns(b, HOUR_NS) for b in minutes if b < up_h}
-            con.executemany(
-                "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)", [(HOUR_NS, b) for b in hours]
-            )
+            for level, up in coarse.items():
+                if up is None:  # (a file opened by ``_add_levels``'s caller has them all)
+                    continue
+                buckets = {floor_ns(b, level) for b in minutes if b < up}
+                con.executemany(
+                    "INSERT OR IGNORE INTO rollup_dirty VALUES (?, ?)",
+                    [(level, b) for b in buckets],
+                )
         # Roll minutes the data has moved past.
         new_up_m = max(up_m, floor_ns(newest - self.rollup_grace_ns, MINUTE_NS))
         if new_up_m > up_m:
             self._roll(con, MINUTE_NS, up_m, new_up_m)
         if new_up_m != meta.get("rolled_60"):
             self._set_meta(con, "rolled_60", new_up_m)
-        # Recompute dirty minutes this write has moved past, then hours.
+        # Recompute dirty minutes this write has moved past, then the levels rolled from them.
         self._recompute_dirty(con, MINUTE_NS, t_min)
-        new_up_h = max(up_h, floor_ns(new_up_m, HOUR_NS))
-        if new_up_h > up_h:
-            self._roll(con, HOUR_NS, up_h, new_up_h)
-            self._set_meta(con, "rolled_3600", new_up_h)
-            # Hours rolled over minutes that are still dirty must be recomputed later.
-            con.execute(
-                "INSERT OR IGNORE INTO rollup_dirty SELECT ?1, bucket_ns / ?1 * ?1 "
-                "FROM rollup_dirty WHERE level_ns = ?2 AND bucket_ns >= ?3 AND bucket_ns < ?4",
-                (HOUR_NS, MINUTE_NS, up_h, new_up_h),
-            )
-        self._recompute_dirty(con, HOUR_NS, t_min)
+        for level, up in coarse.items():
+            if up is None:
+                continue
+            self._roll_coarse(con, level, up, floor_ns(new_up_m, level))
+            self._recompute_dirty(con, level, t_min)
         # Compact the blocks the data has moved past (and, once a minute of data time, samples
         # that arrived late for blocks compacted before).
         compacted = meta.get("compacted_until", floor_ns(t_min, BLOCK_NS))
@@ -127,6 +138,48 @@ class Maintenance:
         if check:
             self._apply_retention(con, newest)
             self._set_meta(con, "retention_at_ns", newest)
+
+    def _roll_coarse(self, con: sqlite3.Connection, level_ns: int, up_ns: int, to_ns: int) -> None:
+        """Roll the buckets of a level rolled from minutes in ``[up_ns, to_ns)`` (its rolled end
+        ``up_ns``), and record its new end; those rolled over minutes that are still dirty are
+        dirty too (recomputed once the minutes are)."""
+        if to_ns <= up_ns:
+            return
+        self._roll(con, level_ns, up_ns, to_ns)
+        self._set_meta(con, rolled_key(level_ns), to_ns)
+        con.execute(
+            "INSERT OR IGNORE INTO rollup_dirty SELECT ?1, bucket_ns / ?1 * ?1 "
+            "FROM rollup_dirty WHERE level_ns = ?2 AND bucket_ns >= ?3 AND bucket_ns < ?4",
+            (level_ns, MINUTE_NS, up_ns, to_ns),
+        )
+
+    def _add_levels(self, con: sqlite3.Connection, backfill_ns: int) -> None:
+        """Give a file written before a level rolled from minutes existed (no ``rolled_<s>``
+        meta, minutes rolled) that level: its buckets are rolled from minutes over the last
+        ``backfill_ns`` of rolled minutes, recorded as the level's start
+        (``rolled_<s>_from``); reads take the time before that from minutes.
+
+        A level whose rolled end is behind the minutes' was not kept up: a gpuwatt from before
+        it has written the file since, and it marks none of the level's buckets dirty for late
+        samples. Its buckets are then dropped and the level added again."""
+        meta = self._meta(con)
+        up_m = meta.get("rolled_60")
+        if up_m is None:  # a new file, or one without data: ``_maintain`` starts every level
+            return
+        for level in _COARSE_LEVELS:
+            end = floor_ns(up_m, level)
+            up = meta.get(rolled_key(level))
+            if up is not None and up >= end:
+                continue
+            if up is not None:
+                rollups.delete_before(con, level, 2**62)
+                con.execute("DELETE FROM rollup_dirty WHERE level_ns = ?", (level,))
+            first = rollups.first_time(con, MINUTE_NS, end)
+            start = end if first is None else max(floor_ns(first, level), end - backfill_ns)
+            start = floor_ns(start, level)
+            self._set_meta(con, rolled_key(level), start)
+            self._set_meta(con, rolled_from_key(level), start)
+            self._roll_coarse(con, level, start, end)
 
     def _flush_last_times(self, con: sqlite3.Connection) -> None:
         """Record each GPU's newest sample in ``gpus`` (done once a minute of data time and
@@ -156,10 +209,11 @@ class Maintenance:
         by the rollup rule."""
         columns = self._columns
         col_ids = columns.index
-        if level_ns == HOUR_NS:
-            cols = rollups.read(con, MINUTE_NS, start_ns, end_ns, columns.attrs, col_ids)
-            out = combine(cols, HOUR_NS, columns.attrs, LAST_VALUE_ATTRS, level_ns=MINUTE_NS)
-            rollups.write(con, HOUR_NS, start_ns, end_ns, out, col_ids)
+        lower = ROLLED_FROM[level_ns]
+        if lower:
+            cols = rollups.read(con, lower, start_ns, end_ns, columns.attrs, col_ids)
+            out = combine(cols, level_ns, columns.attrs, LAST_VALUE_ATTRS, level_ns=lower)
+            rollups.write(con, level_ns, start_ns, end_ns, out, col_ids)
             return
         # Minutes from raw samples, a block at a time, skipping time without samples.
         lo = start_ns
@@ -194,11 +248,12 @@ class Maintenance:
             (level_ns, level_ns, before_ns),
         ).fetchall()
         for (bucket,) in rows:
-            if level_ns == HOUR_NS:
+            lower = ROLLED_FROM[level_ns]
+            if lower:
                 pending = con.execute(
                     "SELECT 1 FROM rollup_dirty WHERE level_ns = ? AND bucket_ns >= ? "
                     "AND bucket_ns < ? LIMIT 1",
-                    (MINUTE_NS, bucket, bucket + HOUR_NS),
+                    (lower, bucket, bucket + level_ns),
                 ).fetchone()
                 if pending:
                     continue
@@ -228,9 +283,13 @@ class Maintenance:
             "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
             (MINUTE_NS, raw_cut),
         )
-        rollups.delete_before(con, MINUTE_NS, newest_ns - self.retention_1m_ns)
+        minutes_cut = newest_ns - self.retention_1m_ns
+        rollups.delete_before(con, MINUTE_NS, minutes_cut)
+        # Dirty buckets of the levels rolled from minutes cannot be recomputed once their
+        # minutes are gone; 5-minute buckets are kept as long as the minutes.
         con.execute(
-            "DELETE FROM rollup_dirty WHERE level_ns = ? AND bucket_ns < ?",
-            (HOUR_NS, newest_ns - self.retention_1m_ns),
+            "DELETE FROM rollup_dirty WHERE level_ns <> ? AND bucket_ns < ?",
+            (MINUTE_NS, minutes_cut),
         )
+        rollups.delete_before(con, FIVE_MINUTES_NS, minutes_cut)
         rollups.delete_before(con, HOUR_NS, newest_ns - self.retention_1h_ns)

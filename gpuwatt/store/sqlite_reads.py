@@ -40,9 +40,24 @@ from gpuwatt.store.rollup_rule import (
 
 NS_PER_S = 1_000_000_000
 MINUTE_NS = 60 * NS_PER_S
+FIVE_MINUTES_NS = 300 * NS_PER_S
 HOUR_NS = 3600 * NS_PER_S
 BLOCK_NS = chunks.BLOCK_NS
-_LOWER_LEVEL = {MINUTE_NS: 0, HOUR_NS: MINUTE_NS}
+#: The stored levels, finest first: minutes are rolled from raw samples, the others from minutes
+#: (``ROLLED_FROM``).
+LEVELS: tuple[int, ...] = (MINUTE_NS, FIVE_MINUTES_NS, HOUR_NS)
+#: The level each stored level is rolled from, and whose rows a read takes where the level is
+#: not rolled (0: raw samples). Hours come from minutes, not from 5-minute buckets: a bucket's
+#: gauge mean is weighted by its ``n_ok`` whether or not the metric was set in all of it, so
+#: hours combined from 5-minute buckets would differ from hours combined from minutes wherever a
+#: metric was unset for a whole minute of a 5-minute bucket (``rollup_rule``).
+ROLLED_FROM = {MINUTE_NS: 0, FIVE_MINUTES_NS: MINUTE_NS, HOUR_NS: MINUTE_NS}
+#: The levels whose buckets a read combines into a coarser step (a multiple of theirs). Not the
+#: 5-minute level, for the same reason as above: a 10-minute step combined from it would differ
+#: from the one combined from minutes where a metric was unset for a whole minute; such steps
+#: read minutes, as they did before the level. (Hours serve multiples of an hour, as they always
+#: have: that is what the store answers for them.)
+COMBINED_FURTHER = (MINUTE_NS, HOUR_NS)
 
 
 def floor_ns(t_ns: int, step_ns: int) -> int:
@@ -306,7 +321,7 @@ def _level_columns(
                 gpu_ids=scope.gpu_ids,
             )
         )
-    lower = _LOWER_LEVEL[level_ns]
+    lower = ROLLED_FROM[level_ns]
     for lo, hi in below:
         if lower == 0:
             parts.append(_raw_level(con, scope, level_ns, lo, hi))
@@ -328,7 +343,16 @@ def _level_plan(
     """How to read level rows over ``[start_ns, end_ns)``: the range whose buckets are rolled
     up (None: no such part), the dirty buckets in it (not to be trusted), and the ranges to
     aggregate from the level below instead (those buckets, and what is not rolled yet)."""
-    up = meta.get(_rolled_key(level_ns))
+    up = meta.get(rolled_key(level_ns))
+    lower_up = meta.get(rolled_key(ROLLED_FROM[level_ns])) if ROLLED_FROM[level_ns] else None
+    if up is not None and lower_up is not None and up < floor_ns(lower_up, level_ns):
+        # Rolled with the level below, in the same transaction: behind it, the level was not
+        # kept up (a gpuwatt from before it writes the file, and marks none of its buckets
+        # dirty): none of it is trusted.
+        up = None
+    # A level added to a file that had data before it is rolled from ``rolled_<s>_from`` on
+    # (``Maintenance._add_levels``): before that, read from the level below.
+    since = meta.get(rolled_from_key(level_ns), NULL_TIME)
     clean: tuple[int, int] | None = None
     dirty: list[int] = []
     below: list[tuple[int, int]] = []
@@ -336,7 +360,7 @@ def _level_plan(
     # reads that part from the level below (docs/accounting.md, rule 4). A rolled bucket
     # read by ``time_ns >= start`` would drop the partial first bucket, and one read by
     # ``time_ns < end`` would count the partial last bucket whole.
-    first = -(-start_ns // level_ns) * level_ns  # first bucket boundary at or after start
+    first = -(-max(start_ns, since) // level_ns) * level_ns  # first boundary at or after both
     rolled_end = end_ns if up is None else min(end_ns, up)
     last = floor_ns(rolled_end, level_ns)
     if up is not None and first < last:
@@ -400,14 +424,22 @@ def cut_first_bucket(columns: dict[str, Any], read: SeriesRead) -> dict[str, Any
     return {**columns, "time_ns": np.maximum(columns["time_ns"], read.start_ns)}
 
 
-def _rolled_key(level_ns: int) -> str:
+def rolled_key(level_ns: int) -> str:
     """The meta key of the end of the rolled-up buckets of a level."""
     return f"rolled_{level_ns // NS_PER_S}"
 
 
+def rolled_from_key(level_ns: int) -> str:
+    """The meta key of the start of the rolled-up buckets of a level added to a file that had
+    data before it (absent: rolled from the file's first data on)."""
+    return f"rolled_{level_ns // NS_PER_S}_from"
+
+
 def _level_for(step_ns: int) -> int:
-    """The coarsest stored level whose buckets tile ``step_ns`` (0: raw samples)."""
-    for level in (HOUR_NS, MINUTE_NS):
-        if step_ns % level == 0:
+    """The coarsest stored level that answers ``step_ns`` exactly as the levels below it would
+    (0: raw samples): its own step, or a multiple of it where it is combined further
+    (``COMBINED_FURTHER``)."""
+    for level in reversed(LEVELS):
+        if step_ns == level or (step_ns % level == 0 and level in COMBINED_FURTHER):
             return level
     return 0
