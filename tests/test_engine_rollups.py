@@ -467,9 +467,10 @@ def test_a_read_within_another_reads_minutes_takes_them_from_its_answer(
 def test_steps_of_five_minutes_are_read_from_the_five_minute_level(
     engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
 ) -> None:
-    """A view in 5- or 10-minute buckets asks for 5-minute rollup points (5x fewer than its
-    minutes) and minutes only for the part of its range not rolled in 5 minutes; its frame is
-    what the embedded store serves."""
+    """A view in 5-minute buckets asks for 5-minute rollup points (5x fewer than its minutes)
+    and minutes only for the part of its range not rolled in 5 minutes; 10-minute buckets are
+    combined from minutes (``rollup_rule.level_for``); each frame is what the embedded store
+    serves."""
     asked = rolled_and_spied(engine, make_sample)
     ref = embedded(tmp_path, samples(make_sample, T0, T0 + 127 * MINUTE_NS))
     m = MINUTE_NS
@@ -477,11 +478,12 @@ def test_steps_of_five_minutes_are_read_from_the_five_minute_level(
         # minutes rolled up to minute 125: the 5-minute bucket at 125 is the newest, from below
         (0, 127 * m, 300): [(FIVE_MINUTES_NS, 0, 125 * m)],
         # the parts of the range inside a 5-minute bucket, from minutes
-        (2 * m, 123 * m, 600): [
+        (2 * m, 123 * m, 300): [
             (FIVE_MINUTES_NS, 5 * m, 120 * m),
             (m, 2 * m, 5 * m),
             (m, 120 * m, 123 * m),
         ],
+        (0, 127 * m, 600): [(m, 0, 125 * m)],
     }
     for (lo, hi, step), want in expected.items():
         asked.clear()

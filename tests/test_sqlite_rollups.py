@@ -215,10 +215,10 @@ def write_random(store: SqliteStore, make_sample, seed: int, end_s: int) -> None
 def from_minutes(store: SqliteStore, *args, **kw) -> pd.DataFrame:
     """The same read without the 5-minute level: what the store answered before it, every
     bucket combined from minutes (or raw samples) by the rule."""
-    from gpuwatt.store import sqlite_reads
+    from gpuwatt.store import rollup_rule
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sqlite_reads, "LEVELS", (sqlite_reads.MINUTE_NS, sqlite_reads.HOUR_NS))
+        patch.setattr(rollup_rule, "LEVELS", (rollup_rule.MINUTE_NS, rollup_rule.HOUR_NS))
         return store.series(*args, **kw)
 
 
@@ -246,7 +246,7 @@ def test_five_minute_level_reads_what_minutes_give(
     equals what combining the minutes gives (the read before the level existed), counts and
     times exactly, means to float rounding. 5-minute steps read the stored 5-minute buckets;
     coarser ones minutes, as before (from 5-minute buckets, a metric unset for a whole minute of
-    one would weigh differently: ``sqlite_reads.COMBINED_FURTHER``)."""
+    one would weigh differently: ``rollup_rule.COMBINED_FURTHER``)."""
     end_s = 2 * 3600 + 1234
     with SqliteStore(tmp_path / "f.db") as store:
         write_random(store, make_sample, seed, end_s)

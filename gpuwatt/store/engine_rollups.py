@@ -25,9 +25,9 @@ does not (VictoriaMetrics keeps the largest value of duplicates, field by field)
 Reads (``read_levels``) mirror the embedded store's: whole buckets of the coarsest level that
 tiles the step from rollups, the parts a range starts or ends inside, and what is not rolled yet,
 from the level below (5 minutes and hours from minutes, minutes from raw samples); then
-``combine`` into the step asked for. The 5-minute level serves the steps from 5 minutes to
-under an hour (the dashboard's 2-6 h views): from minutes a 6 h view of 1,024 GPUs read ~7 M
-points. An engine written before it (no 5-minute points) is read from minutes. The
+``combine`` into the step asked for (``rollup_rule.level_for``: the 5-minute level serves
+5-minute steps only, the dashboard's 2-6 h views; from minutes a 6 h view of 1,024 GPUs read
+~7 M points). An engine written before it (no 5-minute points) is read from minutes. The
 newest rollup bucket of a level is read from below too: collectors roll a bucket within seconds
 of each other, and one that has not yet must not lose its GPUs from the view.
 """
@@ -54,19 +54,20 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from gpuwatt.store.rollup_rule import (
+    FIVE_MINUTES_NS,
+    HOUR_NS,
     KEYS,
+    LEVELS,
     MINUTE_NS,
     NULL_TIME,
     UNKNOWN_SEEN,
     combine,
+    level_for,
     read_around,
     sample_seen_ns,
 )
 
-FIVE_MINUTES_NS = 5 * MINUTE_NS
-HOUR_NS = 60 * MINUTE_NS
 NS_PER_MS = 1_000_000
-LEVELS: tuple[int, ...] = (MINUTE_NS, FIVE_MINUTES_NS, HOUR_NS)
 #: The levels built from minutes (read back from the engine), not from raw samples.
 COARSE_LEVELS: tuple[int, ...] = (FIVE_MINUTES_NS, HOUR_NS)
 MEASUREMENTS: dict[int, str] = {
@@ -336,14 +337,6 @@ def newest_per_bucket(cols: dict[str, np.ndarray], level_ns: int) -> dict[str, n
     out = {k: v[keep] for k, v in cols.items()}
     out["time_ns"] = bucket[keep]
     return out
-
-
-def level_for(step_ns: int) -> int:
-    """The coarsest rollup level whose buckets tile ``step_ns`` (0: none)."""
-    for level in reversed(LEVELS):
-        if step_ns % level == 0:
-            return level
-    return 0
 
 
 @dataclass

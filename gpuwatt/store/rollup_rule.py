@@ -33,6 +33,17 @@ _T = TypeVar("_T")
 
 NULL_TIME = -(2**63)
 MINUTE_NS = 60 * 10**9
+FIVE_MINUTES_NS = 5 * MINUTE_NS
+HOUR_NS = 60 * MINUTE_NS
+#: The rollup levels every store keeps (the embedded store's ``rollups`` table, the engines'
+#: ``gpuwatt_rollup_*``), finest first: minutes from raw samples, the others from minutes.
+LEVELS: tuple[int, ...] = (MINUTE_NS, FIVE_MINUTES_NS, HOUR_NS)
+#: The levels whose buckets a read combines into a coarser step (a multiple of theirs). Not the
+#: 5-minute level: a bucket's gauge mean is weighted by its ``n_ok`` whether or not the metric
+#: was set in all of it, so a 10-minute step combined from 5-minute buckets would differ from
+#: the one combined from minutes wherever a metric was unset for a whole minute; such steps
+#: read minutes. (Hours serve multiples of an hour, as they always have.)
+COMBINED_FURTHER: tuple[int, ...] = (MINUTE_NS, HOUR_NS)
 KEYS = ("time_ns", "gpu_id", "n", "n_ok", "t_last_ns", "seen_ns")
 #: ``seen_ns`` of a bucket whose seen time is not known (combined from rows without it).
 UNKNOWN_SEEN = -1
@@ -211,6 +222,16 @@ def samples_as_level(
         {a: np.asarray(v)[keep] for a, v in values.items()},
         seen_ns=seen[keep],
     )
+
+
+def level_for(step_ns: int) -> int:
+    """The coarsest rollup level that answers ``step_ns`` exactly as the levels below it would
+    (0: none, raw samples): its own step, or a multiple of it where it is combined further
+    (``COMBINED_FURTHER``)."""
+    for level in reversed(LEVELS):
+        if step_ns == level or (step_ns % level == 0 and level in COMBINED_FURTHER):
+            return level
+    return 0
 
 
 def combine(

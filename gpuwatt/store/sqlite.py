@@ -61,10 +61,11 @@ from gpuwatt.store import (
 )
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.rollup_rule import (
+    LEVELS,
     NULL_TIME,
 )
 from gpuwatt.store.sqlite_maintenance import Maintenance
-from gpuwatt.store.sqlite_reads import LEVELS, NS_PER_S
+from gpuwatt.store.sqlite_reads import NS_PER_S
 from gpuwatt.store.sqlite_segments import SegmentAppender
 
 if TYPE_CHECKING:

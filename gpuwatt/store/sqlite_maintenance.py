@@ -20,6 +20,10 @@ import zstandard
 
 from gpuwatt.store import LAST_VALUE_ATTRS, chunks, format, raw, rollups, sqlite_reads
 from gpuwatt.store.rollup_rule import (
+    FIVE_MINUTES_NS,
+    HOUR_NS,
+    LEVELS,
+    MINUTE_NS,
     NULL_TIME,
     SLOT_LOOKAHEAD_NS,
     SLOT_LOOKBEHIND_NS,
@@ -27,10 +31,6 @@ from gpuwatt.store.rollup_rule import (
 )
 from gpuwatt.store.sqlite_reads import (
     BLOCK_NS,
-    FIVE_MINUTES_NS,
-    HOUR_NS,
-    LEVELS,
-    MINUTE_NS,
     ROLLED_FROM,
     floor_ns,
     rolled_from_key,

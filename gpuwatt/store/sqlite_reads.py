@@ -31,33 +31,25 @@ from gpuwatt.store import (
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.codec import Rows, Span
 from gpuwatt.store.rollup_rule import (
+    FIVE_MINUTES_NS,
+    HOUR_NS,
+    MINUTE_NS,
     NULL_TIME,
     combine,
+    level_for,
     read_around,
     sample_seen_ns,
     samples_as_level,
 )
 
 NS_PER_S = 1_000_000_000
-MINUTE_NS = 60 * NS_PER_S
-FIVE_MINUTES_NS = 300 * NS_PER_S
-HOUR_NS = 3600 * NS_PER_S
 BLOCK_NS = chunks.BLOCK_NS
-#: The stored levels, finest first: minutes are rolled from raw samples, the others from minutes
-#: (``ROLLED_FROM``).
-LEVELS: tuple[int, ...] = (MINUTE_NS, FIVE_MINUTES_NS, HOUR_NS)
-#: The level each stored level is rolled from, and whose rows a read takes where the level is
-#: not rolled (0: raw samples). Hours come from minutes, not from 5-minute buckets: a bucket's
-#: gauge mean is weighted by its ``n_ok`` whether or not the metric was set in all of it, so
-#: hours combined from 5-minute buckets would differ from hours combined from minutes wherever a
-#: metric was unset for a whole minute of a 5-minute bucket (``rollup_rule``).
+#: The level each stored level (``rollup_rule.LEVELS``) is rolled from, and whose rows a read
+#: takes where the level is not rolled (0: raw samples). Hours come from minutes, not from
+#: 5-minute buckets: a bucket's gauge mean is weighted by its ``n_ok`` whether or not the metric
+#: was set in all of it, so hours combined from 5-minute buckets would differ from hours combined
+#: from minutes wherever a metric was unset for a whole minute of a 5-minute bucket.
 ROLLED_FROM = {MINUTE_NS: 0, FIVE_MINUTES_NS: MINUTE_NS, HOUR_NS: MINUTE_NS}
-#: The levels whose buckets a read combines into a coarser step (a multiple of theirs). Not the
-#: 5-minute level, for the same reason as above: a 10-minute step combined from it would differ
-#: from the one combined from minutes where a metric was unset for a whole minute; such steps
-#: read minutes, as they did before the level. (Hours serve multiples of an hour, as they always
-#: have: that is what the store answers for them.)
-COMBINED_FURTHER = (MINUTE_NS, HOUR_NS)
 
 
 def floor_ns(t_ns: int, step_ns: int) -> int:
@@ -229,7 +221,7 @@ def series_columns(
     step_ns = int(step_s) * NS_PER_S
     if step_ns <= 0:
         raise ValueError("step_s must be positive")
-    level = _level_for(step_ns)
+    level = level_for(step_ns)
     if level == 0:
         return _raw_level(con, scope, step_ns, start_ns, end_ns), attrs
     columns = _level_columns(con, meta(con), level, start_ns, end_ns, scope)
@@ -433,13 +425,3 @@ def rolled_from_key(level_ns: int) -> str:
     """The meta key of the start of the rolled-up buckets of a level added to a file that had
     data before it (absent: rolled from the file's first data on)."""
     return f"rolled_{level_ns // NS_PER_S}_from"
-
-
-def _level_for(step_ns: int) -> int:
-    """The coarsest stored level that answers ``step_ns`` exactly as the levels below it would
-    (0: raw samples): its own step, or a multiple of it where it is combined further
-    (``COMBINED_FURTHER``)."""
-    for level in reversed(LEVELS):
-        if step_ns == level or (step_ns % level == 0 and level in COMBINED_FURTHER):
-            return level
-    return 0
