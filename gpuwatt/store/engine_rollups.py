@@ -16,9 +16,9 @@ Points: measurement ``gpuwatt_rollup_1m`` / ``gpuwatt_rollup_5m`` / ``gpuwatt_ro
 fields ``n``, ``n_ok``, ``t_last_ms`` (newest non-lost sample; absent when none) and ``seen_ns``
 (the bucket's seen time, ``rollup_rule``; absent in points written before it, which read as not
 known), and one float field per metric under its model attribute name, in model units (absent:
-not measured). A point's timestamp is its
-bucket's start plus ``n`` milliseconds: a re-roll that saw more samples writes a *newer* point in
-the same bucket, and readers keep the newest point of each (bucket, GPU) (``newest_per_bucket``).
+not measured). A point's timestamp is its bucket's start plus ``n`` milliseconds: a re-roll that
+saw more samples writes a *newer* point in the same bucket, and readers keep the newest point of
+each (bucket, GPU) (``newest_per_bucket``).
 This works alike where a point with the same series and time overwrites (InfluxDB) and where it
 does not (VictoriaMetrics keeps the largest value of duplicates, field by field).
 
