@@ -492,6 +492,28 @@ def test_steps_of_five_minutes_are_read_from_the_five_minute_level(
     ref.close()
 
 
+def test_a_coarse_views_newest_hour_and_range_share_their_minutes_in_either_order(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """A coarse view reads its newest hour in 1-minute buckets and its range in hours, whose
+    newest hour comes from minutes to be combined. Lean, the newest hour's minutes serve no
+    combining read: read first, they are read twice. A session that is not lean (the
+    dashboard's for coarse views) reads them once whichever goes first; frames as alone."""
+    asked = rolled_and_spied(engine, make_sample)
+    end = T0 + 127 * MINUTE_NS
+    newest = SeriesRead(end - HOUR_NS, end, ATTRS, 60)
+    view = SeriesRead(T0, end, ATTRS, 3600)
+    for lean, minute_requests in ((True, 2), (False, 1)):
+        asked.clear()
+        session = shared_session(engine.store, lean=lean)
+        frames = series_many(engine.store, [newest], shared=session)
+        frames += series_many(engine.store, [view], shared=session)
+        assert [a[0] for a in asked].count(MINUTE_NS) == minute_requests, asked
+        for read, frame in zip((newest, view), frames, strict=True):
+            alone = engine.store.series(read.start_ns, read.end_ns, read.fields, step_s=read.step_s)
+            pd.testing.assert_frame_equal(frame, alone, obj=str(read))
+
+
 def test_a_range_on_days_before_the_data_sends_no_raw_read(
     engine: Engine, make_sample: Callable[..., GpuSample]
 ) -> None:

@@ -62,6 +62,11 @@ class SharedReads:
 
     def __init__(self, source: RollupSource) -> None:
         self.source = source
+        #: whether a read at a level's own step asks for lean points (``RollupSource``). Not
+        #: where the view also reads the same points to combine them: a lean answer serves no
+        #: such request, and whichever of the two is sent first, one request must serve both
+        #: (a coarse view's newest hour in minutes, and its range's newest hour from minutes).
+        self.lean = True
         self._answers: dict[tuple[Any, ...], list[_Answer]] = {}
         self._lock = threading.Lock()
         #: requests sent to the engine, and those answered from another read's request
@@ -100,6 +105,7 @@ class SharedReads:
         # (``engine_rollups``), and asked for from a bucket boundary to another: those of a
         # range within another's answer are its points in that range. (The 6 h view's newest
         # hour in minutes lies within its 5-minute buckets' minutes: 19 MB not read again.)
+        lean = lean and self.lean
         return self._shared(
             ("points", level_ns, _hosts(scope.hosts)),
             (start_ns, end_ns),
