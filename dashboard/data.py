@@ -263,8 +263,8 @@ class DashboardData:
         recent_read = SeriesRead(recent_start, tr.end_ns, ANALYSIS_FIELDS, RECENT_STEP_S)
         shared = self._shared_recent() if coarse and tr.live else None
         # the view's reads, in one batch or two, send the requests they share once (a coarse
-        # view's newest hour in minutes is also its range's newest hour, combined: not lean)
-        session = shared_session(self.store, lean=not coarse)
+        # view's newest hour in minutes holds its range's newest bucket, combined from them)
+        session = shared_session(self.store, lean_minutes=not coarse)
         with self.progress.tracking(view_key(tr)) as count:
             early: Future[tuple[list[pd.DataFrame], Partial | None]] | None = None
             early_reads = reads

@@ -505,7 +505,7 @@ def test_a_coarse_views_newest_hour_and_range_share_their_minutes_in_either_orde
     view = SeriesRead(T0, end, ATTRS, 3600)
     for lean, minute_requests in ((True, 2), (False, 1)):
         asked.clear()
-        session = shared_session(engine.store, lean=lean)
+        session = shared_session(engine.store, lean_minutes=lean)
         frames = series_many(engine.store, [newest], shared=session)
         frames += series_many(engine.store, [view], shared=session)
         assert [a[0] for a in asked].count(MINUTE_NS) == minute_requests, asked

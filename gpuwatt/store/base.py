@@ -134,16 +134,16 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def shared_session(store: Store, *, lean: bool = True) -> Any:
+def shared_session(store: Store, *, lean_minutes: bool = True) -> Any:
     """What the reads of one view pass as ``series_many(..., shared=)`` so that their batches
     send the engine requests they share once (``shared_reads``); None where the store has no
     such requests (the embedded store shares work within a batch, in one transaction).
-    ``lean=False``: the view reads the same rollup points at their own step and to combine them
-    (``SharedReads.lean``)."""
+    ``lean_minutes=False``: the view reads the same minutes in 1-minute buckets and to combine
+    them (``SharedReads.lean_minutes``)."""
     make = getattr(store, "shared_reads", None)
     session = None if make is None else make()
     if session is not None:
-        session.lean = lean
+        session.lean_minutes = lean_minutes
     return session
 
 

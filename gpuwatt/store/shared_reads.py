@@ -27,7 +27,7 @@ import numpy as np
 
 from gpuwatt.store.base import SeriesRead, series_in_parallel
 from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope
-from gpuwatt.store.rollup_rule import KEYS
+from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,11 +62,11 @@ class SharedReads:
 
     def __init__(self, source: RollupSource) -> None:
         self.source = source
-        #: whether a read at a level's own step asks for lean points (``RollupSource``). Not
-        #: where the view also reads the same points to combine them: a lean answer serves no
-        #: such request, and whichever of the two is sent first, one request must serve both
-        #: (a coarse view's newest hour in minutes, and its range's newest hour from minutes).
-        self.lean = True
+        #: whether a read in 1-minute buckets asks for lean minute points (``RollupSource``).
+        #: Not where the view also reads the same minutes to combine them: a lean answer serves
+        #: no such request, and whichever of the two is sent first, one request must serve both
+        #: (a coarse view's newest hour in minutes, and its range's newest bucket from minutes).
+        self.lean_minutes = True
         self._answers: dict[tuple[Any, ...], list[_Answer]] = {}
         self._lock = threading.Lock()
         #: requests sent to the engine, and those answered from another read's request
@@ -105,7 +105,7 @@ class SharedReads:
         # (``engine_rollups``), and asked for from a bucket boundary to another: those of a
         # range within another's answer are its points in that range. (The 6 h view's newest
         # hour in minutes lies within its 5-minute buckets' minutes: 19 MB not read again.)
-        lean = lean and self.lean
+        lean = lean and (self.lean_minutes or level_ns != MINUTE_NS)
         return self._shared(
             ("points", level_ns, _hosts(scope.hosts)),
             (start_ns, end_ns),
