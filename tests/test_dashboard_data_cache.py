@@ -265,3 +265,41 @@ def test_a_coarse_range_reads_its_range_while_the_newest_samples_are_read(
     finally:
         data.close()
         ref.close()
+
+
+class CountsGpus(CountingStore):
+    """A store with ``gpu_count`` (as the Prometheus-compatible engines): how often the newest
+    samples are read."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.latest_reads = 0
+
+    def latest(self, **kw: Any) -> Any:
+        self.latest_reads += 1
+        return self._store.latest(**kw)
+
+    def gpu_count(self) -> int:
+        return len(self._store.latest())
+
+
+@pytest.mark.parametrize("accounting_max", [0, 10**9])
+def test_todays_energy_counts_the_gpus_without_reading_the_newest_samples(
+    demo_store: SqliteStore, accounting_max: int
+) -> None:
+    """Today's energy is read in 1- or 5-minute buckets by the GPU count: a store that counts
+    its GPUs apart is not asked for every GPU's newest values, and the figure is the same."""
+    store = CountsGpus(demo_store)
+    data = DashboardData(store, clock_ns=Clock(DEMO_END_NS))  # type: ignore[arg-type]
+    ref = DashboardData(demo_store, clock_ns=Clock(DEMO_END_NS))
+    data.accounting_max_gpu_minutes = ref.accounting_max_gpu_minutes = accounting_max
+    try:
+        today = data.energy_today(DEMO_END_NS)
+        assert store.latest_reads == 0
+        want = ref.energy_today(DEMO_END_NS)
+        assert today.cluster == want.cluster and (today.cluster["energy_kwh"].value or 0) > 0
+        data.latest()  # once read, the newest samples count the GPUs
+        assert data.gpu_count() == len(data.latest()) and store.latest_reads == 1
+    finally:
+        data.close()
+        ref.close()
