@@ -90,7 +90,6 @@ class Engine:
             # ago: look back that hour from the data's end, as on a live cluster (a lookback
             # stretched to months made every latest() scan all 24 h of raw samples, ~1-2 s)
             store.latest = functools.partial(store.latest, now_ns=self.end_ns + 1)
-            store.gpu_count = functools.partial(store.gpu_count, now_ns=self.end_ns + 1)
         return store
 
     def flush(self) -> None:

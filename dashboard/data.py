@@ -170,17 +170,6 @@ class DashboardData:
     def latest(self) -> list[GpuSample]:
         return self._cached(("latest",), lambda: self._read("latest samples", self.store.latest))
 
-    def gpu_count(self) -> int:
-        """``len(self.latest())``: from the cached newest samples, else from the store's
-        ``gpu_count`` where it has one (a query of each GPU's newest time only), else read."""
-        cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.max_stale_s)
-        if cached is not None:  # what ``latest()`` would answer
-            return len(cached)
-        count = getattr(self.store, "gpu_count", None)
-        if count is None:
-            return len(self.latest())
-        return self._cached(("gpu-count",), lambda: self._read("the GPUs", count))
-
     def latest_with_slow_fields(self) -> list[GpuSample]:
         """The newest sample of every GPU with its ECC and remapped-row figures filled in from
         the last few slow intervals (``slow_fields``): what the health table shows."""
@@ -416,7 +405,7 @@ class DashboardData:
         start = (now_ns // DAY_NS) * DAY_NS
         end = now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S  # include the current minute
         fields = ("energy_j", "power_w", "utilization_gpu_pct")
-        gpu_minutes = self.gpu_count() * (end - start) / (60 * NS_PER_S)
+        gpu_minutes = len(self.latest()) * (end - start) / (60 * NS_PER_S)
         step = RECENT_STEP_S if gpu_minutes <= self.accounting_max_gpu_minutes else 300
 
         def compute() -> AnalysisSummary:

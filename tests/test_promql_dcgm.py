@@ -176,7 +176,5 @@ def test_dashboard_data_and_the_alert_rule_find_it(store_url: str) -> None:
 
         (rule,) = [r for r in load_rules() if r.name == "GpuStraggler"]
         observations = evaluate_rule(rule, store, now)
-        # the dashboard's GPU count (today's energy) without the newest values: the same GPUs
-        assert store.gpu_count() == len(store.latest()) == len(window.latest) > 0
     firing = [o.target for o in observations if o.breach]
     assert [(t["host"], t["gpu"]) for t in firing] == [("node-1", "5")]

@@ -39,8 +39,6 @@ def test_latest_finds_old_values_beyond_the_last_minutes(
         store.write_samples(samples)
         victoria_metrics.force_flush()
         got = store.latest(now_ns=NOW)
-        assert store.gpu_count(now_ns=NOW) == len(got)  # the silent node2 too
-        assert store.gpu_count(now_ns=NOW, since_ns=NOW - 20 * 60 * S) == len(got) - 1
         monkeypatch.setattr(promql_latest, "LATEST_NARROW_NS", 3600 * S)  # one query over the hour
         assert store.latest(now_ns=NOW) == got
     finally:

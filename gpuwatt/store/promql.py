@@ -403,9 +403,3 @@ class PromStore:
         from gpuwatt.store import promql_latest
 
         return promql_latest.latest(self, since_ns=since_ns, now_ns=now_ns)
-
-    def gpu_count(self, *, since_ns: int | None = None, now_ns: int | None = None) -> int:
-        """``len(self.latest(...))``, without reading the newest values (``promql_latest``)."""
-        from gpuwatt.store import promql_latest
-
-        return promql_latest.gpu_count(self, since_ns=since_ns, now_ns=now_ns)

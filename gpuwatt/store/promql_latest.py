@@ -20,7 +20,10 @@ def latest(
 ) -> list[GpuSample]:
     """``PromStore.latest``: the newest value of each metric of every GPU seen since
     ``since_ns`` (default: the store's last ``latest_lookback_s``)."""
-    now, since, window = _window(store, since_ns, now_ns)
+    now = time.time_ns() if now_ns is None else now_ns
+    lookback_ns = round(store.latest_lookback_s * 1e9)
+    since = now - lookback_ns if since_ns is None else since_ns
+    window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
     names = store.dialect.by_attr()
     presence = store._selector(store.dialect.presence, None)
     if store.engine == "victoriametrics" and not any("|" in s.metric for s in names.values()):
@@ -47,24 +50,6 @@ def latest(
     if store.dialect.lost_metric is not None:  # the presence metric itself marks lost GPUs
         results["lost"] = store.query(f"last_over_time({presence}{window})", now)
     return frames.latest_samples(store.dialect, times, results)
-
-
-def gpu_count(store: PromStore, *, since_ns: int | None = None, now_ns: int | None = None) -> int:
-    """``len(latest(...))`` from its first query alone, each GPU's newest sample time (its
-    GPUs are those that query names): on VictoriaMetrics at 1,024 GPUs ~30 ms and 0.13 MB
-    against ~200 ms and 2 MB for every metric's newest value."""
-    now, since, window = _window(store, since_ns, now_ns)
-    gpu_of = frames.ident_reader(store.dialect)
-    times = store.query(_sample_times(store, window, now - since), now)
-    return len({gpu_of(r["metric"]) for r in times})
-
-
-def _window(store: PromStore, since_ns: int | None, now_ns: int | None) -> tuple[int, int, str]:
-    """``latest``'s time, the start of its lookback and the PromQL range selector of it."""
-    now = time.time_ns() if now_ns is None else now_ns
-    lookback_ns = round(store.latest_lookback_s * 1e9)
-    since = now - lookback_ns if since_ns is None else since_ns
-    return now, since, f"[{max(1, (now - since) // NS_PER_MS)}ms]"
 
 
 def _latest_metrics(store: PromStore) -> dict[str, str]:
