@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from gpuwatt.store.rollup_rule import (
+    COARSE_LEVELS,
     FIVE_MINUTES_NS,
     HOUR_NS,
     KEYS,
@@ -68,8 +69,6 @@ from gpuwatt.store.rollup_rule import (
 )
 
 NS_PER_MS = 1_000_000
-#: The levels built from minutes (read back from the engine), not from raw samples.
-COARSE_LEVELS: tuple[int, ...] = (FIVE_MINUTES_NS, HOUR_NS)
 MEASUREMENTS: dict[int, str] = {
     MINUTE_NS: "gpuwatt_rollup_1m",
     FIVE_MINUTES_NS: "gpuwatt_rollup_5m",

@@ -38,6 +38,12 @@ HOUR_NS = 60 * MINUTE_NS
 #: The rollup levels every store keeps (the embedded store's ``rollups`` table, the engines'
 #: ``gpuwatt_rollup_*``), finest first: minutes from raw samples, the others from minutes.
 LEVELS: tuple[int, ...] = (MINUTE_NS, FIVE_MINUTES_NS, HOUR_NS)
+#: The level each level is rolled from, and whose rows a read takes where the level is not
+#: rolled (0: raw samples). Hours come from minutes, not from 5-minute buckets, for the reason
+#: given at ``COMBINED_FURTHER``.
+ROLLED_FROM: dict[int, int] = {MINUTE_NS: 0, FIVE_MINUTES_NS: MINUTE_NS, HOUR_NS: MINUTE_NS}
+#: The levels rolled from minutes (read back), finest first.
+COARSE_LEVELS: tuple[int, ...] = tuple(lv for lv in LEVELS if ROLLED_FROM[lv] == MINUTE_NS)
 #: The levels whose buckets a read combines into a coarser step (a multiple of theirs). Not the
 #: 5-minute level: a bucket's gauge mean is weighted by its ``n_ok`` whether or not the metric
 #: was set in all of it, so a 10-minute step combined from 5-minute buckets would differ from

@@ -103,8 +103,8 @@ class SharedReads:
     ) -> Cols:
         # Rollup points are whole buckets, each at its bucket's start plus less than a bucket
         # (``engine_rollups``), and asked for from a bucket boundary to another: those of a
-        # range within another's answer are its points in that range. (The 6 h view's newest
-        # hour in minutes lies within its 5-minute buckets' minutes: 19 MB not read again.)
+        # range within another's answer are its points in that range. (A coarse view's newest
+        # 5-minute bucket, read from minutes, lies within its newest hour in minutes.)
         lean = lean and (self.lean_minutes or level_ns != MINUTE_NS)
         return self._shared(
             ("points", level_ns, _hosts(scope.hosts)),

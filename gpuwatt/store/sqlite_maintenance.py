@@ -20,18 +20,18 @@ import zstandard
 
 from gpuwatt.store import LAST_VALUE_ATTRS, chunks, format, raw, rollups, sqlite_reads
 from gpuwatt.store.rollup_rule import (
+    COARSE_LEVELS,
     FIVE_MINUTES_NS,
     HOUR_NS,
-    LEVELS,
     MINUTE_NS,
     NULL_TIME,
+    ROLLED_FROM,
     SLOT_LOOKAHEAD_NS,
     SLOT_LOOKBEHIND_NS,
     combine,
 )
 from gpuwatt.store.sqlite_reads import (
     BLOCK_NS,
-    ROLLED_FROM,
     floor_ns,
     rolled_from_key,
     rolled_key,
@@ -39,8 +39,6 @@ from gpuwatt.store.sqlite_reads import (
 from gpuwatt.store.sqlite_segments import SegmentAppender
 
 _RETENTION_CHECK_NS = MINUTE_NS
-#: The levels rolled from minutes, finest first.
-_COARSE_LEVELS = tuple(level for level in LEVELS if ROLLED_FROM[level] == MINUTE_NS)
 
 
 class Maintenance:
@@ -83,10 +81,10 @@ class Maintenance:
         rolls = up_m is not None and floor_ns(newest - self.rollup_grace_ns, MINUTE_NS) > up_m
         if rolls or newest >= meta.get("max_time_ns", NULL_TIME) + MINUTE_NS:
             self._set_meta(con, "max_time_ns", newest)
-        coarse = {level: meta.get(rolled_key(level)) for level in _COARSE_LEVELS}
+        coarse = {level: meta.get(rolled_key(level)) for level in COARSE_LEVELS}
         if up_m is None:
             up_m = floor_ns(t_min, MINUTE_NS)
-            for level in _COARSE_LEVELS:
+            for level in COARSE_LEVELS:
                 coarse[level] = floor_ns(t_min, level)
                 self._set_meta(con, rolled_key(level), floor_ns(t_min, level))
         # Late samples: buckets already rolled become dirty.
@@ -166,7 +164,7 @@ class Maintenance:
         up_m = meta.get("rolled_60")
         if up_m is None:  # a new file, or one without data: ``_maintain`` starts every level
             return
-        for level in _COARSE_LEVELS:
+        for level in COARSE_LEVELS:
             end = floor_ns(up_m, level)
             up = meta.get(rolled_key(level))
             if up is not None and up >= end:

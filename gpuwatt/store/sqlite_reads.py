@@ -31,10 +31,8 @@ from gpuwatt.store import (
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.codec import Rows, Span
 from gpuwatt.store.rollup_rule import (
-    FIVE_MINUTES_NS,
-    HOUR_NS,
-    MINUTE_NS,
     NULL_TIME,
+    ROLLED_FROM,
     combine,
     level_for,
     read_around,
@@ -44,12 +42,6 @@ from gpuwatt.store.rollup_rule import (
 
 NS_PER_S = 1_000_000_000
 BLOCK_NS = chunks.BLOCK_NS
-#: The level each stored level (``rollup_rule.LEVELS``) is rolled from, and whose rows a read
-#: takes where the level is not rolled (0: raw samples). Hours come from minutes, not from
-#: 5-minute buckets: a bucket's gauge mean is weighted by its ``n_ok`` whether or not the metric
-#: was set in all of it, so hours combined from 5-minute buckets would differ from hours combined
-#: from minutes wherever a metric was unset for a whole minute of a 5-minute bucket.
-ROLLED_FROM = {MINUTE_NS: 0, FIVE_MINUTES_NS: MINUTE_NS, HOUR_NS: MINUTE_NS}
 
 
 def floor_ns(t_ns: int, step_ns: int) -> int:
