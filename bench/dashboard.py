@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,8 @@ class CallbackTimes:
     cold_cpu_median_s: float  # the same, CPU time of this process
     served_p95_s: float  # a range in the cache: kept warm, or viewed in the last few minutes
     size_bytes: int
+    #: CPU of the engine's server per cold callback (median; NaN: the embedded store)
+    cold_engine_cpu_median_s: float = float("nan")
 
 
 def bench_pages() -> list[tuple[str, Any, dict[str, str]]]:
@@ -99,23 +102,30 @@ def bench_pages() -> list[tuple[str, Any, dict[str, str]]]:
     return out
 
 
-def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, CallbackTimes]:
+def time_callbacks(
+    app: Any, repeat: int, query: dict[str, str], engine_cpu_s: Callable[[], float] | None = None
+) -> dict[str, CallbackTimes]:
     """Per page: the content callback cold (cache emptied before each request) and served
     from the cache (what a visitor of the kept-warm default view, or of a range viewed in the
     last few minutes, waits for: the page built from cached data). The background refresh that
-    keeps an entry current costs what a cold request costs, off the request path."""
+    keeps an entry current costs what a cold request costs, off the request path.
+    ``engine_cpu_s``: the engine server's CPU so far, to give its share of each cold callback."""
     client = app.server.test_client()
     data = app.server.config["GPUWATT_DATA"]
     out = {}
     for label, page, extra in bench_pages():
         body = callback_body(page, {**query, **extra})
-        cold, cold_cpu, served, size = [], [], [], 0
+        cold, cold_cpu, engine_cpu, served, size = [], [], [], [], 0
         for _ in range(repeat):
             data.clear_cache()
+            e = engine_cpu_s() if engine_cpu_s else 0.0
             t, c = time.perf_counter(), time.process_time()
             resp = client.post("/_dash-update-component", json=body)
             cold.append(time.perf_counter() - t)
             cold_cpu.append(time.process_time() - c)
+            while data.cache.refreshing:  # reads the page started for later, done before
+                time.sleep(0.01)
+            engine_cpu.append(engine_cpu_s() - e if engine_cpu_s else float("nan"))
             assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
             size = len(resp.data)
         ttl, data.cache.ttl_s = data.cache.ttl_s, 3600.0
@@ -132,6 +142,7 @@ def time_callbacks(app: Any, repeat: int, query: dict[str, str]) -> dict[str, Ca
             statistics.median(cold_cpu),
             float(np.percentile(served, 95)),
             size,
+            statistics.median(engine_cpu),
         )
     return out
 
