@@ -1,9 +1,10 @@
 """What every page of one time range shares (``WindowData``): the store's rollups of the range,
-the analytics summary of them, each GPU's newest sample and the jobs; and the GPU counts the
-overview shows."""
+the analytics summary of them, the GPUs seen and their jobs; and the GPU counts the overview
+shows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -13,8 +14,7 @@ from gpuwatt.analytics.by_model import by_model
 from gpuwatt.dashboard.partial_reads import Partial
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.mig import is_mig_device
-from gpuwatt.mig import parents as mig_parents
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 
 #: A GPU whose newest sample is older than this is "silent" (its collector or node is down).
 SILENT_AFTER_S = 180.0
@@ -59,7 +59,9 @@ class WindowData:
     range: TimeRange
     frame: pd.DataFrame  # the store's rollups, long form
     summary: AnalysisSummary
-    latest: list[GpuSample]
+    #: every GPU seen (``DashboardData.gpus_seen``): identities, newest sample times and jobs;
+    #: a page that shows their newest values reads ``DashboardData.latest``
+    gpus: list[GpuSeen]
     jobs: dict[str, str]  # uuid -> job id (from each GPU's newest sample)
     #: The stragglers of the newest hour in 1-minute windows, when the range's windows are
     #: coarser: a straggler of the last minutes persists over several 1-minute windows long
@@ -104,18 +106,14 @@ class WindowData:
             return self.recent.straggler_windows
         return self.summary.straggler_windows
 
-    @property
-    def mig_parents(self) -> dict[str, str]:
-        """MIG device uuid -> its parent GPU's uuid (a MIG device is a device of its own)."""
-        return mig_parents(self.latest)
-
-    def counts(self, now_ns: int) -> GpuCounts:
-        gpus = [s for s in self.latest if not is_mig_device(s)]
+    def counts(self, latest: Sequence[GpuSample], now_ns: int) -> GpuCounts:
+        """The GPUs of the newest samples ``latest`` by state, with the range's idle ones."""
+        gpus = [s for s in latest if not is_mig_device(s)]
         lost = sum(1 for s in gpus if s.lost)
         silent = sum(
             1 for s in gpus if not s.lost and (now_ns - s.time_ns) / NS_PER_S > SILENT_AFTER_S
         )
         total = len(gpus)
         idle = len(self.summary.idle)
-        migs = len(self.latest) - total
+        migs = len(latest) - total
         return GpuCounts(total, total - lost - silent, lost, silent, idle, migs)

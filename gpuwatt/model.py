@@ -118,6 +118,25 @@ class GpuSample:
         return (self.host, self.gpu_index, self.uuid)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuSeen:
+    """A GPU a store has seen: its identity and its newest sample's time and job, without the
+    sample's metrics (``store.base.gpus_seen``). What a view needs to count and attribute the
+    GPUs of its range, at a fraction of the cost of every GPU's newest values on an engine."""
+
+    time_ns: int
+    host: str
+    gpu_index: int
+    uuid: str
+    name: str
+    job_id: str | None = None
+    parent_uuid: str | None = None
+
+    @classmethod
+    def of(cls, s: GpuSample) -> GpuSeen:
+        return cls(s.time_ns, s.host, s.gpu_index, s.uuid, s.name, s.job_id, s.parent_uuid)
+
+
 IDENTITY_FIELDS: tuple[str, ...] = ("time_ns", "host", "gpu_index", "uuid", "name", "lost")
 
 #: Every numeric metric attribute of ``GpuSample`` in declaration order.

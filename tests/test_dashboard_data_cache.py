@@ -4,6 +4,7 @@ default view is kept computed in the background."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,7 @@ from test_dashboard_support import DEMO_END_NS, build_demo_store
 
 from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.timerange import parse_range
+from gpuwatt.model import GpuSeen
 from gpuwatt.store.sqlite import SqliteStore
 
 S = 1_000_000_000
@@ -262,6 +264,61 @@ def test_a_coarse_range_reads_its_range_while_the_newest_samples_are_read(
             assert day.summary.cluster == want.summary.cluster
             assert [s.uuid for s in day.stragglers] == [s.uuid for s in want.stragglers]
             ref.clear_cache()
+    finally:
+        data.close()
+        ref.close()
+
+
+class SeenApart(CountingStore):
+    """A store that reads the GPUs seen apart from their newest values (as an engine does:
+    ``PromStore.gpus_seen``), counting both reads."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.asked: list[str] = []
+
+    def latest(self, **kw: Any) -> Any:
+        with self.lock:
+            self.asked.append("latest")
+        return self._store.latest(**kw)
+
+    def gpus_seen(self, **kw: Any) -> Any:
+        with self.lock:
+            self.asked.append("gpus_seen")
+        return [GpuSeen.of(s) for s in self._store.latest(**kw)]
+
+
+def shown(components: Any) -> str:
+    """A page's components as text, its graphs' numbered names without their numbers."""
+    return re.sub(r"('name': '[\w-]+?)-\d+'", r"\1'", str(components))
+
+
+def test_only_the_pages_that_show_newest_values_read_them(demo_store: SqliteStore) -> None:
+    """A cold view reads the GPUs seen (count, jobs) and not every GPU's newest values, which
+    only the overview, node and health pages show: those read them while the window is read
+    (and the window takes the GPUs seen from them when they come first). Each page shows what
+    it shows where both come from ``latest``."""
+    from gpuwatt.dashboard.app import PAGES, render_page
+
+    store = SeenApart(demo_store)
+    data = DashboardData(store, clock_ns=Clock(DEMO_END_NS))  # type: ignore[arg-type]
+    ref = DashboardData(demo_store, clock_ns=Clock(DEMO_END_NS))
+    shows_newest = {"overview", "node", "health"}
+    try:
+        for page in PAGES:
+            data.clear_cache()
+            store.asked.clear()
+            args = {"host": "node-2", "gpu": "5"} if page.PAGE == "node" else {}
+            got = shown(render_page(page, args, data))
+            assert got == shown(render_page(page, args, ref)), page.PAGE
+            if page.PAGE in shows_newest:  # the GPUs seen from them where they came first
+                assert store.asked.count("latest") == 1, page.PAGE
+            elif getattr(page, "NEEDS_DATA", True):
+                assert store.asked == ["gpus_seen"], page.PAGE
+        tr = parse_range({}, DEMO_END_NS)[0]
+        seen = data.window(tr).gpus
+        assert seen == [GpuSeen.of(s) for s in demo_store.latest()] and len(seen) > 0
+        assert data.window(tr).jobs == ref.window(tr).jobs
     finally:
         data.close()
         ref.close()

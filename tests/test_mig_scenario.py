@@ -132,9 +132,10 @@ def test_dashboard_data_and_reports_show_mig_devices_as_devices_with_parents(
     tr, problem = parse_range({"range": "15m"}, END_NS)
     assert problem is None
     window = data.window(tr)
-    counts = window.counts(END_NS)
+    counts = window.counts(data.latest(), END_NS)
     assert (counts.total, counts.up, counts.mig_devices) == (8, 8, 15)
-    mig_parents = window.mig_parents
+    assert len(window.gpus) == 8 + 15
+    mig_parents = parents(data.latest())
     assert len(mig_parents) == 15 and len(set(mig_parents.values())) == 3
     by_gpu = build_report(window.summary, "gpu")
     migs = by_gpu.loc[by_gpu["uuid"].str.startswith("MIG-")]

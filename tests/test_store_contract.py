@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuwatt.model import METRIC_FIELDS, GpuSample
+from gpuwatt.model import METRIC_FIELDS, GpuSample, GpuSeen
 from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, engine_rollups, open_store
-from gpuwatt.store.base import SEEN_COLUMN
+from gpuwatt.store.base import SEEN_COLUMN, gpus_seen
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -145,6 +145,30 @@ def test_latest_is_newest_per_gpu_and_reports_lost_gpus(backend: Backend, make_s
     assert _kept_by(backend.store, got[0]) == _kept_by(backend.store, samples[4])
     assert got[1].power_w is None and got[1].utilization_gpu_pct is None
     assert {s.host for s in backend.store.latest()} == {"node1", "gone"}
+
+
+def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_sample) -> None:
+    """``base.gpus_seen`` (an engine's own read of each GPU's newest sample time, else from
+    ``latest``) gives the GPUs ``latest`` gives: identity, newest time, job (as each store keeps
+    it), in its order, since a time or over the lookback; a lost GPU is seen too."""
+    samples = [
+        make_sample(T0 + i * S, host, g, job_id=f"job-{g}")
+        for i in range(3)
+        for host in ("node-b", "node-a")
+        for g in range(2)
+    ]
+    samples.append(lost(T0 + 3 * S, "node-a", 1))
+    samples.append(make_sample(T0 - 3600 * S, "gone", 0))
+    backend.load(samples)
+    for since in (T0, None):
+        latest = backend.store.latest(since_ns=since)
+        seen = gpus_seen(backend.store, since_ns=since)
+        assert seen == [GpuSeen.of(s) for s in latest]
+        assert len(seen) == (4 if since else 5)
+    assert [(s.host, s.gpu_index, s.time_ns) for s in seen][:2] == [
+        ("gone", 0, T0 - 3600 * S),
+        ("node-a", 0, T0 + 2 * S),
+    ]
 
 
 def _kept_by(store: Store, s: GpuSample) -> GpuSample:

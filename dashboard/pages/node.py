@@ -196,7 +196,9 @@ def health_figures(
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the node's samples and XID events."""
+    """Read while the window is (``app.render_page``): the newest samples, the node's samples
+    and XID events."""
+    data.latest()
     host = query.get("host")
     if host:
         data.host_series(tr, host, READ_FIELDS)
@@ -204,7 +206,8 @@ def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: 
 
 
 def render(ctx: PageContext) -> list[Any]:
-    hosts = natural_sorted({s.host for s in ctx.win.latest})
+    latest = ctx.data.latest()
+    hosts = natural_sorted({s.host for s in latest})
     host = ctx.query.get("host")
     host_picker = dmc.Select(
         id="host-picker",
@@ -220,7 +223,7 @@ def render(ctx: PageContext) -> list[Any]:
             host_picker,
             dmc.Alert(msg, color="gray" if not host else "yellow", id="node-missing", mt="sm"),
         ]
-    mine = sorted((s for s in ctx.win.latest if s.host == host), key=lambda s: s.gpu_index)
+    mine = sorted((s for s in latest if s.host == host), key=lambda s: s.gpu_index)
     gpu_text = ctx.query.get("gpu", "")
     gpu = int(gpu_text) if gpu_text.isdigit() else None
     indexes = [s.gpu_index for s in mine]

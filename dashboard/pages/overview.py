@@ -85,15 +85,17 @@ def alerts_kpi(ctx: PageContext) -> Any:
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): today's energy."""
+    """Read while the window is (``app.render_page``): the newest samples and today's energy."""
+    data.latest()
     data.energy_today(now_ns)
 
 
 def render(ctx: PageContext) -> list[Any]:
     s = ctx.win.summary
-    counts = ctx.win.counts(ctx.now_ns)
+    latest = ctx.data.latest()
+    counts = ctx.win.counts(latest, ctx.now_ns)
     util = cluster_mean_now(ctx)
-    up_power = sum(x.power_w for x in ctx.win.latest if not x.lost and x.power_w is not None)
+    up_power = sum(x.power_w for x in latest if not x.lost and x.power_w is not None)
     try:
         today = ctx.data.energy_today(ctx.now_ns).cluster["energy_kwh"]
         today_kpi = figure_kpi(

@@ -12,7 +12,7 @@ import pandas as pd
 
 from gpuwatt.analytics.stragglers import StragglerConfig
 from gpuwatt.analytics.summary import ANALYSIS_FIELDS
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.store.base import SeriesRead, Store, series_many
 
 #: Ranges at least this long are read from 1-minute rollups (fast at 1,000 GPUs); shorter
@@ -40,8 +40,9 @@ def jobs_in_range(store: Store, start_ns: int) -> dict[str, str]:
     return jobs_of(store.latest(since_ns=start_ns), start_ns)
 
 
-def jobs_of(latest: Sequence[GpuSample], start_ns: int) -> dict[str, str]:
-    """``jobs_in_range`` from newest samples already read (the dashboard keeps them cached)."""
+def jobs_of(latest: Sequence[GpuSample | GpuSeen], start_ns: int) -> dict[str, str]:
+    """``jobs_in_range`` from newest samples (or the GPUs seen) already read (the dashboard
+    keeps them cached)."""
     return {s.uuid: s.job_id for s in latest if s.job_id and s.time_ns >= start_ns}
 
 

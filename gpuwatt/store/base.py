@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,6 +85,17 @@ def xid_events(
         return None
     frame: pd.DataFrame = read(start_ns, end_ns, hosts=hosts)
     return frame
+
+
+def gpus_seen(store: Store, *, since_ns: int | None = None) -> list[GpuSeen]:
+    """The GPUs of ``store.latest(since_ns=...)``, without their metrics, in its order: from the
+    store's own ``gpus_seen`` where it has one (an engine: a GPU's newest sample time is one
+    series, its newest values a dozen), else from ``latest``."""
+    read = getattr(store, "gpus_seen", None)
+    if read is not None:
+        seen: list[GpuSeen] = read(since_ns=since_ns)
+        return seen
+    return [GpuSeen.of(s) for s in store.latest(since_ns=since_ns)]
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
 from gpuwatt.store.base import SeriesRead
@@ -396,6 +396,12 @@ class PromStore:
             end_ns - NS_PER_MS,
         )
         return int(float(result[0]["value"][1])) if result else 0
+
+    def gpus_seen(self, *, since_ns: int | None = None, now_ns: int | None = None) -> list[GpuSeen]:
+        """The GPUs ``latest`` gives, without their newest values (``base.gpus_seen``)."""
+        from gpuwatt.store import promql_latest
+
+        return promql_latest.gpus_seen(self, since_ns=since_ns, now_ns=now_ns)
 
     def latest(self, *, since_ns: int | None = None, now_ns: int | None = None) -> list[GpuSample]:
         """The newest value of each metric of every GPU seen since ``since_ns`` (default: the

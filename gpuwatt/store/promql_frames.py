@@ -14,7 +14,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from gpuwatt.line_protocol import decode_name
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.schema import Kind
 from gpuwatt.store.base import KEY_COLUMNS
 from gpuwatt.store.promql_dialects import KIND, NS_PER_MS, PRESENCE, Dialect
@@ -50,6 +50,9 @@ def gpu_ident(dialect: Dialect, labels: dict[str, str]) -> tuple[str, int, str, 
     if dialect.encoded_names:  # gpuwatt's line protocol (``line_protocol.encode_name``)
         names = tuple(map(decode_name, names))  # type: ignore[assignment]
     return (names[0], index, names[1], names[2])
+
+
+Ident = tuple[str, int, str, str]
 
 
 def ident_reader(dialect: Dialect) -> Callable[[dict[str, str]], tuple[str, int, str, str]]:
@@ -364,13 +367,13 @@ def frame(
     return df
 
 
-def latest_samples(
-    dialect: Dialect, times: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]]
-) -> list[GpuSample]:
-    by_gpu: dict[tuple[str, int, str, str], dict[str, Any]] = {}
-    jobs: dict[tuple[str, int, str, str], str] = {}
-    names = dialect.by_attr()
-    gpu_of = ident_reader(dialect)
+def _seen_times(
+    dialect: Dialect, times: list[dict[str, Any]], gpu_of: Callable[[dict[str, str]], Ident]
+) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, str]]:
+    """Each GPU's newest sample time (``{"time_ns": t}``) and job, from the answer of
+    ``promql_latest``'s sample-times query."""
+    by_gpu: dict[Ident, dict[str, Any]] = {}
+    jobs: dict[Ident, str] = {}
     for r in times:
         key = gpu_of(r["metric"])
         by_gpu.setdefault(key, {})["time_ns"] = round(float(r["value"][1]) * 1000) * NS_PER_MS
@@ -378,6 +381,23 @@ def latest_samples(
             if r["metric"].get(label):
                 jobs.setdefault(key, r["metric"][label])
                 break
+    return by_gpu, jobs
+
+
+def seen_gpus(dialect: Dialect, times: list[dict[str, Any]]) -> list[GpuSeen]:
+    """The GPUs of the sample-times answer, in ``latest_samples``' order."""
+    by_gpu, jobs = _seen_times(dialect, times, ident_reader(dialect))
+    out = [GpuSeen(v["time_ns"], k[0], k[1], k[2], k[3], jobs.get(k)) for k, v in by_gpu.items()]
+    out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
+    return out
+
+
+def latest_samples(
+    dialect: Dialect, times: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]]
+) -> list[GpuSample]:
+    names = dialect.by_attr()
+    gpu_of = ident_reader(dialect)
+    by_gpu, jobs = _seen_times(dialect, times, gpu_of)
     for r in results.pop("lost", []):
         key = gpu_of(r["metric"])
         if key in by_gpu:
