@@ -24,6 +24,7 @@ metric, run in parallel. The dialects are in ``promql_dialects``; answers become
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,9 @@ class PromStore:
         #: How far back ``latest()`` looks for a GPU when not told (an engine has no cheap
         #: "newest sample ever"): GPUs silent for longer are not listed.
         self.latest_lookback_s = latest_lookback_s
+        #: "now" for ``latest`` and ``gpus_seen`` when not told (a bench replaying data that
+        #: ended in the past sets the data's end)
+        self.clock_ns: Callable[[], int] = time.time_ns
         #: Serve bucketed reads from the rollups gpuwatt keeps in the engine
         #: (``engine_rollups``; ``source=influx`` only) when it holds any.
         self.use_rollups = use_rollups

@@ -3,7 +3,6 @@ each metric's newest value within the lookback, and each GPU's newest sample tim
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ def latest(
 ) -> list[GpuSample]:
     """``PromStore.latest``: the newest value of each metric of every GPU seen since
     ``since_ns`` (default: the store's last ``latest_lookback_s``)."""
-    now = time.time_ns() if now_ns is None else now_ns
+    now = store.clock_ns() if now_ns is None else now_ns
     lookback_ns = round(store.latest_lookback_s * 1e9)
     since = now - lookback_ns if since_ns is None else since_ns
     window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
@@ -58,7 +57,7 @@ def gpus_seen(
     """``PromStore.gpus_seen``: the GPUs ``latest`` gives, from its sample-times query alone
     (one series per GPU; at 1,024 GPUs on VictoriaMetrics ~20 against ~180 ms of the engine's
     CPU for every metric's newest value, ``bench/dashboard.py --store victoriametrics``)."""
-    now = time.time_ns() if now_ns is None else now_ns
+    now = store.clock_ns() if now_ns is None else now_ns
     since = now - round(store.latest_lookback_s * 1e9) if since_ns is None else since_ns
     window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
     times = store.query(_sample_times(store, window, now - since), now)
