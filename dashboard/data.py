@@ -181,7 +181,7 @@ class DashboardData:
         """The GPUs of ``latest`` without their newest values (``base.gpus_seen``): what a view
         needs to count and attribute its GPUs. Taken from the newest samples when they are
         cached; on an engine, otherwise, read on its own: most pages never show every GPU's
-        newest values, which cost VictoriaMetrics ~8x the CPU."""
+        newest values, which cost VictoriaMetrics ~10x the CPU."""
         cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.ttl_s)
         if cached is not None:
             return [GpuSeen.of(s) for s in cached]

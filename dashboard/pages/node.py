@@ -196,9 +196,9 @@ def health_figures(
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the newest samples, the node's samples
-    and XID events."""
-    data.latest()
+    """Read while the window is (``app.render_page``): the newest samples (beside the rest),
+    the node's samples and XID events."""
+    data.prefetch(data.latest)
     host = query.get("host")
     if host:
         data.host_series(tr, host, READ_FIELDS)
