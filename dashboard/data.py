@@ -56,6 +56,7 @@ from gpuwatt.store.base import (
     SeriesRead,
     Store,
     gpus_seen,
+    latest_of,
     series_many,
     shared_session,
     xid_events,
@@ -187,6 +188,19 @@ class DashboardData:
             return [GpuSeen.of(s) for s in cached]
         return self._cached(
             ("gpus-seen",), lambda: self._read("the GPUs seen", lambda: gpus_seen(self.store))
+        )
+
+    def latest_of(self, host: str) -> list[GpuSample]:
+        """The newest samples of one node's GPUs (the node page): from every GPU's when they
+        are cached, else read for that node alone (``base.latest_of``)."""
+        cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.ttl_s)
+        if cached is not None:
+            return [s for s in cached if s.host == host]
+        return self._cached(
+            ("latest-of", host),
+            lambda: self._read(
+                f"the newest samples of {host}", lambda: latest_of(self.store, [host])
+            ),
         )
 
     def latest_with_slow_fields(self) -> list[GpuSample]:

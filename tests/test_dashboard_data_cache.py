@@ -287,6 +287,11 @@ class SeenApart(CountingStore):
             self.asked.append("gpus_seen")
         return [GpuSeen.of(s) for s in self._store.latest(**kw)]
 
+    def latest_of(self, hosts: Sequence[str]) -> Any:
+        with self.lock:
+            self.asked.append("latest_of")
+        return [s for s in self._store.latest() if s.host in hosts]
+
 
 def shown(components: Any) -> str:
     """A page's components as text, its graphs' numbered names without their numbers."""
@@ -295,15 +300,15 @@ def shown(components: Any) -> str:
 
 def test_only_the_pages_that_show_newest_values_read_them(demo_store: SqliteStore) -> None:
     """A cold view reads the GPUs seen (count, jobs) and not every GPU's newest values, which
-    only the overview, node and health pages show: those read them while the window is read
-    (and the window takes the GPUs seen from them when they come first). Each page shows what
-    it shows where both come from ``latest``."""
+    only the overview and health pages show: those read them while the window is read (and the
+    window takes the GPUs seen from them when they come first); the node page reads its node's
+    alone. Each page shows what it shows where all come from ``latest``."""
     from gpuwatt.dashboard.app import PAGES, render_page
 
     store = SeenApart(demo_store)
     data = DashboardData(store, clock_ns=Clock(DEMO_END_NS))  # type: ignore[arg-type]
     ref = DashboardData(demo_store, clock_ns=Clock(DEMO_END_NS))
-    shows_newest = {"overview", "node", "health"}
+    shows_newest = {"overview", "health"}
     try:
         for page in PAGES:
             data.clear_cache()
@@ -313,6 +318,8 @@ def test_only_the_pages_that_show_newest_values_read_them(demo_store: SqliteStor
             assert got == shown(render_page(page, args, ref)), page.PAGE
             if page.PAGE in shows_newest:  # the GPUs seen from them where they came first
                 assert store.asked.count("latest") == 1, page.PAGE
+            elif page.PAGE == "node":
+                assert sorted(store.asked) == ["gpus_seen", "latest_of"], page.PAGE
             elif getattr(page, "NEEDS_DATA", True):
                 assert store.asked == ["gpus_seen"], page.PAGE
         tr = parse_range({}, DEMO_END_NS)[0]

@@ -39,6 +39,9 @@ def test_latest_finds_old_values_beyond_the_last_minutes(
         store.write_samples(samples)
         victoria_metrics.force_flush()
         got = store.latest(now_ns=NOW)
+        # one node's GPUs alone: their older values asked for that node only
+        for host in ("node1", "node2"):
+            assert store.latest_of([host], now_ns=NOW) == [s for s in got if s.host == host]
         monkeypatch.setattr(promql_latest, "LATEST_NARROW_NS", 3600 * S)  # one query over the hour
         assert store.latest(now_ns=NOW) == got
     finally:

@@ -14,7 +14,7 @@ import pytest
 
 from gpuwatt.model import METRIC_FIELDS, GpuSample, GpuSeen
 from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, engine_rollups, open_store
-from gpuwatt.store.base import SEEN_COLUMN, gpus_seen
+from gpuwatt.store.base import SEEN_COLUMN, gpus_seen, latest_of
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -150,7 +150,8 @@ def test_latest_is_newest_per_gpu_and_reports_lost_gpus(backend: Backend, make_s
 def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_sample) -> None:
     """``base.gpus_seen`` (an engine's own read of each GPU's newest sample time, else from
     ``latest``) gives the GPUs ``latest`` gives: identity, newest time, job (as each store keeps
-    it), in its order, since a time or over the lookback; a lost GPU is seen too."""
+    it), in its order, since a time or over the lookback; a lost GPU is seen too. And
+    ``base.latest_of`` gives ``latest``'s samples of some nodes' GPUs."""
     samples = [
         make_sample(T0 + i * S, host, g, job_id=f"job-{g}")
         for i in range(3)
@@ -169,6 +170,11 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
         ("gone", 0, T0 - 3600 * S),
         ("node-a", 0, T0 + 2 * S),
     ]
+    # one node's newest samples (``base.latest_of``: an engine's own read of its GPUs alone)
+    for hosts in (["node-a"], ["gone", "node-b"], ["elsewhere"]):
+        want = [s for s in backend.store.latest() if s.host in hosts]
+        assert latest_of(backend.store, hosts) == want
+        assert len(want) == {"node-a": 2, "gone": 3}.get(hosts[0], 0)
 
 
 def _kept_by(store: Store, s: GpuSample) -> GpuSample:

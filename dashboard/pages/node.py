@@ -196,18 +196,17 @@ def health_figures(
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the newest samples (beside the rest),
-    the node's samples and XID events."""
-    data.prefetch(data.latest)
+    """Read while the window is (``app.render_page``): the node's newest samples (beside the
+    rest), its samples and XID events."""
     host = query.get("host")
     if host:
+        data.prefetch(lambda: data.latest_of(host))
         data.host_series(tr, host, READ_FIELDS)
         data.host_xids(tr, host)
 
 
 def render(ctx: PageContext) -> list[Any]:
-    latest = ctx.data.latest()
-    hosts = natural_sorted({s.host for s in latest})
+    hosts = natural_sorted({s.host for s in ctx.win.gpus})
     host = ctx.query.get("host")
     host_picker = dmc.Select(
         id="host-picker",
@@ -223,7 +222,7 @@ def render(ctx: PageContext) -> list[Any]:
             host_picker,
             dmc.Alert(msg, color="gray" if not host else "yellow", id="node-missing", mt="sm"),
         ]
-    mine = sorted((s for s in latest if s.host == host), key=lambda s: s.gpu_index)
+    mine = sorted(ctx.data.latest_of(host), key=lambda s: s.gpu_index)
     gpu_text = ctx.query.get("gpu", "")
     gpu = int(gpu_text) if gpu_text.isdigit() else None
     indexes = [s.gpu_index for s in mine]

@@ -98,6 +98,17 @@ def gpus_seen(store: Store, *, since_ns: int | None = None) -> list[GpuSeen]:
     return [GpuSeen.of(s) for s in store.latest(since_ns=since_ns)]
 
 
+def latest_of(store: Store, hosts: Sequence[str]) -> list[GpuSample]:
+    """``store.latest()`` of the GPUs of ``hosts`` alone: the store's own ``latest_of`` where it
+    has one (an engine answers a node's GPUs for a fraction of all of them), else filtered."""
+    read = getattr(store, "latest_of", None)
+    if read is not None:
+        samples: list[GpuSample] = read(hosts)
+        return samples
+    wanted = set(hosts)
+    return [s for s in store.latest() if s.host in wanted]
+
+
 @runtime_checkable
 class Store(Protocol):
     """Write samples; read windowed series and latest values."""

@@ -407,6 +407,12 @@ class PromStore:
 
         return promql_latest.gpus_seen(self, since_ns=since_ns, now_ns=now_ns)
 
+    def latest_of(self, hosts: Sequence[str], *, now_ns: int | None = None) -> list[GpuSample]:
+        """``latest`` of the GPUs of ``hosts`` alone (``base.latest_of``)."""
+        from gpuwatt.store import promql_latest
+
+        return promql_latest.latest(self, now_ns=now_ns, hosts=hosts)
+
     def latest(self, *, since_ns: int | None = None, now_ns: int | None = None) -> list[GpuSample]:
         """The newest value of each metric of every GPU seen since ``since_ns`` (default: the
         last ``latest_lookback_s``; ``promql_latest``)."""

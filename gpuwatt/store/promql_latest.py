@@ -15,34 +15,38 @@ if TYPE_CHECKING:
 
 
 def latest(
-    store: PromStore, *, since_ns: int | None = None, now_ns: int | None = None
+    store: PromStore,
+    *,
+    since_ns: int | None = None,
+    now_ns: int | None = None,
+    hosts: Sequence[str] | None = None,
 ) -> list[GpuSample]:
-    """``PromStore.latest``: the newest value of each metric of every GPU seen since
-    ``since_ns`` (default: the store's last ``latest_lookback_s``)."""
+    """``PromStore.latest``: the newest value of each metric of every GPU (of ``hosts``; None:
+    every host) seen since ``since_ns`` (default: the store's last ``latest_lookback_s``)."""
     now = store.clock_ns() if now_ns is None else now_ns
     lookback_ns = round(store.latest_lookback_s * 1e9)
     since = now - lookback_ns if since_ns is None else since_ns
     window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
     names = store.dialect.by_attr()
-    presence = store._selector(store.dialect.presence, None)
+    presence = store._selector(store.dialect.presence, hosts)
     if store.engine == "victoriametrics" and not any("|" in s.metric for s in names.values()):
         # the newest values of the last minutes first (a reporting GPU's are there), then
         # those older than that, asked only where the first answer lacks them
         narrow = f"[{max(1, min(now - since, LATEST_NARROW_NS) // NS_PER_MS)}ms]"
-        pending = store._pool.submit(_latest_at_once, store, narrow, now)
-        times = store.query(_sample_times(store, window, now - since), now)
+        pending = store._pool.submit(_latest_at_once, store, narrow, now, hosts=hosts)
+        times = store.query(_sample_times(store, window, now - since, hosts), now)
         results = pending.result()
         if narrow != window:
-            _latest_older(store, results, times, window, now)
+            _latest_older(store, results, times, window, now, hosts)
         return frames.latest_samples(store.dialect, times, results)
-    times = store.query(_sample_times(store, window, now - since), now)
-    queries = [(a, f"last_over_time({store._selector(s.metric, None)}{window})")
+    times = store.query(_sample_times(store, window, now - since, hosts), now)
+    queries = [(a, f"last_over_time({store._selector(s.metric, hosts)}{window})")
                for a, s in names.items()]  # fmt: skip
     if store.dialect.lost_metric and store.dialect.lost_metric != store.dialect.presence:
         queries.append(
             (
                 "lost",
-                f"last_over_time({store._selector(store.dialect.lost_metric, None)}{window})",
+                f"last_over_time({store._selector(store.dialect.lost_metric, hosts)}{window})",
             )
         )
     results = dict(store._pool.map(lambda q: (q[0], store.query(q[1], now)), queries))
@@ -60,7 +64,7 @@ def gpus_seen(
     now = store.clock_ns() if now_ns is None else now_ns
     since = now - round(store.latest_lookback_s * 1e9) if since_ns is None else since_ns
     window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
-    times = store.query(_sample_times(store, window, now - since), now)
+    times = store.query(_sample_times(store, window, now - since, None), now)
     return frames.seen_gpus(store.dialect, times)
 
 
@@ -103,12 +107,14 @@ def _latest_older(
     times: list[dict[str, Any]],
     window: str,
     now_ns: int,
+    scope: Sequence[str] | None = None,
 ) -> None:
     """Complete ``results`` (newest values within the last minutes) with the newest values
     within ``window`` where they lack a GPU's (of ``times``: every GPU seen in it): a GPU
     silent for longer (a lost node), a metric measured less often. A metric no GPU has in
-    the last minutes is asked for every GPU; the others only for the hosts of the GPUs
-    that lack them. Each value kept is the one a single query over ``window`` gives."""
+    the last minutes is asked for every GPU (of the hosts ``scope``: None, all); the others
+    only for the hosts of the GPUs that lack them. Each value kept is the one a single query
+    over ``window`` gives."""
     host, index, uuid, model = (
         store.dialect.host, store.dialect.index, store.dialect.uuid, store.dialect.model
     )  # fmt: skip
@@ -125,7 +131,7 @@ def _latest_older(
     partial = [a for a, rs in results.items() if rs and lacking[a]]
     asks: list[tuple[list[str], list[str] | None]] = []
     if absent:
-        asks.append((absent, None))
+        asks.append((absent, None if scope is None else list(scope)))
     if partial:
         hosts = sorted({gpus[g] for a in partial for g in lacking[a]})
         asks.append((partial, hosts))
@@ -135,12 +141,15 @@ def _latest_older(
             results[a] = results[a] + [r for r in rs if key(r) in lacking[a]]
 
 
-def _sample_times(store: PromStore, window: str, lookback_ns: int) -> str:
-    """PromQL for each GPU's newest sample time (Unix seconds) within ``window``."""
+def _sample_times(
+    store: PromStore, window: str, lookback_ns: int, hosts: Sequence[str] | None
+) -> str:
+    """PromQL for each GPU's (of ``hosts``; None: all) newest sample time (Unix seconds)
+    within ``window``."""
     if store.dialect.sample_time is not None:
-        sel = store._selector(store.dialect.sample_time, None)
+        sel = store._selector(store.dialect.sample_time, hosts)
         return f"last_over_time({sel}{window})"
-    presence = store._selector(store.dialect.presence, None)
+    presence = store._selector(store.dialect.presence, hosts)
     if store.engine == "victoriametrics":
         return f"tlast_over_time({presence}{window})"
     # Prometheus: the newest timestamp() seen by a subquery. Its resolution stays within the
