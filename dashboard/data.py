@@ -184,23 +184,30 @@ class DashboardData:
         cached; on an engine, otherwise, read on its own: most pages never show every GPU's
         newest values, which cost VictoriaMetrics ~10x the CPU."""
         cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.ttl_s)
-        if cached is not None:
-            return [GpuSeen.of(s) for s in cached]
+        if cached is not None or not hasattr(self.store, "gpus_seen"):
+            # a store that reads them from its newest samples: those, shared with the pages
+            return [GpuSeen.of(s) for s in (self.latest() if cached is None else cached)]
         return self._cached(
             ("gpus-seen",), lambda: self._read("the GPUs seen", lambda: gpus_seen(self.store))
         )
 
-    def latest_of(self, host: str) -> list[GpuSample]:
-        """The newest samples of one node's GPUs (the node page): from every GPU's when they
-        are cached, else read for that node alone (``base.latest_of``)."""
+    def latest_of(
+        self, host: str | None = None, attrs: tuple[str, ...] | None = None
+    ) -> list[GpuSample]:
+        """The newest samples of one node's GPUs (None: every GPU), with at least the metrics
+        ``attrs`` (None: all) and whether each GPU is lost: from every GPU's whole samples when
+        they are cached, else read for those alone (``base.latest_of``): the node page shows
+        one node's, the overview one metric of all."""
         cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.ttl_s)
-        if cached is not None:
-            return [s for s in cached if s.host == host]
+        if cached is not None or not hasattr(self.store, "latest_of"):
+            # a store that filters its newest samples: those, shared with the pages
+            whole = self.latest() if cached is None else cached
+            return [s for s in whole if host is None or s.host == host]
+        what = "the newest samples" + (f" of {host}" if host else "")
+        hosts = None if host is None else [host]
         return self._cached(
-            ("latest-of", host),
-            lambda: self._read(
-                f"the newest samples of {host}", lambda: latest_of(self.store, [host])
-            ),
+            ("latest-of", host, attrs),
+            lambda: self._read(what, lambda: latest_of(self.store, hosts, attrs)),
         )
 
     def latest_with_slow_fields(self) -> list[GpuSample]:
@@ -441,7 +448,7 @@ class DashboardData:
         start = (now_ns // DAY_NS) * DAY_NS
         end = now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S  # include the current minute
         fields = ("energy_j", "power_w", "utilization_gpu_pct")
-        gpu_minutes = len(self.latest()) * (end - start) / (60 * NS_PER_S)
+        gpu_minutes = len(self.gpus_seen()) * (end - start) / (60 * NS_PER_S)
         step = RECENT_STEP_S if gpu_minutes <= self.accounting_max_gpu_minutes else 300
 
         def compute() -> AnalysisSummary:

@@ -151,7 +151,7 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
     """``base.gpus_seen`` (an engine's own read of each GPU's newest sample time, else from
     ``latest``) gives the GPUs ``latest`` gives: identity, newest time, job (as each store keeps
     it), in its order, since a time or over the lookback; a lost GPU is seen too. And
-    ``base.latest_of`` gives ``latest``'s samples of some nodes' GPUs."""
+    ``base.latest_of`` gives ``latest``'s samples of some nodes' GPUs, or with one metric."""
     samples = [
         make_sample(T0 + i * S, host, g, job_id=f"job-{g}")
         for i in range(3)
@@ -175,6 +175,13 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
         want = [s for s in backend.store.latest() if s.host in hosts]
         assert latest_of(backend.store, hosts) == want
         assert len(want) == {"node-a": 2, "gone": 3}.get(hosts[0], 0)
+    # one metric of every GPU, and each GPU's state
+    whole = backend.store.latest()
+    part = latest_of(backend.store, attrs=("power_w",))
+    assert [(s.key, s.time_ns, s.lost, s.power_w) for s in part] == [
+        (s.key, s.time_ns, s.lost, s.power_w) for s in whole
+    ]
+    assert any(s.lost for s in part) and any(s.power_w for s in part)
 
 
 def _kept_by(store: Store, s: GpuSample) -> GpuSample:

@@ -84,15 +84,20 @@ def alerts_kpi(ctx: PageContext) -> Any:
     return kpi("Firing alerts", str(len(firing)), help_text, color=color)
 
 
+#: The newest values the overview shows (the power of the GPUs up), beside each GPU's state.
+NEWEST_SHOWN = ("power_w",)
+
+
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the newest samples and today's energy."""
-    data.latest()
+    """Read while the window is (``app.render_page``): the newest power figures (beside the
+    rest) and today's energy."""
+    data.prefetch(lambda: data.latest_of(attrs=NEWEST_SHOWN))
     data.energy_today(now_ns)
 
 
 def render(ctx: PageContext) -> list[Any]:
     s = ctx.win.summary
-    latest = ctx.data.latest()
+    latest = ctx.data.latest_of(attrs=NEWEST_SHOWN)
     counts = ctx.win.counts(latest, ctx.now_ns)
     util = cluster_mean_now(ctx)
     up_power = sum(x.power_w for x in latest if not x.lost and x.power_w is not None)

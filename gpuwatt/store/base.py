@@ -98,15 +98,19 @@ def gpus_seen(store: Store, *, since_ns: int | None = None) -> list[GpuSeen]:
     return [GpuSeen.of(s) for s in store.latest(since_ns=since_ns)]
 
 
-def latest_of(store: Store, hosts: Sequence[str]) -> list[GpuSample]:
-    """``store.latest()`` of the GPUs of ``hosts`` alone: the store's own ``latest_of`` where it
-    has one (an engine answers a node's GPUs for a fraction of all of them), else filtered."""
+def latest_of(
+    store: Store, hosts: Sequence[str] | None = None, attrs: Sequence[str] | None = None
+) -> list[GpuSample]:
+    """``store.latest()`` of the GPUs of ``hosts`` alone (None: all), with at least the metrics
+    ``attrs`` (None: all) and whether each GPU is lost: the store's own ``latest_of`` where it
+    has one (an engine answers a node's GPUs, or one metric, for a fraction of the cost), else
+    ``latest`` filtered (its samples whole)."""
     read = getattr(store, "latest_of", None)
     if read is not None:
-        samples: list[GpuSample] = read(hosts)
+        samples: list[GpuSample] = read(hosts, attrs=attrs)
         return samples
-    wanted = set(hosts)
-    return [s for s in store.latest() if s.host in wanted]
+    wanted = None if hosts is None else set(hosts)
+    return [s for s in store.latest() if wanted is None or s.host in wanted]
 
 
 @runtime_checkable

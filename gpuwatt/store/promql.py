@@ -407,11 +407,18 @@ class PromStore:
 
         return promql_latest.gpus_seen(self, since_ns=since_ns, now_ns=now_ns)
 
-    def latest_of(self, hosts: Sequence[str], *, now_ns: int | None = None) -> list[GpuSample]:
-        """``latest`` of the GPUs of ``hosts`` alone (``base.latest_of``)."""
+    def latest_of(
+        self,
+        hosts: Sequence[str] | None = None,
+        *,
+        attrs: Sequence[str] | None = None,
+        now_ns: int | None = None,
+    ) -> list[GpuSample]:
+        """``latest`` of the GPUs of ``hosts`` alone (None: all), with the metrics ``attrs``
+        alone (None: all) (``base.latest_of``)."""
         from gpuwatt.store import promql_latest
 
-        return promql_latest.latest(self, now_ns=now_ns, hosts=hosts)
+        return promql_latest.latest(self, now_ns=now_ns, hosts=hosts, attrs=attrs)
 
     def latest(self, *, since_ns: int | None = None, now_ns: int | None = None) -> list[GpuSample]:
         """The newest value of each metric of every GPU seen since ``since_ns`` (default: the

@@ -20,20 +20,23 @@ def latest(
     since_ns: int | None = None,
     now_ns: int | None = None,
     hosts: Sequence[str] | None = None,
+    attrs: Sequence[str] | None = None,
 ) -> list[GpuSample]:
-    """``PromStore.latest``: the newest value of each metric of every GPU (of ``hosts``; None:
-    every host) seen since ``since_ns`` (default: the store's last ``latest_lookback_s``)."""
+    """``PromStore.latest``: the newest value of each metric (of ``attrs``; None: all) of every
+    GPU (of ``hosts``; None: every host) seen since ``since_ns`` (default: the store's last
+    ``latest_lookback_s``). Lost GPUs are marked whatever ``attrs``."""
     now = store.clock_ns() if now_ns is None else now_ns
     lookback_ns = round(store.latest_lookback_s * 1e9)
     since = now - lookback_ns if since_ns is None else since_ns
     window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
     names = store.dialect.by_attr()
+    asked = None if attrs is None else [*attrs, "lost"]
     presence = store._selector(store.dialect.presence, hosts)
     if store.engine == "victoriametrics" and not any("|" in s.metric for s in names.values()):
         # the newest values of the last minutes first (a reporting GPU's are there), then
         # those older than that, asked only where the first answer lacks them
         narrow = f"[{max(1, min(now - since, LATEST_NARROW_NS) // NS_PER_MS)}ms]"
-        pending = store._pool.submit(_latest_at_once, store, narrow, now, hosts=hosts)
+        pending = store._pool.submit(_latest_at_once, store, narrow, now, attrs=asked, hosts=hosts)
         times = store.query(_sample_times(store, window, now - since, hosts), now)
         results = pending.result()
         if narrow != window:
@@ -41,7 +44,7 @@ def latest(
         return frames.latest_samples(store.dialect, times, results)
     times = store.query(_sample_times(store, window, now - since, hosts), now)
     queries = [(a, f"last_over_time({store._selector(s.metric, hosts)}{window})")
-               for a, s in names.items()]  # fmt: skip
+               for a, s in names.items() if attrs is None or a in attrs]  # fmt: skip
     if store.dialect.lost_metric and store.dialect.lost_metric != store.dialect.presence:
         queries.append(
             (
