@@ -27,7 +27,7 @@ from gpuwatt.alerts.service import Evaluator
 from gpuwatt.analytics import analyze
 from gpuwatt.analytics.inputs import read_analysis_input
 from gpuwatt.line_protocol import decode_line
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.store.base import SEEN_COLUMN
 from gpuwatt.store.influx import InfluxStore, telegraf_mig_devices, telegraf_processes
 
@@ -143,6 +143,8 @@ def _check_reads(store: InfluxStore) -> None:
     end_ns = T0_NS + MINUTES * 60 * NS
     latest = store.latest()
     assert sorted(s.uuid for s in latest) == sorted(_uuids())  # 11 GPUs, each once
+    # the GPUs seen (a few fields of the newest points) are those, whoever writes them
+    assert store.gpus_seen() == [GpuSeen.of(s) for s in latest]
     raw = store.series(T0_NS, end_ns, ["utilization_gpu_pct", "clock_event_reasons"])
     per_gpu = raw.groupby(["host", "gpu_index", "uuid", "name"]).size()
     assert len(per_gpu) == len(_uuids())

@@ -28,7 +28,7 @@ import urllib3
 
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.line_protocol import LineEncoder, encode_name
-from gpuwatt.model import GpuSample
+from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.schema import TAG_HOST
 from gpuwatt.store import StoreRejected, influx_reads
 from gpuwatt.store.base import SeriesRead
@@ -370,6 +370,12 @@ class InfluxStore:
     def latest(self, *, since_ns: int | None = None) -> list[GpuSample]:
         out, self.shared_writers = influx_reads.latest(self, since_ns)
         return out
+
+    def gpus_seen(self, *, since_ns: int | None = None) -> list[GpuSeen]:
+        """The GPUs ``latest`` gives, from a few fields of their newest points instead of every
+        field (``base.gpus_seen``)."""
+        out, _ = influx_reads.latest(self, since_ns, influx_reads.SEEN_FIELDS)
+        return [GpuSeen.of(s) for s in out]
 
     def xid_events(
         self, start_ns: int, end_ns: int, *, hosts: Sequence[str] | None = None

@@ -18,7 +18,9 @@ from gpuwatt.line_protocol import decode_name, sample_from_fields
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
+    FIELD_JOB_ID,
     FIELD_LOST,
+    FIELD_PARENT_UUID,
     FIELD_XID_COUNT,
     FIELD_XID_LAST,
     MEASUREMENT,
@@ -177,16 +179,31 @@ def _series_count(store: InfluxStore) -> int | None:
     return sum(int(row[-1]) for s in counted for row in s.get("values") or [])
 
 
+#: The fields of a GPU's newest point that say which GPU, when, which job and which writer
+#: (``gpus_seen``): gpuwatt writes ``gpu_lost`` in every point, Telegraf its utilisation and
+#: memory figures, so each writer's newest point has one of them.
+SEEN_FIELDS: tuple[str, ...] = (
+    FIELD_LOST,
+    FIELD_JOB_ID,
+    FIELD_PARENT_UUID,
+    "utilization_gpu",
+    "memory_total",
+    "memory_used",
+)
+
+
 def latest(
-    store: InfluxStore, since_ns: int | None
+    store: InfluxStore, since_ns: int | None, fields: Sequence[str] | None = None
 ) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
-    """The newest sample of each GPU, and the writers of each GPU more than one writes."""
+    """The newest sample of each GPU (with the fields ``fields`` alone; None: all), and the
+    writers of each GPU more than one writes."""
     since = "" if since_ns is None else f"time >= {int(since_ns)}"
+    selected = "*" if fields is None else ", ".join(f'"{f}"' for f in fields)
 
     def one(hosts: str) -> list[dict[str, Any]]:
         where = " AND ".join(c for c in (since, hosts) if c)
         return store.query(
-            f'SELECT * FROM "{MEASUREMENT}"{" WHERE " + where if where else ""} '
+            f'SELECT {selected} FROM "{MEASUREMENT}"{" WHERE " + where if where else ""} '
             "GROUP BY * ORDER BY time DESC LIMIT 1"
         )
 
