@@ -184,8 +184,11 @@ class DashboardData:
         cached; on an engine, otherwise, read on its own: most pages never show every GPU's
         newest values, which cost VictoriaMetrics ~10x the CPU."""
         cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.ttl_s)
-        if cached is not None or not hasattr(self.store, "gpus_seen"):
-            # a store that reads them from its newest samples: those, shared with the pages
+        if (
+            cached is not None
+            or self.cache.computing(("latest",))  # a page that shows them is reading them
+            or not hasattr(self.store, "gpus_seen")  # a store that reads them from those
+        ):
             return [GpuSeen.of(s) for s in (self.latest() if cached is None else cached)]
         return self._cached(
             ("gpus-seen",), lambda: self._read("the GPUs seen", lambda: gpus_seen(self.store))

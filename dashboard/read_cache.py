@@ -75,6 +75,12 @@ class ReadCache:
             self.put(key, value)
             return value
 
+    def computing(self, key: tuple[Any, ...]) -> bool:
+        """Whether ``key`` is being computed by a ``get`` now (another ``get`` waits for it)."""
+        with self._lock:
+            key_lock = self._key_locks.get(key)
+        return key_lock is not None and key_lock.locked()
+
     def peek(self, key: tuple[Any, ...], max_age_s: float) -> Any | None:
         """The entry if it is at most ``max_age_s`` old, without computing or refreshing it."""
         with self._lock:
