@@ -90,9 +90,10 @@ NEWEST_SHOWN = ("power_w",)
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
     """Read while the window is (``app.render_page``): the newest power figures, then today's
-    energy (which counts the GPUs: from those). Read first in this thread, they are under way
-    before the view asks for the GPUs seen, which it then takes from them where they are every
-    GPU's whole newest samples (a store without ``latest_of``: one read, not two)."""
+    energy (which counts the GPUs seen). Read first in this thread, the newest figures are
+    under way before the view asks for the GPUs seen; where they are every GPU's whole newest
+    samples (a store without ``latest_of``), the view takes the GPUs seen from them: one read,
+    not two."""
     data.latest_of(attrs=NEWEST_SHOWN)
     data.energy_today(now_ns)
 
