@@ -116,10 +116,11 @@ def render_page(
     head = [*alerts_line(firing_count(alerts_source)), *range_line(tr, problem)]
     try:
         if getattr(page, "NEEDS_DATA", True):
-            # what the page reads after the window, read while the window is
+            # what the page reads after the window, started before the window is read (the
+            # page's ``prefetch`` only starts reads)
             prefetch = getattr(page, "prefetch", None)
             if prefetch is not None:
-                data.prefetch(lambda: prefetch(data, tr, query, now))
+                prefetch(data, tr, query, now)
             win = data.window(tr)
             if win.empty:
                 return [*head, empty_state()]

@@ -128,12 +128,18 @@ class DashboardData:
         self.progress = ReadProgress()
         self._side: ThreadPoolExecutor | None = None  # ``soon``
         self._side_lock = threading.Lock()
+        #: every GPU's newest samples pages started reading before their views (``read_newest``):
+        #: by the metrics read (None: all), when each read started, and the read
+        self._newest_reads: dict[tuple[str, ...] | None, tuple[float, Future[list[GpuSample]]]]
+        self._newest_reads = {}
 
     def _cached(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         return self.cache.get(key, compute)
 
     def clear_cache(self) -> None:
         self.cache.clear()
+        with self._side_lock:
+            self._newest_reads.clear()
 
     def soon(self, compute: Callable[[], T]) -> Future[T]:
         """``compute()`` started in a background thread (a read that does not depend on the
@@ -148,6 +154,34 @@ class DashboardData:
         """Start a cached read a page will ask for after the window (``soon``); its failure is
         left for the page's own call to meet and say."""
         self.soon(compute).add_done_callback(lambda f: f.exception())
+
+    def read_newest(self, attrs: tuple[str, ...] | None = None) -> None:
+        """Start reading every GPU's newest samples (with the metrics ``attrs``; None: whole),
+        for a page that shows them, before its view starts: the view then takes the GPUs seen
+        from this read instead of sending one of its own (``gpus_seen``). In a thread of its
+        own, not the side pool: reads there wait on it. Its failure is left for the page's own
+        call to meet and say."""
+        read: Callable[[], list[GpuSample]] = self.latest
+        if attrs is not None:
+            read = lambda: self.latest_of(None, attrs)  # noqa: E731
+        future = _started(read)
+        future.add_done_callback(lambda f: f.exception())
+        with self._side_lock:
+            self._newest_reads[attrs] = (time.monotonic(), future)
+
+    def _newest_being_read(self) -> list[GpuSample] | None:
+        """Every GPU's newest samples, from a read a page started at most ``ttl_s`` ago
+        (``read_newest``), once it is done; None when there is none, or it failed."""
+        with self._side_lock:
+            reads = sorted(self._newest_reads.values(), key=lambda r: r[0], reverse=True)
+        for started_s, future in reads:
+            if time.monotonic() - started_s > self.cache.ttl_s:
+                continue
+            try:
+                return future.result()
+            except Exception:  # the page's own call meets it and says it
+                continue
+        return None
 
     def close(self) -> None:
         warmer, self._warmer = self._warmer, None
@@ -185,14 +219,18 @@ class DashboardData:
         newest values, which cost VictoriaMetrics ~10x the CPU."""
         cached: list[GpuSample] | None = self.cache.peek(("latest",), self.cache.ttl_s)
         if (
-            cached is not None
-            or self.cache.computing(("latest",))  # a page that shows them is reading them
-            or not hasattr(self.store, "gpus_seen")  # a store that reads them from those
+            cached is None
+            and not self.cache.computing(("latest",))
+            and hasattr(self.store, "gpus_seen")  # else a store that reads them from those
         ):
-            return [GpuSeen.of(s) for s in (self.latest() if cached is None else cached)]
-        return self._cached(
-            ("gpus-seen",), lambda: self._read("the GPUs seen", lambda: gpus_seen(self.store))
-        )
+            # a page that shows every GPU's newest values, or some of them, is reading them
+            cached = self._newest_being_read()
+            if cached is None:
+                return self._cached(
+                    ("gpus-seen",),
+                    lambda: self._read("the GPUs seen", lambda: gpus_seen(self.store)),
+                )
+        return [GpuSeen.of(s) for s in (self.latest() if cached is None else cached)]
 
     def latest_of(
         self, host: str | None = None, attrs: tuple[str, ...] | None = None

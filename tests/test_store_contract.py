@@ -171,7 +171,7 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
         ("node-a", 0, T0 + 2 * S),
     ]
     # one node's newest samples (``base.latest_of``: an engine's own read of its GPUs alone)
-    for hosts in (["node-a"], ["gone", "node-b"], ["elsewhere"]):
+    for hosts in (["node-a"], ["gone", "node-b"], ["elsewhere"], ["node"]):
         want = [s for s in backend.store.latest() if s.host in hosts]
         assert latest_of(backend.store, hosts) == want
         assert len(want) == {"node-a": 2, "gone": 3}.get(hosts[0], 0)
@@ -182,6 +182,9 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
         (s.key, s.time_ns, s.lost, s.power_w) for s in whole
     ]
     assert any(s.lost for s in part) and any(s.power_w for s in part)
+    # so the GPUs seen are those of any metric's newest samples (a page that reads one serves
+    # them to its view)
+    assert [GpuSeen.of(s) for s in part] == gpus_seen(backend.store)
 
 
 def _kept_by(store: Store, s: GpuSample) -> GpuSample:

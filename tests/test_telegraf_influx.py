@@ -145,6 +145,16 @@ def _check_reads(store: InfluxStore) -> None:
     assert sorted(s.uuid for s in latest) == sorted(_uuids())  # 11 GPUs, each once
     # the GPUs seen (a few fields of the newest points) are those, whoever writes them
     assert store.gpus_seen() == [GpuSeen.of(s) for s in latest]
+    # a node's newest samples, and two metrics of every GPU from a few fields (latest_of)
+    host = _host_of(SLOW)
+    assert store.latest_of([host]) == [s for s in latest if s.host == host] != []
+    part = store.latest_of(attrs=("power_w", "temperature_gpu_c"))
+
+    def shown(samples: list) -> list:
+        return [(s.key, s.time_ns, s.lost, s.power_w, s.temperature_gpu_c) for s in samples]
+
+    assert shown(part) == shown(latest)
+    assert any(s.power_w for s in part) and any(s.temperature_gpu_c for s in part)
     raw = store.series(T0_NS, end_ns, ["utilization_gpu_pct", "clock_event_reasons"])
     per_gpu = raw.groupby(["host", "gpu_index", "uuid", "name"]).size()
     assert len(per_gpu) == len(_uuids())

@@ -147,8 +147,11 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the newest samples with ECC figures."""
-    data.latest_with_slow_fields()
+    """Start the reads the page makes after the window (``app.render_page``): every GPU's
+    newest samples, which the view takes the GPUs seen from (``DashboardData.read_newest``),
+    then their ECC figures."""
+    data.read_newest()
+    data.prefetch(data.latest_with_slow_fields)
 
 
 def render(ctx: PageContext) -> list[Any]:

@@ -196,13 +196,13 @@ def health_figures(
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the node's samples and XID events
-    beside its newest samples, read first in this thread (see ``overview.prefetch``)."""
+    """Start the reads the page makes after the window (``app.render_page``): the node's
+    newest samples, its samples and its XID events."""
     host = query.get("host")
     if host:
+        data.prefetch(lambda: data.latest_of(host))
         data.prefetch(lambda: data.host_series(tr, host, READ_FIELDS))
         data.prefetch(lambda: data.host_xids(tr, host))
-        data.latest_of(host)
 
 
 def render(ctx: PageContext) -> list[Any]:

@@ -89,13 +89,11 @@ NEWEST_SHOWN = ("power_w",)
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Read while the window is (``app.render_page``): the newest power figures, then today's
-    energy (which counts the GPUs seen). Read first in this thread, the newest figures are
-    under way before the view asks for the GPUs seen; where they are every GPU's whole newest
-    samples (a store without ``latest_of``), the view takes the GPUs seen from them: one read,
-    not two."""
-    data.latest_of(attrs=NEWEST_SHOWN)
-    data.energy_today(now_ns)
+    """Start the reads the page makes after the window (``app.render_page``): the newest
+    power figures of every GPU, which the view takes the GPUs seen from (one read, not two:
+    ``DashboardData.read_newest``), and today's energy."""
+    data.read_newest(NEWEST_SHOWN)
+    data.prefetch(lambda: data.energy_today(now_ns))
 
 
 def render(ctx: PageContext) -> list[Any]:

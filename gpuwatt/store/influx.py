@@ -330,12 +330,25 @@ class InfluxStore:
     def where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
         """An InfluxQL ``WHERE`` condition: ``[start_ns, end_ns)`` and, given, these hosts."""
         where = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
-        if hosts is not None:
-            if not hosts:
-                return where + " AND false"
-            ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(encode_name(h))}' for h in hosts)
-            where += f" AND ({ors})"
-        return where
+        return where if hosts is None else f"{where} AND {self.hosts_condition(hosts)}"
+
+    @staticmethod
+    def hosts_condition(hosts: Sequence[str]) -> str:
+        """An InfluxQL condition: the series of these hosts (none: ``false``)."""
+        if not hosts:
+            return "false"
+        ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(encode_name(h))}' for h in hosts)
+        return f"({ors})"
+
+    @staticmethod
+    def hosts_or_fqdn_condition(hosts: Sequence[str]) -> str:
+        """An InfluxQL condition: the series of these hosts, also under a fully qualified name
+        (``host.domain``): Telegraf configured with the FQDN writes the GPUs a gpuwatt collector
+        writes under the short name, and ``latest`` merges the two writers' points by uuid."""
+        if not hosts:
+            return "false"
+        alts = "|".join(_regex_literal(encode_name(h)) for h in hosts)
+        return f'"{TAG_HOST}" =~ /^(?:{alts})(?:\\.|$)/'
 
     def _has_telegraf_field(self, name: str) -> bool:
         return influx_reads.has_telegraf_field(self, name)
@@ -371,6 +384,16 @@ class InfluxStore:
         out, self.shared_writers = influx_reads.latest(self, since_ns)
         return out
 
+    def latest_of(
+        self, hosts: Sequence[str] | None = None, *, attrs: Sequence[str] | None = None
+    ) -> list[GpuSample]:
+        """``latest`` of the GPUs of ``hosts`` alone (None: all; one query with their tags),
+        with the metrics ``attrs`` (None: all) and the GPU's state from a few fields of each
+        newest point instead of every field (``base.latest_of``)."""
+        fields = None if attrs is None else influx_reads.latest_fields(attrs)
+        out, _ = influx_reads.latest(self, None, fields, hosts)
+        return out if hosts is None else [s for s in out if s.host in set(hosts)]
+
     def gpus_seen(self, *, since_ns: int | None = None) -> list[GpuSeen]:
         """The GPUs ``latest`` gives, from a few fields of their newest points instead of every
         field (``base.gpus_seen``)."""
@@ -393,6 +416,13 @@ class InfluxStore:
     ) -> pd.DataFrame:
         return influx_reads.series(self, SeriesRead(start_ns, end_ns, fields, step_s, hosts))
 
+
+def _regex_literal(text: str) -> str:
+    """``text`` matched literally in an InfluxQL regular expression (RE2 inside ``/.../``)."""
+    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
+
+
+_REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$/")
 
 # InfluxDB 1.x compares the whole header: one type, not a list with weights. Servers that do
 # not know it answer JSON, their default (or 406/415, and then JSON is asked for).

@@ -192,11 +192,21 @@ SEEN_FIELDS: tuple[str, ...] = (
 )
 
 
+def latest_fields(attrs: Sequence[str]) -> tuple[str, ...]:
+    """The fields ``latest`` selects for the metrics ``attrs`` of each GPU's newest point, as
+    gpuwatt and Telegraf write them, and the GPU's state (``SEEN_FIELDS``)."""
+    own = [FIELD_BY_ATTR[a].field for a in checked_fields(attrs, FIELD_BY_ATTR)]
+    return tuple(dict.fromkeys([*SEEN_FIELDS, *own, *(f for f, _, _ in extra_columns(attrs))]))
+
+
 def latest(
-    store: InfluxStore, since_ns: int | None, fields: Sequence[str] | None = None
+    store: InfluxStore,
+    since_ns: int | None,
+    fields: Sequence[str] | None = None,
+    hosts: Sequence[str] | None = None,
 ) -> tuple[list[GpuSample], dict[str, tuple[str, ...]]]:
-    """The newest sample of each GPU (with the fields ``fields`` alone; None: all), and the
-    writers of each GPU more than one writes."""
+    """The newest sample of each GPU (of ``hosts`` alone; None: all) with the fields ``fields``
+    alone (None: all), and the writers of each GPU more than one writes."""
     since = "" if since_ns is None else f"time >= {int(since_ns)}"
     selected = "*" if fields is None else ", ".join(f'"{f}"' for f in fields)
 
@@ -207,7 +217,10 @@ def latest(
             "GROUP BY * ORDER BY time DESC LIMIT 1"
         )
 
-    conditions = _host_parts(store, LATEST_PARTS) if since_ns is None else [""]
+    if hosts is not None:  # a few nodes: one query
+        conditions = [store.hosts_or_fqdn_condition(hosts)]
+    else:
+        conditions = _host_parts(store, LATEST_PARTS) if since_ns is None else [""]
     if len(conditions) == 1:
         series = one(conditions[0])
     else:
