@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -192,6 +193,27 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     assert all(b <= near_lo or a >= near_hi for a, b in outside)
     # exactly the spans the single reader read beyond the near window went to the other one
     assert sorted(outside) == sorted(spans[1:])
+    # with the sides the last read needed read early, whichever they were: the same, and the
+    # hint then names the sides this read needed
+    near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
+    needed = (any(b <= near_lo for _, b in spans[1:]), any(a >= near_hi for a, _ in spans[1:]))
+    for before, after in itertools.product((False, True), repeat=2):
+        hint = rollup_rule.LookAroundHint(before, after)
+        outside.clear()
+        hinted = rollup_rule.read_around(
+            lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+            lambda i: (t[i], gid[i]),
+            np.concatenate,
+            lo_ns,
+            hi_ns,
+            read_outside=read_outside,
+            map_reads=at_once,
+            hint=hint,
+        )
+        assert sorted(hinted.tolist()) == sorted(narrow.tolist())
+        assert (hint.before, hint.after) == needed
+        # each side read once: early where guessed, after the range where needed and not
+        assert len(outside) == len(set(outside)) == max(before, needed[0]) + max(after, needed[1])
 
 
 def test_seen_time_adds_up_and_a_bucket_without_it_stays_unknown() -> None:

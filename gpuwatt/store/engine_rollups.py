@@ -246,6 +246,7 @@ def raw_with_seen(
         end_ns,
         read_outside=lambda lo, hi: source.raw_level(lo, hi, times_only),
         map_reads=_at_once,
+        hint=getattr(source, "look_around", None),
     )
     t = cols["time_ns"]
     seen = sample_seen_ns(t, cols["gpu_id"], cols["n_ok"] == 0)

@@ -46,7 +46,7 @@ from gpuwatt.store.engine_rollups import (
     empty_level,
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident, oldest_raw_ns
-from gpuwatt.store.rollup_rule import KEYS, NULL_TIME, UNKNOWN_SEEN, as_level
+from gpuwatt.store.rollup_rule import KEYS, NULL_TIME, UNKNOWN_SEEN, LookAroundHint, as_level
 from gpuwatt.store.rollup_spans import SpanCache
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ class InfluxRollups:
 
     def __init__(self, store: InfluxStore) -> None:
         self.store = store
+        #: the sides of a range its last raw read had to read out (``rollup_rule.read_around``)
+        self.look_around = LookAroundHint()
         self._spans = SpanCache(self._oldest_ns, self._newest_ns)
         self._unrolled: tuple[float, frozenset[str]] | None = None
 

@@ -30,7 +30,7 @@ from gpuwatt.store.engine_rollups import (
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
 from gpuwatt.store.promql_frames import pivot_exported
-from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, as_level
+from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, LookAroundHint, as_level
 from gpuwatt.store.rollup_spans import SpanCache
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ class PromRollups:
 
     def __init__(self, store: PromStore) -> None:
         self.store = store
+        #: the sides of a range its last raw read had to read out (``rollup_rule.read_around``)
+        self.look_around = LookAroundHint()
         self._spans = SpanCache(self._oldest_ns, self._newest_ns)
         #: UTC days (Unix days) the index has listed samples on (``raw_in``): a day with samples
         #: keeps them, so a live view's newest minute is not asked about again

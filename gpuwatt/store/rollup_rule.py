@@ -25,6 +25,8 @@ Raw samples are level columns with ``n = 1`` (``as_level``).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -93,6 +95,17 @@ def neighbours_within(
     return bool(np.all(absent | before)), bool(np.all(absent | after))
 
 
+@dataclass
+class LookAroundHint:
+    """Which sides of its range a source's last look-around had to read out to the full
+    look-around (``read_around``): with a sampling interval over ``NEAR_MARGIN_NS`` / 3 the
+    side before, at the newest data the side after, every time. The next read of the source
+    sends those at once with its range instead of after it (an InfluxDB view: ~100 ms sooner)."""
+
+    before: bool = False
+    after: bool = False
+
+
 def read_around(
     read: Callable[[int, int], _T],
     times: Callable[[_T], tuple[np.ndarray, np.ndarray]],
@@ -103,6 +116,7 @@ def read_around(
     read_outside: Callable[[int, int], _T] | None = None,
     map_reads: Callable[[Callable[[tuple[int, int]], _T], list[tuple[int, int]]], Iterable[_T]]
     | None = None,
+    hint: LookAroundHint | None = None,
 ) -> _T:
     """``read(lo, hi)`` of the samples in ``[start_ns, end_ns)`` and those around it that decide
     their slots: ``NEAR_MARGIN_NS`` each side, and on a side where a GPU lacks its neighbours
@@ -114,26 +128,41 @@ def read_around(
     The rest of the look-around decides slots by its sample times alone: ``read_outside``, where
     given, reads it instead of ``read`` (an engine then sends times, not every metric), and
     ``map_reads`` (``map`` where not given) runs its one or two reads (a thread pool's ``map``
-    sends them to an engine at once)."""
+    sends them to an engine at once). ``hint``: the sides the source's last look-around read
+    out are read while the range is (a side then not needed is not used), and it is updated.
+    The result is the same with any hint."""
     lo, hi = start_ns - NEAR_MARGIN_NS, end_ns + NEAR_MARGIN_NS
-    got = read(lo, hi)
-    before_ok, after_ok = neighbours_within(*times(got), start_ns, end_ns)
-    spans = []
-    if not before_ok:
-        spans.append((start_ns - SLOT_LOOKBEHIND_NS, lo))
-    if not after_ok:
-        spans.append((hi, end_ns + SLOT_LOOKAHEAD_NS))
+    before_span, after_span = (start_ns - SLOT_LOOKBEHIND_NS, lo), (hi, end_ns + SLOT_LOOKAHEAD_NS)
+    outside = read if read_outside is None else read_outside
+    sides = ((before_span, hint.before), (after_span, hint.after)) if hint is not None else ()
+    guessed = [span for span, last_needed in sides if last_needed]
+    early: dict[tuple[int, int], Future[_T]] = {}
+    pool = ThreadPoolExecutor(len(guessed), "around-early") if guessed else None
+    try:
+        for span in guessed:
+            assert pool is not None
+            early[span] = pool.submit(outside, *span)
+            early[span].add_done_callback(lambda f: f.exception())  # one not needed may fail
+        got = read(lo, hi)
+        before_ok, after_ok = neighbours_within(*times(got), start_ns, end_ns)
+        if hint is not None:
+            hint.before, hint.after = not before_ok, not after_ok
+        spans = [span for span, ok in ((before_span, before_ok), (after_span, after_ok)) if not ok]
+        late = [span for span in spans if span not in early]
+        run = map if map_reads is None else map_reads
+        extra = dict(zip(late, run(lambda span: outside(*span), late), strict=True))
+    finally:
+        if pool is not None:  # a side read early and not needed ends before this returns
+            pool.shutdown(wait=True)
     if not spans:
         return got
-    outside = read if read_outside is None else read_outside
-    run = map if map_reads is None else map_reads
-    extra = list(run(lambda span: outside(*span), spans))
-    parts = [got]
-    if not before_ok:
-        parts.insert(0, extra.pop(0))
-    if not after_ok:
-        parts.append(extra.pop(0))
-    return concat(parts)
+
+    def part(span: tuple[int, int]) -> _T:
+        return early[span].result() if span in early else extra[span]
+
+    before = [] if before_ok else [part(before_span)]
+    after = [] if after_ok else [part(after_span)]
+    return concat([*before, got, *after])
 
 
 def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 from gpuwatt.store.base import SeriesRead, series_in_parallel
 from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope
-from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS
+from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS, LookAroundHint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,6 +77,12 @@ class SharedReads:
 
     def raw_in(self, start_ns: int, end_ns: int) -> bool:
         return self.source.raw_in(start_ns, end_ns)
+
+    @property
+    def look_around(self) -> LookAroundHint | None:
+        """The source's own: it outlives a view's reads (``rollup_rule.read_around``)."""
+        hint: LookAroundHint | None = getattr(self.source, "look_around", None)
+        return hint
 
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
         return self.source.rollup_span(level_ns)
