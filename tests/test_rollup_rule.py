@@ -179,28 +179,15 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     ) -> list[np.ndarray]:
         return [fn(span) for span in reversed(spans)][::-1]  # asked in another order
 
-    split = rollup_rule.read_around(
-        lambda a, b: np.flatnonzero((t >= a) & (t < b)),
-        lambda i: (t[i], gid[i]),
-        np.concatenate,
-        lo_ns,
-        hi_ns,
-        read_outside=read_outside,
-        map_reads=at_once,
-    )
-    assert sorted(split.tolist()) == sorted(narrow.tolist())
-    near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
-    assert all(b <= near_lo or a >= near_hi for a, b in outside)
-    # exactly the spans the single reader read beyond the near window went to the other one
-    assert sorted(outside) == sorted(spans[1:])
-    # with the sides the last read needed read early, whichever they were: the same, and the
-    # hint then names the sides this read needed
+    # the rest of the look-around read by its own reader, its reads sent at once; and with the
+    # sides the last read needed read early, whichever they were (a hint): the same, the hint
+    # then names the sides this read needed, and each side is read once
     near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
     needed = (any(b <= near_lo for _, b in spans[1:]), any(a >= near_hi for a, _ in spans[1:]))
-    for before, after in itertools.product((False, True), repeat=2):
-        hint = rollup_rule.LookAroundHint(before, after)
+    for guess in [None, *itertools.product((False, True), repeat=2)]:
+        hint = None if guess is None else rollup_rule.LookAroundHint(*guess)
         outside.clear()
-        hinted = rollup_rule.read_around(
+        split = rollup_rule.read_around(
             lambda a, b: np.flatnonzero((t >= a) & (t < b)),
             lambda i: (t[i], gid[i]),
             np.concatenate,
@@ -210,10 +197,16 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
             map_reads=at_once,
             hint=hint,
         )
-        assert sorted(hinted.tolist()) == sorted(narrow.tolist())
-        assert (hint.before, hint.after) == needed
-        # each side read once: early where guessed, after the range where needed and not
-        assert len(outside) == len(set(outside)) == max(before, needed[0]) + max(after, needed[1])
+        assert sorted(split.tolist()) == sorted(narrow.tolist())
+        assert all(b <= near_lo or a >= near_hi for a, b in outside)
+        if guess is None:
+            # exactly the spans the single reader read beyond the near window went to the other
+            assert sorted(outside) == sorted(spans[1:])
+        else:
+            assert hint is not None and (hint.before, hint.after) == needed
+            # early where guessed, after the range where needed and not guessed
+            sides = max(guess[0], needed[0]) + max(guess[1], needed[1])
+            assert len(outside) == len(set(outside)) == sides
 
 
 def test_seen_time_adds_up_and_a_bucket_without_it_stays_unknown() -> None:
