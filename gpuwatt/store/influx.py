@@ -330,15 +330,12 @@ class InfluxStore:
     def where(self, start_ns: int, end_ns: int, hosts: Sequence[str] | None) -> str:
         """An InfluxQL ``WHERE`` condition: ``[start_ns, end_ns)`` and, given, these hosts."""
         where = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
-        return where if hosts is None else f"{where} AND {self.hosts_condition(hosts)}"
-
-    @staticmethod
-    def hosts_condition(hosts: Sequence[str]) -> str:
-        """An InfluxQL condition: the series of these hosts (none: ``false``)."""
-        if not hosts:
-            return "false"
-        ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(encode_name(h))}' for h in hosts)
-        return f"({ors})"
+        if hosts is not None:
+            if not hosts:
+                return where + " AND false"
+            ors = " OR ".join(f'"{TAG_HOST}" = {influxql_string(encode_name(h))}' for h in hosts)
+            where += f" AND ({ors})"
+        return where
 
     @staticmethod
     def hosts_or_fqdn_condition(hosts: Sequence[str]) -> str:
@@ -392,7 +389,8 @@ class InfluxStore:
         newest point instead of every field (``base.latest_of``)."""
         fields = None if attrs is None else influx_reads.latest_fields(attrs)
         out, _ = influx_reads.latest(self, None, fields, hosts)
-        return out if hosts is None else [s for s in out if s.host in set(hosts)]
+        wanted = None if hosts is None else set(hosts)
+        return [s for s in out if wanted is None or s.host in wanted]
 
     def gpus_seen(self, *, since_ns: int | None = None) -> list[GpuSeen]:
         """The GPUs ``latest`` gives, from a few fields of their newest points instead of every

@@ -137,10 +137,9 @@ def read_around(
     sides = ((before_span, hint.before), (after_span, hint.after)) if hint is not None else ()
     guessed = [span for span, last_needed in sides if last_needed]
     early: dict[tuple[int, int], Future[_T]] = {}
-    pool = ThreadPoolExecutor(len(guessed), "around-early") if guessed else None
-    try:
+    # (no thread starts until a side is guessed; leaving waits for one read early and not needed)
+    with ThreadPoolExecutor(max(1, len(guessed)), "around-early") as pool:
         for span in guessed:
-            assert pool is not None
             early[span] = pool.submit(outside, *span)
             early[span].add_done_callback(lambda f: f.exception())  # one not needed may fail
         got = read(lo, hi)
@@ -151,9 +150,6 @@ def read_around(
         late = [span for span in spans if span not in early]
         run = map if map_reads is None else map_reads
         extra = dict(zip(late, run(lambda span: outside(*span), late), strict=True))
-    finally:
-        if pool is not None:  # a side read early and not needed ends before this returns
-            pool.shutdown(wait=True)
     if not spans:
         return got
 
