@@ -260,11 +260,12 @@ def test_series_step_60_means_gauges_and_takes_last_counter(backend: Backend, ma
 
 
 def test_series_host_filter(backend: Backend, make_sample) -> None:
-    backend.load(
-        [make_sample(T0 + i * S, h, g) for i in range(2) for h in ("a", "b", "c") for g in (0, 1)]
-    )
+    hosts = ("a", "b", "c", "a.lab")  # a.lab: a store that matches ``host.domain`` keeps it out
+    backend.load([make_sample(T0 + i * S, h, g) for i in range(2) for h in hosts for g in (0, 1)])
     df = backend.store.series(T0, T0 + 10 * S, ["power_w"], hosts=["a", "c"])
     assert sorted(set(df["host"])) == ["a", "c"] and len(df) == 8
+    df = backend.store.series(T0, T0 + 120 * S, ["power_w"], hosts=["a.lab"], step_s=60)
+    assert df["host"].tolist() == ["a.lab", "a.lab"] and df["gpu_index"].tolist() == [0, 1]
     df = backend.store.series(T0, T0 + 120 * S, ["power_w"], hosts=["b"], step_s=60)
     assert df["host"].tolist() == ["b", "b"] and df["gpu_index"].tolist() == [0, 1]
     assert backend.store.series(T0, T0 + 10 * S, ["power_w"], hosts=["nope"]).empty

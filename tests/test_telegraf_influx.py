@@ -164,6 +164,15 @@ def _check_reads(store: InfluxStore) -> None:
     assert rolled["uuid"].nunique() == len(_uuids())
     slow = rolled.loc[rolled["uuid"] == _uuid_of(SLOW)].set_index("time_ns")
     assert (slow.loc[slow.index >= T0_NS + 120 * NS, "clock_event_reasons"].astype(int) & 0x8).all()
+    # a node's rows (the node page) are the cluster's rows of that node, whoever writes them
+    # (memory: Telegraf's alone where gpuwatt writes the same GPUs)
+    fields = [*fields, "memory_used_bytes"]
+    for step_s in (None, 60):
+        every = store.series(T0_NS, end_ns, fields, step_s=step_s)
+        mine = every.loc[every["host"] == host].reset_index(drop=True)
+        node = store.series(T0_NS, end_ns, fields, step_s=step_s, hosts=[host])
+        assert mine["memory_used_bytes"].notna().any()
+        pd.testing.assert_frame_equal(node, mine, obj=f"host {host}, step {step_s}")
 
 
 def _check_rules(fired: dict[str, set[str]], errors: dict) -> None:
@@ -223,6 +232,19 @@ def test_telegraf_and_gpuwatt_on_the_same_gpus(
             if p is not None:
                 assert power.loc[power["uuid"] == uuid, "power_w"].max() == pytest.approx(p)
         _check_rules(*_evaluate(store, alerts_con))
+        # once gpuwatt's collectors roll their hosts, a bucketed read (the dashboard's) is
+        # served from the rollups, each GPU once under gpuwatt's host: Telegraf's points of the
+        # same GPUs, under an FQDN too, are not read beside them
+        from gpuwatt.store import engine_rollups
+
+        hosts = sorted({s.host for s in _gpuwatt_samples(telegraf, domain)})
+        assert engine_rollups.roll_range(store.rollups, T0_NS, end_ns, hosts=hosts) > 0
+        assert store.rollups.unrolled_hosts(None) == []
+        rolled = store.series(T0_NS, end_ns, ["power_w"], step_s=60)
+        assert rolled.groupby("uuid")["host"].unique().map(list).to_dict() == {
+            s.uuid: [s.host] for s in store.latest()
+        }
+        assert not rolled.duplicated(["time_ns", "uuid"]).any()
     # ``gpuwatt status`` counts each GPU once and says who writes them
     url = server.url.replace("http://", "influxdb://") + f"/{db}"
     result = gpuwatt("status", "--store", url, home=tmp_path)

@@ -292,8 +292,12 @@ def raw_series(
     step_s: int | None,
     hosts: Sequence[str] | None,
 ) -> pd.DataFrame:
-    """Raw samples (``step_s`` None) or their ``GROUP BY time()`` buckets, Telegraf's included."""
-    where = store.where(start_ns, end_ns, hosts)
+    """Raw samples (``step_s`` None) or their ``GROUP BY time()`` buckets, Telegraf's included.
+    ``hosts``: their GPUs' rows as a read of every host gives them, a Telegraf that names the
+    same GPUs ``host.domain`` included (``hosts_or_fqdn_condition``)."""
+    where = store.where(start_ns, end_ns, None)
+    if hosts is not None:
+        where += f" AND {store.hosts_or_fqdn_condition(hosts)}"
     tg = [c for c in extra_columns(attrs) if has_telegraf_field(store, c[0])]
     if step_s is None:
         # gpu_lost keeps lost-GPU markers as rows (InfluxQL drops rows whose selected
@@ -322,6 +326,8 @@ def raw_series(
     ours = (ours == ours) if step_s is None else (ours > 0)  # not NaN; a count above zero
     # one GPU, whatever host/name tags or other tags its writers add (gpuwatt.telegraf)
     frame = one_identity_per_uuid(fill_from_telegraf(frame), ours)
+    if hosts is not None and len(frame):  # not another machine named ``host.domain``
+        frame = frame.loc[frame["host"].isin(hosts)].reset_index(drop=True)
     if step_s is not None and len(frame):
         # a bucket cut by the range's start is keyed at the start (``Store.series``)
         frame["time_ns"] = frame["time_ns"].clip(lower=start_ns)

@@ -88,9 +88,12 @@ class InfluxRollups:
     def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
         """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.
 
-        Collectors roll their own hosts, Telegraf's GPUs on them included; a host where only
-        Telegraf (or anything but a gpuwatt collector) writes has no rollups, and its GPUs must
-        be read raw. ``SHOW TAG VALUES`` answers from the index, without reading points.
+        Collectors roll their own hosts from their own points (a GPU Telegraf writes too is
+        rolled from gpuwatt's samples of it); a host where only Telegraf (or anything but a
+        gpuwatt collector) writes has no rollups, and its GPUs must be read raw. ``host.domain``
+        of a rolled ``host`` is rolled: a Telegraf configured with the FQDN writes the GPUs that
+        host's collector rolls, which read raw beside their rollups would be there twice.
+        ``SHOW TAG VALUES`` answers from the index, without reading points.
         """
         cached = self._unrolled
         if cached is None or time.monotonic() - cached[0] > UNROLLED_TTL_S:
@@ -101,7 +104,8 @@ class InfluxRollups:
                     rolled |= self._hosts_of(measurement)
             except StoreRejected:  # an engine without SHOW TAG VALUES: the rollups alone
                 raw = rolled = set()
-            cached = self._unrolled = (time.monotonic(), frozenset(raw - rolled))
+            unrolled = {h for h in raw - rolled if h.partition(".")[0] not in rolled}
+            cached = self._unrolled = (time.monotonic(), frozenset(unrolled))
         unrolled = cached[1] if hosts is None else cached[1] & set(hosts)
         return sorted(unrolled)
 
@@ -150,6 +154,9 @@ class InfluxRollups:
             )
         )
         t, gid, data = _columns(series, 1 + len(attrs), ids)
+        ours = ~np.isnan(data[:, 0])  # gpuwatt's points carry gpu_lost, Telegraf's do not
+        if not ours.all():  # Telegraf's hosts are read raw (``unrolled_hosts``), not rolled
+            t, gid, data = t[ours], gid[ours], data[ours]
         if not len(t):
             return as_level(t, gid, np.zeros(0, bool), {a: np.zeros(0) for a in attrs})
         values = {}
