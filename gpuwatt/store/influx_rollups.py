@@ -104,10 +104,9 @@ class InfluxRollups:
                     rolled |= self._hosts_of(measurement)
             except StoreRejected:  # an engine without SHOW TAG VALUES: the rollups alone
                 raw = rolled = set()
-            unrolled = {h for h in raw - rolled if h.partition(".")[0] not in rolled}
-            cached = self._unrolled = (time.monotonic(), frozenset(unrolled))
-        unrolled = cached[1] if hosts is None else cached[1] & set(hosts)
-        return sorted(unrolled)
+            alone = frozenset(h for h in raw - rolled if h.partition(".")[0] not in rolled)
+            cached = self._unrolled = (time.monotonic(), alone)
+        return sorted(cached[1] if hosts is None else cached[1] & set(hosts))
 
     def _hosts_of(self, measurement: str) -> set[str]:
         series = self.store.query(
