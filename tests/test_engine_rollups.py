@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import Phase, example, given, settings
+from hypothesis import strategies as st
 from servers import http
 
 from gpuwatt.analytics.inputs import context_reads
@@ -224,6 +226,40 @@ def test_rollups_serve_what_the_embedded_store_serves(
     engine.drop_raw_before(T0 + 124 * MINUTE_NS)
     whole = [r for r in READS if r[0] % MINUTE_NS == 0]
     assert_same(engine, ref, whole)
+    ref.close()
+
+
+def test_any_range_at_any_step_is_what_the_embedded_store_serves(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    """The same, over random ranges (any second, the newest rollup bucket included) and the
+    dashboard's and the CLI's steps, once every bucket is rolled: one truth on every store."""
+    batch = samples(make_sample, T0, T0 + 127 * MINUTE_NS)
+    write(engine, batch)
+    ref = embedded(tmp_path, batch)
+    assert engine_rollups.roll_range(engine.source, T0, T0 + 127 * MINUTE_NS) > 0
+    engine.flush()
+    span_s = 127 * 60
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: each example reads an engine
+    )
+    @example(lo_s=0, length_s=span_s, step_s=300)
+    @example(lo_s=3595, length_s=10, step_s=60)  # a sample each side of an hour's start
+    @example(lo_s=61 * 60 + 7, length_s=span_s - 61 * 60 - 7, step_s=3600)  # to the newest
+    @given(
+        lo_s=st.integers(0, span_s - 10),
+        length_s=st.integers(10, span_s),  # at least a sample (one each 10 s)
+        step_s=st.sampled_from([60, 120, 300, 600, 1800, 3600, 7200]),
+    )
+    def same(lo_s: int, length_s: int, step_s: int) -> None:
+        hi_s = min(span_s, lo_s + length_s)
+        assert_same(engine, ref, [(lo_s * S, hi_s * S, step_s)])
+
+    same()
     ref.close()
 
 
