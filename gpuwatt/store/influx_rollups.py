@@ -286,13 +286,13 @@ def _pack(values: np.ndarray) -> str:
 def _unpack(column: Sequence[str | None], padded: np.ndarray, dtype: str) -> np.ndarray:
     """A column of packed values, one string per point of ``padded`` values (None: all NaN,
     or for int64 all ``UNKNOWN_SEEN``: a column the point was written without)."""
-    fill = np.full(3, np.nan) if dtype == "<f8" else np.full(3, UNKNOWN_SEEN, dtype="<i8")
     if None in column:
+        fill = np.full(3, np.nan) if dtype == "<f8" else np.full(3, UNKNOWN_SEEN, dtype="<i8")
         missing = base64.b64encode(fill.tobytes()).decode("ascii")
         column = [v if v is not None else missing * (int(p) // 3)
                   for v, p in zip(column, padded, strict=True)]  # fmt: skip
     try:
-        data = binascii.a2b_base64("".join(column))  # type: ignore[arg-type]
+        data = binascii.a2b_base64("".join(column))  # type: ignore[arg-type]  # no None left
     except binascii.Error as exc:
         raise ValueError("unreadable packed rollup point") from exc
     return np.frombuffer(data, dtype=dtype)
