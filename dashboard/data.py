@@ -251,12 +251,13 @@ class DashboardData:
             lambda: self._read(what, lambda: latest_of(self.store, hosts, attrs)),
         )
 
-    def latest_with_slow_fields(self) -> list[GpuSample]:
-        """The newest sample of every GPU with its ECC and remapped-row figures filled in from
-        the last few slow intervals (``slow_fields``): what the health table shows."""
+    def latest_with_slow_fields(self, attrs: tuple[str, ...] | None = None) -> list[GpuSample]:
+        """The newest sample of every GPU (with the metrics ``attrs``, as ``latest_of``; None:
+        whole) with its ECC and remapped-row figures filled in from the last few slow intervals
+        (``slow_fields``): what the health table shows."""
 
         def compute() -> list[GpuSample]:
-            samples = self.latest()
+            samples = self.latest() if attrs is None else self.latest_of(None, attrs)
             if not samples:
                 return samples
             end_ns = max(s.time_ns for s in samples) + 1
@@ -267,7 +268,7 @@ class DashboardData:
             )
             return with_slow_fields(samples, newest_measured(frame))
 
-        return self._cached(("latest-slow",), compute)
+        return self._cached(("latest-slow", attrs), compute)
 
     def window(self, tr: TimeRange) -> WindowData:
         """Rollups and the analytics summary for one range.

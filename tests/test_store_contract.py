@@ -12,9 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpuwatt.dashboard.pages import health
 from gpuwatt.model import METRIC_FIELDS, GpuSample, GpuSeen
 from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, engine_rollups, open_store
-from gpuwatt.store.base import SEEN_COLUMN, gpus_seen, latest_of
+from gpuwatt.store.base import SEEN_COLUMN, XID_ATTR, gpus_seen, latest_of
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
@@ -182,6 +183,12 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
         (s.key, s.time_ns, s.lost, s.power_w) for s in whole
     ]
     assert any(s.lost for s in part) and any(s.power_w for s in part)
+    # the health page's metrics and each GPU's newest XID (``XID_ATTR``), as ``latest`` has them
+    attrs = [a for a in health.NEWEST_SHOWN if a != XID_ATTR]
+    some = latest_of(backend.store, attrs=health.NEWEST_SHOWN)
+    assert [(s.key, s.time_ns, s.lost, s.xid_errors, *(getattr(s, a) for a in attrs))
+            for s in some] == [(s.key, s.time_ns, s.lost, s.xid_errors,
+                                *(getattr(s, a) for a in attrs)) for s in whole]  # fmt: skip
     # so the GPUs seen are those of any metric's newest samples (a page that reads one serves
     # them to its view)
     assert [GpuSeen.of(s) for s in part] == gpus_seen(backend.store)

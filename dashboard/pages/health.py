@@ -27,6 +27,7 @@ from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.dashboard.window_data import SILENT_AFTER_S
 from gpuwatt.model import GpuSample
 from gpuwatt.status import natural_key
+from gpuwatt.store.base import XID_ATTR
 
 PAGE = "health"
 PATH = "/health"
@@ -146,16 +147,27 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
     )
 
 
+#: The newest values the page shows (``check`` and ``health_table``), beside each GPU's state:
+#: a third of a whole sample's metrics (on InfluxDB, ``SELECT *`` of every GPU's newest point
+#: was most of the page's engine CPU).
+NEWEST_SHOWN = (
+    "temperature_gpu_c", "fan_speed_pct", "power_w", "power_limit_w", "clock_event_reasons",
+    "ecc_sbe_volatile_count", "ecc_dbe_volatile_count", "ecc_sbe_aggregate_count",
+    "ecc_dbe_aggregate_count", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+    "remapped_rows_pending", "remapped_rows_failure", XID_ATTR,
+)  # fmt: skip
+
+
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
-    """Start the reads the page makes after the window (``app.render_page``): every GPU's
-    newest samples, which the view takes the GPUs seen from (``DashboardData.read_newest``),
-    then their ECC figures."""
-    data.read_newest()
-    data.prefetch(data.latest_with_slow_fields)
+    """Start the reads the page makes after the window (``app.render_page``): the newest values
+    it shows of every GPU, which the view takes the GPUs seen from
+    (``DashboardData.read_newest``), then their ECC figures."""
+    data.read_newest(NEWEST_SHOWN)
+    data.prefetch(lambda: data.latest_with_slow_fields(NEWEST_SHOWN))
 
 
 def render(ctx: PageContext) -> list[Any]:
-    newest = ctx.data.latest_with_slow_fields()
+    newest = ctx.data.latest_with_slow_fields(NEWEST_SHOWN)
     samples = sorted(newest, key=lambda s: (natural_key(s.host), s.gpu_index))
     checked = [check(s, ctx.now_ns) for s in samples]
     count = {k: sum(1 for h in checked if h.severity == k) for k in (0, 1, 2)}

@@ -98,13 +98,18 @@ def gpus_seen(store: Store, *, since_ns: int | None = None) -> list[GpuSeen]:
     return [GpuSeen.of(s) for s in store.latest(since_ns=since_ns)]
 
 
+#: Among ``latest_of``'s ``attrs``: each GPU's newest XID (``GpuSample.xid_errors``) as
+#: ``latest`` gives it, beside the metrics.
+XID_ATTR = "xid_errors"
+
+
 def latest_of(
     store: Store, hosts: Sequence[str] | None = None, attrs: Sequence[str] | None = None
 ) -> list[GpuSample]:
     """``store.latest()`` of the GPUs of ``hosts`` alone (None: all), with at least the metrics
-    ``attrs`` (None: all) and whether each GPU is lost: the store's own ``latest_of`` where it
-    has one (an engine answers a node's GPUs, or one metric, for a fraction of the cost), else
-    ``latest`` filtered (its samples whole)."""
+    ``attrs`` (None: all; ``XID_ATTR``: the newest XID too) and whether each GPU is lost: the
+    store's own ``latest_of`` where it has one (an engine answers a node's GPUs, or a few
+    metrics, for a fraction of the cost), else ``latest`` filtered (its samples whole)."""
     read = getattr(store, "latest_of", None)
     if read is not None:
         samples: list[GpuSample] = read(hosts, attrs=attrs)

@@ -30,7 +30,7 @@ from gpuwatt.schema import (
     TAG_UUID,
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
-from gpuwatt.store.base import KEY_COLUMNS, XID_COLUMNS, SeriesRead
+from gpuwatt.store.base import KEY_COLUMNS, XID_ATTR, XID_COLUMNS, SeriesRead
 from gpuwatt.telegraf import (
     MEASUREMENT_MIG,
     MEASUREMENT_PROCESS,
@@ -194,9 +194,13 @@ SEEN_FIELDS: tuple[str, ...] = (
 
 def latest_fields(attrs: Sequence[str]) -> tuple[str, ...]:
     """The fields ``latest`` selects for the metrics ``attrs`` of each GPU's newest point, as
-    gpuwatt and Telegraf write them, and the GPU's state (``SEEN_FIELDS``)."""
-    own = [FIELD_BY_ATTR[a].field for a in checked_fields(attrs, FIELD_BY_ATTR)]
-    return tuple(dict.fromkeys([*SEEN_FIELDS, *own, *(f for f, _, _ in extra_columns(attrs))]))
+    gpuwatt and Telegraf write them, and the GPU's state (``SEEN_FIELDS``); ``xid_errors``
+    among them: its newest XID, as ``latest`` gives it (``base.XID_ATTR``)."""
+    metrics = [a for a in attrs if a != XID_ATTR]
+    own = [FIELD_BY_ATTR[a].field for a in checked_fields(metrics, FIELD_BY_ATTR)]
+    xid = [FIELD_XID_LAST, FIELD_XID_COUNT] if XID_ATTR in attrs else []
+    telegraf = [f for f, _, _ in extra_columns(metrics)]
+    return tuple(dict.fromkeys([*SEEN_FIELDS, *own, *xid, *telegraf]))
 
 
 def latest(
