@@ -176,19 +176,19 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
         want = [s for s in backend.store.latest() if s.host in hosts]
         assert latest_of(backend.store, hosts) == want
         assert len(want) == {"node-a": 2, "gone": 3}.get(hosts[0], 0)
-    # one metric of every GPU, and each GPU's state
+    # one metric of every GPU, and each GPU's state; the health page's metrics and each GPU's
+    # newest XID (``XID_ATTR``, a sample attribute like the metrics)
     whole = backend.store.latest()
+
+    def shown(samples: list[GpuSample], attrs: Sequence[str]) -> list[tuple[object, ...]]:
+        return [(s.key, s.time_ns, s.lost, *(getattr(s, a) for a in attrs)) for s in samples]
+
     part = latest_of(backend.store, attrs=("power_w",))
-    assert [(s.key, s.time_ns, s.lost, s.power_w) for s in part] == [
-        (s.key, s.time_ns, s.lost, s.power_w) for s in whole
-    ]
+    assert shown(part, ["power_w"]) == shown(whole, ["power_w"])
     assert any(s.lost for s in part) and any(s.power_w for s in part)
-    # the health page's metrics and each GPU's newest XID (``XID_ATTR``), as ``latest`` has them
-    attrs = [a for a in health.NEWEST_SHOWN if a != XID_ATTR]
+    assert XID_ATTR in health.NEWEST_SHOWN
     some = latest_of(backend.store, attrs=health.NEWEST_SHOWN)
-    assert [(s.key, s.time_ns, s.lost, s.xid_errors, *(getattr(s, a) for a in attrs))
-            for s in some] == [(s.key, s.time_ns, s.lost, s.xid_errors,
-                                *(getattr(s, a) for a in attrs)) for s in whole]  # fmt: skip
+    assert shown(some, health.NEWEST_SHOWN) == shown(whole, health.NEWEST_SHOWN)
     # so the GPUs seen are those of any metric's newest samples (a page that reads one serves
     # them to its view)
     assert [GpuSeen.of(s) for s in part] == gpus_seen(backend.store)
