@@ -11,6 +11,7 @@ import io
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli import gpuwatt
@@ -141,3 +142,59 @@ def test_every_view_report_and_analysis_agree_on_the_same_seconds(
         for start, rows in by_gpu.items()
     }
     assert minutes["1h"] > 20 and minutes["7d"] == pytest.approx(minutes["1h"], rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def day_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo from 00:00 to 20:00, sampled every minute."""
+    path = tmp_path_factory.mktemp("day") / "day.db"
+    end_ns = MIDNIGHT_NS + 20 * 3600 * NS
+    source = SimulatedClusterSource(
+        load_scenario("demo"), start_ns=MIDNIGHT_NS, clock_ns=lambda: end_ns
+    )
+    source.open()
+    with SqliteStore(path) as store:
+        for batch in source.backfill(end_ns, interval_s=60.0, slow_interval_s=300.0):
+            store.write_samples(batch)
+        store.flush_rollups()
+    source.close()
+    return path
+
+
+@pytest.mark.parametrize("hours_in", [0.5, 1.7, 2.5, 5.9, 6.2, 19.4])
+@pytest.mark.parametrize("in_minutes", [True, False])
+def test_energy_today_is_the_energy_of_a_view_of_the_day(
+    day_db: Path, hours_in: float, in_minutes: bool
+) -> None:
+    """"Energy today" is the energy a view of the day shows, read in that view's windows:
+    minutes where the view is accounted in minutes (a small cluster), else the view's buckets
+    (``in_minutes=False``: a cluster too large for that, whose day is read in hours once it is
+    6 h old, not in 5-minute buckets)."""
+    now_ns = MIDNIGHT_NS + round(hours_in * 3600) * NS
+    end_ns = now_ns - now_ns % (60 * NS) + 60 * NS  # the current minute included
+    with SqliteStore(day_db) as store:
+        data = DashboardData(store, clock_ns=lambda: now_ns)
+        if not in_minutes:
+            data.accounting_max_gpu_minutes = 0
+        asked: list[int | None] = []
+        series_many = store.series_many
+
+        def recorded(reads: Any, **kw: Any) -> Any:
+            asked.extend(r.step_s for r in reads)
+            return series_many(reads, **kw)
+
+        try:
+            store.series_many = recorded  # type: ignore[method-assign]
+            today = data.energy_today(now_ns).cluster["energy_kwh"]
+            store.series_many = series_many  # type: ignore[method-assign]
+            query = {"from": iso_s(MIDNIGHT_NS), "to": iso_s(end_ns)}
+            tr, problem = parse_range(query, now_ns)
+            assert problem is None
+            view = data.window(tr).summary.cluster["energy_kwh"]
+        finally:
+            data.close()
+    coarse = 60 if hours_in <= 2 else 300 if hours_in <= 6 else 3600
+    assert set(asked) == {60 if in_minutes else coarse}
+    assert view.value is not None and view.value > 0
+    assert today.value == pytest.approx(view.value, rel=1e-9), (hours_in, asked)
+    assert today.quality == view.quality
