@@ -62,7 +62,9 @@ from gpuwatt.dashboard.timerange import DEFAULT_RANGE
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
-END_NS = 1_767_225_600 * NS  # 2026-01-01 00:00 UTC
+#: 2026-01-01 20:00 UTC: the data end late in a day, as a page is mostly viewed (at midnight
+#: the overview's "Energy today" covered a minute and cost nothing; at 20:00 it is 20 hours).
+END_NS = (1_767_225_600 + 20 * 3600) * NS
 STRAGGLER_JOB = f"train-{STRAGGLER[0] * 8 // 64:02d}"  # backfill: 8 jobs of 64 GPUs
 
 
@@ -246,6 +248,9 @@ def main() -> None:
         args.db = Path(tmp.name) / "bench.db"
     fresh = not args.db.exists()
     store = SqliteStore(args.db, retention_raw_s=7 * 86_400)
+    if not fresh and store.count_samples(END_NS - 60 * NS, END_NS) == 0:
+        sys.exit(f"{args.db} holds no samples in the minute before {_iso(END_NS)} UTC (the data's "
+                 "end): it was backfilled for another END_NS; remove it")  # fmt: skip
     if fresh:
         print(f"backfill: {args.gpus} GPUs x {args.hours} h every {args.interval_s} s")
         t = time.perf_counter()
