@@ -100,6 +100,11 @@ def _analysis(compute: Callable[[], T]) -> T:
         raise DataError(f"the analysis of this range failed: {describe(exc)}") from None
 
 
+def _minute_end_ns(now_ns: int) -> int:
+    """The end of the minute ``now_ns`` is in (a range that ends there includes it)."""
+    return now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S
+
+
 class DashboardData:
     """Cached, server-side aggregated reads for the dashboard (thread-safe)."""
 
@@ -490,26 +495,33 @@ class DashboardData:
         (``ACCOUNTING_MAX_GPU_MINUTES``), else its own buckets (``choose_step_s``: 5 minutes
         up to 6 h, then hours), so the figure is that view's. Late in the day on a large
         cluster that is hours: analysing every 5 minutes since midnight made a cold overview
-        of 1,024 GPUs at 23:00 take ~1.2 s on VictoriaMetrics (~0.65 s in hours)."""
-        start = (now_ns // DAY_NS) * DAY_NS
-        end = now_ns - now_ns % (60 * NS_PER_S) + 60 * NS_PER_S  # include the current minute
-        fields = ("energy_j", "power_w", "utilization_gpu_pct")
-        gpu_minutes = len(self.gpus_seen()) * (end - start) / (60 * NS_PER_S)
-        step = (
-            RECENT_STEP_S
-            if gpu_minutes <= self.accounting_max_gpu_minutes
-            else choose_step_s((end - start) / NS_PER_S)
-        )
+        of 1,024 GPUs at 23:00 take ~1.2 s on VictoriaMetrics (~0.65 s in hours).
+
+        Keyed by the day and the step, not by the minute it ends in, as a live view is: a
+        visitor in a new minute is served the figure of the minute before while it is read
+        again (``read_cache``), instead of waiting for a whole day's read."""
+        day_ns = (now_ns // DAY_NS) * DAY_NS
+        step = self._today_step_s(day_ns, _minute_end_ns(now_ns))
 
         def compute() -> AnalysisSummary:
+            # the day up to the clock's now when it is computed (a refresh in the background
+            # runs minutes later), the current minute included, in the step of the key
+            end = min(_minute_end_ns(max(self.now_ns(), now_ns)), day_ns + DAY_NS)
+            fields = ("energy_j", "power_w", "utilization_gpu_pct")
             reads = [
                 SeriesRead(r.start_ns, r.end_ns, fields, step)
-                for r in context_reads(start, end, step)
+                for r in context_reads(day_ns, end, step)
             ]
             frames = self._read("today's energy", lambda: series_many(self.store, reads))
-            return self._analyze(joined(frames), end, start, step, {})
+            return self._analyze(joined(frames), end, day_ns, step, {})
 
-        return self._cached(("today", start, end, step), compute)
+        return self._cached(("today", day_ns, step), compute)
+
+    def _today_step_s(self, day_ns: int, end_ns: int) -> int:
+        gpu_minutes = len(self.gpus_seen()) * (end_ns - day_ns) / (60 * NS_PER_S)
+        if gpu_minutes <= self.accounting_max_gpu_minutes:
+            return RECENT_STEP_S
+        return choose_step_s((end_ns - day_ns) / NS_PER_S)
 
     def host_series(self, tr: TimeRange, host: str, fields: Sequence[str]) -> pd.DataFrame:
         """Rollups of one node's GPUs (drill-down); a live range keyed as in ``window``."""

@@ -198,3 +198,29 @@ def test_energy_today_is_the_energy_of_a_view_of_the_day(
     assert view.value is not None and view.value > 0
     assert today.value == pytest.approx(view.value, rel=1e-9), (hours_in, asked)
     assert today.quality == view.quality
+
+
+def test_energy_today_in_a_new_minute_is_served_then_read_again(day_db: Path) -> None:
+    """A visitor in a new minute gets the figure of the minute before at once (it is keyed by
+    the day, as a live view), read again in the background up to the new minute."""
+    clock = [MIDNIGHT_NS + 19 * 3600 * NS + 30 * NS]
+    with SqliteStore(day_db) as store:
+        data = DashboardData(store, clock_ns=lambda: clock[0], ttl_s=0.0)
+        fresh = DashboardData(store, clock_ns=lambda: clock[0])
+        try:
+            before = data.energy_today(clock[0]).cluster["energy_kwh"].value
+            clock[0] += 120 * NS
+            served = data.energy_today(clock[0]).cluster["energy_kwh"].value
+            deadline = time.monotonic() + 60
+            while data.cache.refreshing and time.monotonic() < deadline:
+                time.sleep(0.05)
+            data.cache.ttl_s = 3600.0
+            again = data.energy_today(clock[0]).cluster["energy_kwh"].value
+            expected = fresh.energy_today(clock[0]).cluster["energy_kwh"].value
+        finally:
+            data.close()
+            fresh.close()
+    assert before is not None and expected is not None
+    assert served == before  # not read while the visitor waits
+    assert expected > before  # two more minutes of a running cluster
+    assert again == pytest.approx(expected, rel=1e-12)
