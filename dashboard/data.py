@@ -321,6 +321,9 @@ class DashboardData:
                     due[i] = time.monotonic() + period_s
                     self._warm(tr)
                     if i == 0:
+                        # the overview's "Energy today", with the default view: the page a
+                        # visitor lands on
+                        self._warm_today()
                         first_done.set()
                     if stop.is_set():
                         return
@@ -338,6 +341,15 @@ class DashboardData:
             pass  # logged as one line; the page will say it
         except Exception as exc:  # never let the warmer die silently
             log.error("warming the cache failed: %s", describe(exc))
+
+    def _warm_today(self) -> None:
+        try:
+            key, compute = self._today(self.now_ns())
+            self.cache.put(key, compute())
+        except DataError:
+            pass  # logged as one line; the page will say it
+        except Exception as exc:  # never let the warmer die silently
+            log.error("warming today's energy failed: %s", describe(exc))
 
     def _window(self, tr: TimeRange) -> WindowData:
         coarse = tr.step_s > RECENT_STEP_S
@@ -500,6 +512,10 @@ class DashboardData:
         Keyed by the day and the step, not by the minute it ends in, as a live view is: a
         visitor in a new minute is served the figure of the minute before while it is read
         again (``read_cache``), instead of waiting for a whole day's read."""
+        return self._cached(*self._today(now_ns))
+
+    def _today(self, now_ns: int) -> tuple[tuple[Any, ...], Callable[[], AnalysisSummary]]:
+        """``energy_today``'s cache key and computation."""
         day_ns = (now_ns // DAY_NS) * DAY_NS
         step = self._today_step_s(day_ns, _minute_end_ns(now_ns))
 
@@ -515,7 +531,7 @@ class DashboardData:
             frames = self._read("today's energy", lambda: series_many(self.store, reads))
             return self._analyze(joined(frames), end, day_ns, step, {})
 
-        return self._cached(("today", day_ns, step), compute)
+        return ("today", day_ns, step), compute
 
     def _today_step_s(self, day_ns: int, end_ns: int) -> int:
         gpu_minutes = len(self.gpus_seen()) * (end_ns - day_ns) / (60 * NS_PER_S)
