@@ -166,7 +166,7 @@ def day_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_energy_today_is_the_energy_of_a_view_of_the_day(
     day_db: Path, hours_in: float, in_minutes: bool
 ) -> None:
-    """ "Energy today" is the energy a view of the day shows, read in that view's windows:
+    """The overview's "Energy today" is the energy a view of the day shows, in its windows:
     minutes where the view is accounted in minutes (a small cluster), else the view's buckets
     (``in_minutes=False``: a cluster too large for that, whose day is read in hours once it is
     6 h old, not in 5-minute buckets)."""
