@@ -307,6 +307,11 @@ def _register_callbacks(
 
         make()
 
+    for page in PAGES:  # a page's own callbacks (the overview's "Energy today")
+        register = getattr(page, "register", None)
+        if register is not None:
+            register(app, data)
+
     if can_act:
         alert_actions.register(app, alerts_source)  # type: ignore[arg-type]  # can_act: AlertActions
 

@@ -514,6 +514,12 @@ class DashboardData:
         again (``read_cache``), instead of waiting for a whole day's read."""
         return self._cached(*self._today(now_ns))
 
+    def energy_today_is_cached(self, now_ns: int) -> bool:
+        """Whether ``energy_today`` answers from the cache (a stale figure is refreshed in the
+        background): without a read while the caller waits."""
+        key, _ = self._today(now_ns)
+        return self.cache.peek(key, self.cache.max_stale_s) is not None
+
     def _today(self, now_ns: int) -> tuple[tuple[Any, ...], Callable[[], AnalysisSummary]]:
         """``energy_today``'s cache key and computation."""
         day_ns = (now_ns // DAY_NS) * DAY_NS

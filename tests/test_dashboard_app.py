@@ -294,3 +294,58 @@ def test_figures_use_only_bundled_trace_types(data: DashboardData) -> None:
         for g in graphs(render_page(page, {"range": "15m", "host": "node-2", "gpu": "5"}, data)):
             seen |= {t["type"] for t in g.figure["data"]}
     assert seen and seen <= CARTESIAN_TRACES, seen - CARTESIAN_TRACES
+
+
+def _post(client: Any, output_id: str, input_id: str, prop: str, value: Any) -> str:
+    """A callback request as the browser sends it; the response text."""
+    body = {
+        "output": f"{output_id}.children",
+        "outputs": {"id": output_id, "property": "children"},
+        "inputs": [{"id": input_id, "property": prop, "value": value}],
+        "changedPropIds": [f"{input_id}.{prop}"],
+        "state": [],
+    }
+    resp = client.post("/_dash-update-component", json=body)
+    assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
+    return str(resp.get_data(as_text=True))
+
+
+def test_energy_today_follows_the_overview_in_its_own_request(demo_store: SqliteStore) -> None:
+    """A cold overview does not wait for a day's read: it draws a placeholder and the input of
+    the callback that fills it; once the figure is cached it is drawn in the page."""
+    from gpuwatt.dashboard.components import figure_text
+
+    app = create_app(demo_store, now_ns=DEMO_END_NS)
+    client = app.server.test_client()
+    data = app.server.config["GPUWATT_DATA"]
+    reference = DashboardData(demo_store, clock_ns=lambda: DEMO_END_NS)
+    try:
+        today = reference.energy_today(DEMO_END_NS).cluster["energy_kwh"]
+    finally:
+        reference.close()
+    assert today.value
+    shown = figure_text(today.value, "kWh")
+
+    def content() -> str:
+        body = {
+            "output": "overview-content.children",
+            "outputs": {"id": "overview-content", "property": "children"},
+            "inputs": [
+                {"id": "overview-args", "property": "data", "value": {"range": "15m"}},
+                {"id": "overview-refresh", "property": "n_intervals", "value": None},
+            ],
+            "changedPropIds": ["overview-args.data"],
+            "state": [],
+        }
+        resp = client.post("/_dash-update-component", json=body)
+        assert resp.status_code == 200
+        return str(resp.get_data(as_text=True))
+
+    cold = content()
+    assert overview.TODAY_ASK_ID in cold and overview.TODAY_ID in cold
+    assert shown not in cold  # not read for the page
+    kpi = _post(client, overview.TODAY_ID, overview.TODAY_ASK_ID, "data", DEMO_END_NS)
+    assert shown in kpi and "Energy today" in kpi
+    served = content()
+    assert shown in served and overview.TODAY_ASK_ID not in served
+    data.close()

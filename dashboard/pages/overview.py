@@ -6,7 +6,7 @@ from typing import Any
 
 import dash_mantine_components as dmc
 import pandas as pd
-from dash import dcc, html
+from dash import Dash, Input, Output, dcc, html
 
 from gpuwatt.analytics import Straggler
 from gpuwatt.dashboard import format as fmt
@@ -86,14 +86,50 @@ def alerts_kpi(ctx: PageContext) -> Any:
 
 #: The newest values the overview shows (the power of the GPUs up), beside each GPU's state.
 NEWEST_SHOWN = ("power_w",)
+#: The "Energy today" KPI, and what asks for it when it is not in the cache (``today_slot``).
+TODAY_ID = "overview-today"
+TODAY_ASK_ID = "overview-today-ask"
+TODAY_HELP = "Energy since 00:00 UTC, from energy-counter deltas."
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
     """Start the reads the page makes after the window (``app.render_page``): the newest
     power figures of every GPU, which the view takes the GPUs seen from (one read, not two:
-    ``DashboardData.read_newest``), and today's energy."""
+    ``DashboardData.read_newest``)."""
     data.read_newest(NEWEST_SHOWN)
-    data.prefetch(lambda: data.energy_today(now_ns))
+
+
+def today_kpi(data: DashboardData, now_ns: int) -> Any:
+    """The "Energy today" KPI (``DashboardData.energy_today``)."""
+    try:
+        today = data.energy_today(now_ns).cluster["energy_kwh"]
+    except DataError as exc:
+        return kpi("Energy today", "n/a", exc.message)
+    return figure_kpi("Energy today", today, TODAY_HELP)
+
+
+def today_slot(ctx: PageContext) -> tuple[Any, list[Any]]:
+    """The "Energy today" KPI where the figure is in the cache (the dashboard's warmer keeps
+    it), else a placeholder and what asks ``register``'s callback for it: the page does not
+    wait for a day's read (at 1,024 GPUs and 20:00, ~0.35 s of a cold overview on
+    VictoriaMetrics); the figure follows in its own request."""
+    try:
+        cached = ctx.data.energy_today_is_cached(ctx.now_ns)
+    except DataError:  # said by the KPI its callback draws
+        cached = False
+    if cached:
+        return html.Div(today_kpi(ctx.data, ctx.now_ns), id=TODAY_ID), []
+    placeholder = kpi("Energy today", "…", "Reading the energy since 00:00 UTC.")
+    return html.Div(placeholder, id=TODAY_ID), [dcc.Store(id=TODAY_ASK_ID, data=ctx.now_ns)]
+
+
+def register(app: Dash, data: DashboardData) -> None:
+    """The callback that fills the placeholder ``today_slot`` drew, fired when it is drawn (its
+    input is in the content). The server's clock says which day, not the browser."""
+
+    @app.callback(Output(TODAY_ID, "children"), Input(TODAY_ASK_ID, "data"))
+    def _today(_asked: int | None) -> Any:
+        return today_kpi(data, data.now_ns())
 
 
 def render(ctx: PageContext) -> list[Any]:
@@ -102,13 +138,7 @@ def render(ctx: PageContext) -> list[Any]:
     counts = ctx.win.counts(latest, ctx.now_ns)
     util = cluster_mean_now(ctx)
     up_power = sum(x.power_w for x in latest if not x.lost and x.power_w is not None)
-    try:
-        today = ctx.data.energy_today(ctx.now_ns).cluster["energy_kwh"]
-        today_kpi = figure_kpi(
-            "Energy today", today, "Energy since 00:00 UTC, from energy-counter deltas."
-        )
-    except DataError as exc:
-        today_kpi = kpi("Energy today", "n/a", exc.message)
+    today, ask = today_slot(ctx)
     lost_color = "red" if counts.lost or counts.silent else None
     kpis = dmc.SimpleGrid(
         [
@@ -142,7 +172,7 @@ def render(ctx: PageContext) -> list[Any]:
                 fmt.watts(up_power),
                 "Sum of the newest power reading of every GPU that is up (measured).",
             ),
-            today_kpi,
+            today,
             figure_kpi(
                 "TFLOPS/W",
                 s.cluster["tflops_per_w"],
@@ -177,4 +207,4 @@ def render(ctx: PageContext) -> list[Any]:
         "red rings are active stragglers.",
     )
     notes = [dmc.Text(f"note: {n}", size="xs", c="dimmed") for n in s.notes]
-    return [kpis, worst, heat, html.Div(notes)]
+    return [kpis, worst, heat, html.Div(notes), *ask]
