@@ -208,7 +208,6 @@ def test_energy_today_fills_in_after_a_cold_overview(browser: Any, site: Site) -
     from selenium.webdriver.common.by import By
 
     from gpuwatt.dashboard.components import figure_text
-
     from gpuwatt.dashboard.data import DashboardData
 
     data = site.running.data

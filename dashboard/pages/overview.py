@@ -90,6 +90,7 @@ NEWEST_SHOWN = ("power_w",)
 TODAY_ID = "overview-today"
 TODAY_ASK_ID = "overview-today-ask"
 TODAY_HELP = "Energy since 00:00 UTC, from energy-counter deltas."
+TODAY_PLACEHOLDER = "…"
 
 
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
@@ -119,7 +120,7 @@ def today_slot(ctx: PageContext) -> tuple[Any, list[Any]]:
         cached = False
     if cached:
         return html.Div(today_kpi(ctx.data, ctx.now_ns), id=TODAY_ID), []
-    placeholder = kpi("Energy today", "…", "Reading the energy since 00:00 UTC.")
+    placeholder = kpi("Energy today", TODAY_PLACEHOLDER, "Reading the energy since 00:00 UTC.")
     return html.Div(placeholder, id=TODAY_ID), [dcc.Store(id=TODAY_ASK_ID, data=ctx.now_ns)]
 
 
