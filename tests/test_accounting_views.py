@@ -29,19 +29,24 @@ MINUTES = 46  # of data, from 00:04: every view below holds all of it
 VIEWS = ("1h", "6h", "24h", "7d")
 
 
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("views") / "demo.db"
+def _demo_db(path: Path, start_ns: int, end_ns: int, interval_s: float, slow_s: float) -> Path:
+    """The demo scenario simulated from ``start_ns`` to ``end_ns`` into a new embedded store."""
     source = SimulatedClusterSource(
-        load_scenario("demo"), start_ns=END_NS - MINUTES * 60 * NS, clock_ns=lambda: END_NS
+        load_scenario("demo"), start_ns=start_ns, clock_ns=lambda: end_ns
     )
     source.open()
     with SqliteStore(path) as store:
-        for batch in source.backfill(END_NS, interval_s=5.0, slow_interval_s=60.0):
+        for batch in source.backfill(end_ns, interval_s=interval_s, slow_interval_s=slow_s):
             store.write_samples(batch)
         store.flush_rollups()
     source.close()
     return path
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("views") / "demo.db"
+    return _demo_db(path, END_NS - MINUTES * 60 * NS, END_NS, 5.0, 60.0)
 
 
 def _report(db: Path, home: Path, start: str, by: str) -> list[dict[str, str]]:
@@ -148,17 +153,7 @@ def test_every_view_report_and_analysis_agree_on_the_same_seconds(
 def day_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo from 00:00 to 20:00, sampled every minute."""
     path = tmp_path_factory.mktemp("day") / "day.db"
-    end_ns = MIDNIGHT_NS + 20 * 3600 * NS
-    source = SimulatedClusterSource(
-        load_scenario("demo"), start_ns=MIDNIGHT_NS, clock_ns=lambda: end_ns
-    )
-    source.open()
-    with SqliteStore(path) as store:
-        for batch in source.backfill(end_ns, interval_s=60.0, slow_interval_s=300.0):
-            store.write_samples(batch)
-        store.flush_rollups()
-    source.close()
-    return path
+    return _demo_db(path, MIDNIGHT_NS, MIDNIGHT_NS + 20 * 3600 * NS, 60.0, 300.0)
 
 
 @pytest.mark.parametrize("hours_in", [0.5, 1.7, 2.5, 5.9, 6.2, 19.4])

@@ -12,7 +12,12 @@ from typing import Any
 
 import plotly.io
 import pytest
-from test_dashboard_support import DEMO_END_NS, UnreachableStore, build_demo_store
+from test_dashboard_support import (
+    DEMO_END_NS,
+    UnreachableStore,
+    build_demo_store,
+    energy_today_text,
+)
 
 from gpuwatt.dashboard import figures
 from gpuwatt.dashboard.app import PAGES, create_app, render_page
@@ -313,18 +318,10 @@ def _post(client: Any, output_id: str, input_id: str, prop: str, value: Any) -> 
 def test_energy_today_follows_the_overview_in_its_own_request(demo_store: SqliteStore) -> None:
     """A cold overview does not wait for a day's read: it draws a placeholder and the input of
     the callback that fills it; once the figure is cached it is drawn in the page."""
-    from gpuwatt.dashboard.components import figure_text
-
     app = create_app(demo_store, now_ns=DEMO_END_NS)
     client = app.server.test_client()
     data = app.server.config["GPUWATT_DATA"]
-    reference = DashboardData(demo_store, clock_ns=lambda: DEMO_END_NS)
-    try:
-        today = reference.energy_today(DEMO_END_NS).cluster["energy_kwh"]
-    finally:
-        reference.close()
-    assert today.value
-    shown = figure_text(today.value, "kWh")
+    shown = energy_today_text(demo_store, DEMO_END_NS)
 
     def content() -> str:
         body = {

@@ -206,21 +206,13 @@ def test_energy_today_fills_in_after_a_cold_overview(browser: Any, site: Site) -
     """With nothing cached (no warmer here) the overview is drawn with a placeholder for
     "Energy today", which its own request then fills with the figure."""
     from selenium.webdriver.common.by import By
-
-    from gpuwatt.dashboard.components import figure_text
-    from gpuwatt.dashboard.data import DashboardData
+    from test_dashboard_support import energy_today_text
 
     data = site.running.data
     assert data is not None
     data.clear_cache()
     open_page(browser, site.url("/?range=15m"), "overview")
-    reference = DashboardData(data.store, clock_ns=lambda: DEMO_END_NS)  # not the site's cache
-    try:
-        today = reference.energy_today(DEMO_END_NS).cluster["energy_kwh"]
-    finally:
-        reference.close()
-    assert today.value
-    shown = figure_text(today.value, "kWh")
+    shown = energy_today_text(data.store, DEMO_END_NS)  # not through the site's cache
     wait(browser, lambda d: d.find_element(By.ID, "kpi-energy-today").text == shown)
     assert console_errors(browser) == []
 

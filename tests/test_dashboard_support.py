@@ -181,3 +181,17 @@ def wait(driver: Any, cond: Any, timeout: float = 60.0, poll_s: float = 0.5) -> 
     return WebDriverWait(driver, timeout, poll_frequency=poll_s, ignored_exceptions=ignored).until(
         cond
     )
+
+
+def energy_today_text(store: Any, now_ns: int) -> str:
+    """The overview's "Energy today" as a new dashboard (no cache shared) shows it."""
+    from gpuwatt.dashboard.components import figure_text
+    from gpuwatt.dashboard.data import DashboardData
+
+    data = DashboardData(store, clock_ns=lambda: now_ns)
+    try:
+        today = data.energy_today(now_ns).cluster["energy_kwh"]
+    finally:
+        data.close()
+    assert today.value
+    return figure_text(today.value, "kWh")
