@@ -335,21 +335,23 @@ class DashboardData:
 
     def _warm(self, tr: TimeRange) -> None:
         key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
+        self._warm_entry(lambda: (key, self._window(self._moved(tr))))
+
+    def _warm_today(self) -> None:
+        def entry() -> tuple[tuple[Any, ...], AnalysisSummary]:
+            key, compute = self._today(self.now_ns())
+            return key, compute()
+
+        self._warm_entry(entry)
+
+    def _warm_entry(self, entry: Callable[[], tuple[tuple[Any, ...], Any]]) -> None:
+        """Compute a cache entry (key, value) and put it; a failure never stops the warmer."""
         try:
-            self.cache.put(key, self._window(self._moved(tr)))
+            self.cache.put(*entry())
         except DataError:
             pass  # logged as one line; the page will say it
         except Exception as exc:  # never let the warmer die silently
             log.error("warming the cache failed: %s", describe(exc))
-
-    def _warm_today(self) -> None:
-        try:
-            key, compute = self._today(self.now_ns())
-            self.cache.put(key, compute())
-        except DataError:
-            pass  # logged as one line; the page will say it
-        except Exception as exc:  # never let the warmer die silently
-            log.error("warming today's energy failed: %s", describe(exc))
 
     def _window(self, tr: TimeRange) -> WindowData:
         coarse = tr.step_s > RECENT_STEP_S
@@ -374,11 +376,12 @@ class DashboardData:
                 # (a cold 6 h view of 1,024 GPUs on VictoriaMetrics sent it ~0.5 s later,
                 # after the count). (The embedded store reads a view's reads in one
                 # transaction, their newest raw samples aggregated once.)
-                if shared is None and not self._accounted_in_minutes(tr, self._gpus_counted()):
+                counted = self._gpus_counted()
+                if shared is None and not self._accounted_in_minutes(tr.span_s, counted):
                     early_reads = [*reads, recent_read]
                 early = _started(self._read_counted, early_reads, count, session)
             seen = newest.result() if coarse else []
-            accounting = coarse and self._accounted_in_minutes(tr, len(seen))
+            accounting = coarse and self._accounted_in_minutes(tr.span_s, len(seen))
             shared = shared if not accounting else None
             more: list[SeriesRead] = []
             if accounting:
@@ -451,10 +454,10 @@ class DashboardData:
                 self._logged.add(note)
                 log.warning("%s", note)
 
-    def _accounted_in_minutes(self, tr: TimeRange, gpus: int | None) -> bool:
-        """Whether a coarse range of ``gpus`` GPUs is analysed in 1-minute windows as well
-        (False where the count is not known)."""
-        return gpus is not None and gpus * tr.span_s / 60 <= self.accounting_max_gpu_minutes
+    def _accounted_in_minutes(self, span_s: float, gpus: int | None) -> bool:
+        """Whether a coarse range of ``span_s`` seconds and ``gpus`` GPUs is analysed in
+        1-minute windows as well (False where the count is not known)."""
+        return gpus is not None and gpus * span_s / 60 <= self.accounting_max_gpu_minutes
 
     def _gpus_counted(self) -> int | None:
         """The number of GPUs last seen (None: none cached)."""
@@ -541,11 +544,11 @@ class DashboardData:
 
     def _today_step_s(self, day_ns: int, end_ns: int) -> int:
         """The step of a view of ``[day_ns, end_ns)``, or minutes where it is accounted in
-        minutes (``_accounted_in_minutes``)."""
-        gpu_minutes = len(self.gpus_seen()) * (end_ns - day_ns) / (60 * NS_PER_S)
-        if gpu_minutes <= self.accounting_max_gpu_minutes:
+        minutes."""
+        span_s = (end_ns - day_ns) / NS_PER_S
+        if self._accounted_in_minutes(span_s, len(self.gpus_seen())):
             return RECENT_STEP_S
-        return choose_step_s((end_ns - day_ns) / NS_PER_S)
+        return choose_step_s(span_s)
 
     def host_series(self, tr: TimeRange, host: str, fields: Sequence[str]) -> pd.DataFrame:
         """Rollups of one node's GPUs (drill-down); a live range keyed as in ``window``."""
