@@ -9,7 +9,6 @@ has rollups: Prometheus takes no writes, and dcgm-exporter's series are aggregat
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -69,10 +68,12 @@ class PromRollups:
 
     def _oldest_ns(self, level_ns: int) -> int | None:
         sel = self._n_selector(level_ns)
-        return self._time_of(f"min(tfirst_over_time({sel}[{_FAR_S}s]))", time.time_ns())
+        return self._time_of(f"min(tfirst_over_time({sel}[{_FAR_S}s]))", self.store.clock_ns())
 
     def _newest_ns(self, level_ns: int) -> int | None:
-        sel, now = self._n_selector(level_ns), time.time_ns()
+        # the store's now: a bench replaying data that ended in the past finds its newest
+        # point in the last day, as a live cluster does (not in a second, all-time query)
+        sel, now = self._n_selector(level_ns), self.store.clock_ns()
         return self._time_of(f"max(tlast_over_time({sel}[1d]))", now) or self._time_of(
             f"max(tlast_over_time({sel}[{_FAR_S}s]))", now
         )
