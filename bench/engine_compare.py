@@ -1,27 +1,34 @@
 """bench/dashboard.py --store influxdb|victoriametrics: the dashboard on an engine, side by side.
 
-The same cluster as the embedded store's run is loaded into the engine (``engine_load``). For
-each page and range the content callback's p95 is printed cold (cache emptied before each
-request) and served (from the cache the warmer keeps), for: the embedded store; the engine read
-through its rollups (``engine_rollups``); and the engine read as before rollups, every bucket
-aggregated from raw samples with ``GROUP BY time()`` / ``avg_over_time`` (``use_rollups=False``),
-whose cold p95 divided by the rollups' is the ratio beaten. Beside each engine figure, the
-median CPU of a cold callback in this process and in the engine's server, and their sum divided
-by the machine's cores: no cold callback can take less time than that here, whatever runs in
-parallel (on a 2-core machine the engine and the dashboard share both). Then the warmer's cost:
-CPU of this process and of the engine's server per recomputation of each preset, and the
-engine's share of a core at the warmer's periods.
+The same cluster as the embedded store's run is loaded into the engine (``engine_load``), from a
+process of its own, as collectors write from theirs. For each page and range the content
+callback's p95 is printed cold (cache emptied before each request) and served (from the cache
+the warmer keeps), for: the embedded store; the engine read through its rollups
+(``engine_rollups``); and the engine read as before rollups, every bucket aggregated from raw
+samples with ``GROUP BY time()`` / ``avg_over_time`` (``use_rollups=False``), whose cold p95
+divided by the rollups' is the ratio beaten. Each of the three is timed in a process of its own
+(``in_own_process``), one after the other, every range of one before the next. Beside each
+engine figure, the median CPU of a cold callback in the dashboard's process and in the engine's
+server, and their sum divided by the machine's cores: no cold callback can take less time than
+that here, whatever runs in parallel (on a 2-core machine the engine and the dashboard share
+both). Then the warmer's cost: CPU of the dashboard's process and of the engine's server per
+recomputation of each preset, and the engine's share of a core at the warmer's periods.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
-from engine_load import Engine, load
+from callback_times import CallbackTimes, open_embedded, time_callbacks
+from engine_load import Engine, EngineAt, load_elsewhere, process_cpu_s
 
 from gpuwatt.dashboard.app import create_app
 from gpuwatt.dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S
@@ -30,15 +37,73 @@ from gpuwatt.dashboard.timerange import DEFAULT_RANGE, PRESETS, parse_range
 COLD_TARGET_S = 0.5
 CORES = os.cpu_count() or 1
 SERVED_TARGET_S = 0.1
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StoreAt:
+    """A store a timing process opens: the embedded store's file, or an engine (its rollups
+    or its raw ``GROUP BY``), and the engine server's pid for its CPU."""
+
+    db: Path | None = None
+    engine: EngineAt | None = None
+    use_rollups: bool = True
+    engine_pid: int | None = None
+
+    def open(self) -> Any:
+        if self.engine is None:
+            assert self.db is not None
+            return open_embedded(self.db)
+        return self.engine.store(use_rollups=self.use_rollups)
+
+    def engine_cpu_s(self) -> Callable[[], float] | None:
+        pid = self.engine_pid
+        return None if pid is None else (lambda: process_cpu_s(pid))
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What one store's timing process measured: per range label, per page; the load
+    average when each range began; the warmer's CPU per preset (dashboard, engine), if asked."""
+
+    pages: dict[str, dict[str, CallbackTimes]]
+    load_average: dict[str, str]
+    warm: dict[str, tuple[float, float]] | None
+
+
+def in_own_process(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a fresh interpreter: each store is timed in a process that holds its
+    dashboard alone, as a server does (timed one after the other in one process, the engine's
+    cold callbacks used more CPU after the embedded store's and the raw reads' had run)."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def time_store(
+    at: StoreAt,
+    end_ns: int,
+    ranges: list[tuple[str, dict[str, str]]],
+    repeat: int,
+    warm_repeat: int,
+) -> Timed:
+    """Every range's pages timed on one store (in its own process: ``in_own_process``)."""
+    app = create_app(at.open(), now_ns=end_ns)
+    pages, loads = {}, {}
+    for label, query in ranges:
+        # the machine's load beside the figures: a busy machine's wall times are longer
+        loads[label] = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        pages[label] = time_callbacks(app, repeat, query, at.engine_cpu_s())
+    warm = warm_cpu(app, at, warm_repeat) if warm_repeat > 0 else None
+    return Timed(pages, loads, warm)
 
 
 def compare(
     kind: str,
     cluster: Any,
-    embedded_store: Any,
+    db: Path,
     end_ns: int,
     ranges: list[tuple[str, dict[str, str]]],
-    time_callbacks: Callable[[Any, int, dict[str, str]], dict[str, Any]],
     repeat: int,
     raw_repeat: int,
 ) -> bool:
@@ -48,38 +113,38 @@ def compare(
         size = f"{cluster.gpus} GPUs x {cluster.hours} h every {cluster.interval_s} s"
         print(f"\nloading {size} into {kind} (gzip'd line protocol, parallel batches; rollups)")
         t = time.perf_counter()
-        n = load(engine, cluster)
+        n = load_elsewhere(engine, cluster)
         dt = time.perf_counter() - t
         print(f"  {n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s); engine CPU {engine.cpu_s():.0f} s")
         time.sleep(5.0)  # let the engine settle (compactions, flushes) before timing reads
-        apps = {
-            "embedded": create_app(embedded_store, now_ns=end_ns),
-            kind: create_app(engine.store(), now_ns=end_ns),
-            "raw GROUP BY": create_app(engine.store(use_rollups=False), now_ns=end_ns),
-        }
+        pid = engine.server._proc.pid
+        stores = {
+            "embedded": (StoreAt(db=db), repeat, 0),
+            kind: (StoreAt(engine=engine.at, engine_pid=pid), repeat, repeat),
+            "raw GROUP BY": (StoreAt(engine=engine.at, use_rollups=False, engine_pid=pid),
+                             raw_repeat, 0),
+        }  # fmt: skip
+        timed: dict[str, Timed] = {}
+        for name, (at, reps, warm_reps) in stores.items():
+            if reps > 0:  # --raw-repeat 0: the raw GROUP BY not timed
+                print(f"  timing {name} in a process of its own", flush=True)
+                timed[name] = in_own_process(time_store, at, end_ns, ranges, reps, warm_reps)
         ok = True
-        for label, query in ranges:
-            # the machine's load beside the figures: a busy machine's wall times are longer
-            load_avg = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-            print(f"\n{label}: callback p95 in ms, cold / served (load average {load_avg})")
+        for label, _query in ranges:
+            print(f"\n{label}: callback p95 in ms, cold / served "
+                  f"(load average {timed[kind].load_average[label]})")  # fmt: skip
             print(
                 f"  {'page':11s} {'embedded':>15s} {kind:>17s} {'raw GROUP BY':>15s}  ratio"
                 f"  {kind} cold: median ms; CPU ms of this process + the engine, "
                 f"/ {CORES} cores"
             )
-            results = {}
-            for name, app in apps.items():
-                reps = raw_repeat if name == "raw GROUP BY" else repeat
-                if reps > 0:  # --raw-repeat 0: the raw GROUP BY not timed
-                    cpu = None if name == "embedded" else engine.cpu_s
-                    results[name] = time_callbacks(app, reps, query, cpu)
-            for page in results[kind]:
-                e, g = results["embedded"][page], results[kind][page]
+            for page, g in timed[kind].pages[label].items():
+                e = timed["embedded"].pages[label][page]
                 met = g.cold_p95_s <= COLD_TARGET_S and g.served_p95_s <= SERVED_TARGET_S
                 ok &= met
                 raw = f"{'-':>7s} / {'-':>4s}  {'-':>5s} "
-                if "raw GROUP BY" in results:
-                    r = results["raw GROUP BY"][page]
+                if "raw GROUP BY" in timed:
+                    r = timed["raw GROUP BY"].pages[label][page]
                     raw = (
                         f"{r.cold_p95_s * 1e3:7.0f} / {r.served_p95_s * 1e3:4.0f}  "
                         f"{r.cold_p95_s / max(g.cold_p95_s, 1e-9):5.1f}x"
@@ -93,16 +158,18 @@ def compare(
                     + ("" if met else "  <- MISSED target")
                 )
         print(f"\nthe warmer on {kind}: one recomputation of each preset (median of {repeat})")
-        share = warm_share(apps[kind], engine, repeat)
-        ok &= share < 10.0
+        warm = timed[kind].warm
+        assert warm is not None
+        ok &= warm_share(warm) < 10.0
         return ok
     finally:
         engine.close()
 
 
-def warm_share(app: Any, engine: Engine, repeat: int) -> float:
-    """Per preset: CPU of this process and of the engine per recomputation; returns the
-    engine's share of a core (%) at the warmer's periods."""
+def warm_cpu(app: Any, at: StoreAt, repeat: int) -> dict[str, tuple[float, float]]:
+    """Per preset: the median CPU of this process and of the engine per recomputation."""
+    engine_cpu_s = at.engine_cpu_s()
+    assert engine_cpu_s is not None
     data = app.server.config["GPUWATT_DATA"]
     data.clear_cache()
     order = [DEFAULT_RANGE, *(p for p in PRESETS if p != DEFAULT_RANGE)]
@@ -111,16 +178,21 @@ def warm_share(app: Any, engine: Engine, repeat: int) -> float:
     for _ in range(repeat):
         for preset in order:
             tr = parse_range({"range": preset}, data.now_ns())[0]
-            c, e = time.process_time(), engine.cpu_s()
+            c, e = time.process_time(), engine_cpu_s()
             data._warm(tr)
             if preset == DEFAULT_RANGE:  # the overview's "Energy today" is warmed with it
                 data._warm_today()
             ours[preset].append(time.process_time() - c)
-            theirs[preset].append(engine.cpu_s() - e)
+            theirs[preset].append(engine_cpu_s() - e)
+    return {p: (statistics.median(ours[p]), statistics.median(theirs[p])) for p in order}
+
+
+def warm_share(warm: dict[str, tuple[float, float]]) -> float:
+    """Print the warmer's CPU per preset; returns the engine's share of a core (%) at the
+    warmer's periods."""
     engine_per_10min = ours_per_10min = 0.0
-    for preset in order:
+    for preset, (o, t) in warm.items():
         every_s = WARM_EVERY_S if preset == DEFAULT_RANGE else WARM_PRESETS_EVERY_S
-        o, t = statistics.median(ours[preset]), statistics.median(theirs[preset])
         ours_per_10min += o * 600 / every_s
         engine_per_10min += t * 600 / every_s
         what = f"{preset} and today's energy" if preset == DEFAULT_RANGE else preset

@@ -20,12 +20,14 @@ profiling reads from another process.
 from __future__ import annotations
 
 import gzip
+import multiprocessing
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -66,20 +68,14 @@ ATTRS = (
 )
 
 
-class Engine:
-    """A started engine, the store that reads it, and the CPU time its server process used."""
+@dataclass(frozen=True)
+class EngineAt:
+    """Where a started engine answers: all another process needs to write to it and read it."""
 
-    def __init__(self, kind: str, end_ns: int) -> None:
-        self.kind = kind
-        self.end_ns = end_ns  # the newest sample the bench loads
-        self.server: Any = InfluxDB1Server() if kind == "influxdb" else VictoriaMetricsServer()
-        self.server.start()
-        if kind == "influxdb":
-            self.server.create_database("bench")
-            self.url = self.server.url.replace("http://", "influxdb://") + "/bench?timeout=120s"
-        else:
-            url = self.server.url.replace("http://", "victoriametrics://")
-            self.url = url + "?timeout=120s&rollups=on"
+    kind: str
+    url: str  # the store's URL (``open_store``)
+    server_url: str  # http://127.0.0.1:PORT
+    end_ns: int  # the newest sample the bench loads
 
     def store(self, *, use_rollups: bool = True) -> Any:
         store = open_store(self.url, environ={})
@@ -93,20 +89,63 @@ class Engine:
         return store
 
     def flush(self) -> None:
+        """Make what was written searchable now (VictoriaMetrics: within a second or so)."""
         if self.kind == "victoriametrics":
-            self.server.force_flush()
+            resp = urllib3.request("GET", f"{self.server_url}/internal/force_flush")
+            if resp.status != 200:
+                raise RuntimeError(f"force_flush {resp.status}: {resp.data[:200]!r}")
+
+
+class Engine:
+    """A started engine, the store that reads it, and the CPU time its server process used."""
+
+    def __init__(self, kind: str, end_ns: int) -> None:
+        self.kind = kind
+        self.server: Any = InfluxDB1Server() if kind == "influxdb" else VictoriaMetricsServer()
+        self.server.start()
+        if kind == "influxdb":
+            self.server.create_database("bench")
+            url = self.server.url.replace("http://", "influxdb://") + "/bench?timeout=120s"
+        else:
+            url = self.server.url.replace("http://", "victoriametrics://")
+            url += "?timeout=120s&rollups=on"
+        self.at = EngineAt(kind, url, self.server.url, end_ns)
+        self.url = url
+
+    def store(self, *, use_rollups: bool = True) -> Any:
+        return self.at.store(use_rollups=use_rollups)
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the engine's process so far."""
-        fields = Path(f"/proc/{self.server._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.server._proc.pid)
 
     def close(self) -> None:
         self.server.cleanup()
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_elsewhere(engine: Engine, cluster: Cluster) -> int:
+    """``load`` in a process of its own, as collectors write from theirs: the process that
+    then times the dashboard holds none of the load's data. Loaded in the timing process, the
+    1 h view's cold callbacks on VictoriaMetrics used more CPU in the dashboard's process
+    (bench/dashboard.py, see the CHANGELOG)."""
+    spec = (cluster.gpus, cluster.hours, cluster.interval_s, engine.at.end_ns)
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter, not a copy of this one
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        return pool.submit(_load_cluster, engine.at, spec).result()
+
+
+def _load_cluster(at: EngineAt, spec: tuple[int, float, float, int]) -> int:
+    return load(at, Cluster(*spec), progress=lambda line: print(line, flush=True))
+
+
 def load(
-    engine: Engine,
+    engine: EngineAt,
     cluster: Cluster,
     *,
     batch_lines: int = 50_000,
@@ -234,11 +273,11 @@ class Poster:
     """Gzip'd batches POSTed in parallel straight to the engine's line-protocol endpoint (v1
     ``/write`` on InfluxDB 1.x, ``/write`` on VictoriaMetrics), a few requests in flight."""
 
-    def __init__(self, engine: Engine, workers: int) -> None:
+    def __init__(self, engine: EngineAt, workers: int) -> None:
         if engine.kind == "influxdb":
-            self.url = f"{engine.server.url}/write?db=bench&precision=ns"
+            self.url = f"{engine.server_url}/write?db=bench&precision=ns"
         else:
-            self.url = f"{engine.server.url}/write?precision=ns"
+            self.url = f"{engine.server_url}/write?precision=ns"
         self.http = urllib3.PoolManager(maxsize=workers, timeout=urllib3.Timeout(total=300.0))
         self.pool = ThreadPoolExecutor(workers)
         self.in_flight: list[Future[None]] = []
@@ -289,7 +328,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # ``kill PID`` stops the engine
     try:
         t = time.perf_counter()
-        n = load(engine, cluster)
+        n = load_elsewhere(engine, cluster)
         dt = time.perf_counter() - t
         print(f"{n:,} samples in {dt:.0f} s ({n / dt:,.0f}/s); engine CPU {engine.cpu_s():.0f} s")
         if args.serve:
@@ -302,7 +341,7 @@ def main() -> None:
         engine.close()
 
 
-__all__ = ["Engine", "InfluxStore", "load"]
+__all__ = ["Engine", "EngineAt", "InfluxStore", "load", "load_elsewhere", "process_cpu_s"]
 
 if __name__ == "__main__":
     main()
