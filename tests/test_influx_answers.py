@@ -1,11 +1,13 @@
 """How ``InfluxStore`` asks Debian's InfluxDB 1.6.7 (started by the fixtures): answers in
 MessagePack read exactly as the same answers in JSON, and raw reads wholly older than the oldest
 raw sample are not sent (the time of the oldest sample is asked again after a while, so samples
-written later with older times are found)."""
+written later with older times are found, and reads at once ask it once)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
@@ -116,3 +118,22 @@ def test_raw_reads_older_than_every_sample_are_not_sent(
     found = store.series(T0 - 2 * 3600 * S, T0, ATTRS, step_s=60)
     assert sorted(set(found["time_ns"])) == [T0 - 3 * MINUTE_NS + i * MINUTE_NS for i in range(3)]
     assert len(found) == 3 * 2
+
+
+def test_the_oldest_raw_time_is_asked_once_by_reads_at_once(
+    store: RecordingStore, make_sample: Callable[..., GpuSample]
+) -> None:
+    """The parallel reads of a cold view all need the oldest raw sample's time: one asks the
+    server, the others wait for its answer (each asking cost InfluxDB two all-time queries)."""
+    _write(store, _samples(make_sample, T0, T0 + 3 * MINUTE_NS))
+    asked = threading.Barrier(8)
+
+    def oldest() -> int | None:
+        asked.wait()  # all eight at once
+        return influx_reads.oldest_raw_ns(store)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: oldest(), range(8)))
+    assert answers == [T0] * 8
+    firsts = [q for q in store.statements if q.startswith("SELECT first(")]
+    assert len(firsts) == 2, firsts  # gpu_lost's and utilization_gpu's, once

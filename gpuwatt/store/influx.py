@@ -21,6 +21,7 @@ header, never in a URL, a log line, a repr or an error message.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -107,6 +108,7 @@ class InfluxStore:
         self.shared_writers: dict[str, tuple[str, ...]] = {}
         self._telegraf_fields: tuple[float, frozenset[str] | None] | None = None
         self._oldest_raw: tuple[float, int] | None = None  # (monotonic s, ns): oldest_raw_ns
+        self._oldest_raw_lock = threading.Lock()  # the reads of a view ask it once, not each
         self._raw_hosts: tuple[float, list[str]] | None = None  # (monotonic s, hosts): raw_hosts
         #: Serve bucketed reads from the rollups kept in the bucket (``engine_rollups``) when
         #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
