@@ -80,12 +80,12 @@ class EngineAt:
     def store(self, *, use_rollups: bool = True) -> Any:
         store = open_store(self.url, environ={})
         store.use_rollups = use_rollups  # type: ignore[attr-defined]
-        if self.kind == "victoriametrics":
-            # latest() and gpus_seen() look back their hour from the wall clock; the bench's
-            # data ends months ago: look back that hour from the data's end, as on a live
-            # cluster (a lookback stretched to months made every latest() scan all 24 h of raw
-            # samples, ~1-2 s)
-            store.clock_ns = lambda: self.end_ns + 1  # type: ignore[attr-defined]
+        # VictoriaMetrics' latest() and gpus_seen() look back their hour from the store's
+        # clock, and both engines look for the newest rollup point in the day before it; the
+        # bench's data ends months ago: look back from the data's end, as on a live cluster (a
+        # lookback stretched to months made every latest() scan all 24 h of raw samples, ~1-2
+        # s; a newest rollup point not in the last day is looked for again over all time)
+        store.clock_ns = lambda: self.end_ns + 1  # type: ignore[attr-defined]
         return store
 
     def flush(self) -> None:

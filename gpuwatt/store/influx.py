@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -114,6 +115,9 @@ class InfluxStore:
         #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
         self.use_rollups = use_rollups
         self._rollups: InfluxRollups | None = None
+        #: "now" for finding the newest rollup point in the last day (``InfluxRollups``; a
+        #: bench replaying data that ended in the past sets the data's end)
+        self.clock_ns: Callable[[], int] = time.time_ns
         self._msgpack = True  # ask for MessagePack answers (until the server refuses them)
         self._client: InfluxDBClient | None = None
         self._write_api: WriteApi | None = None

@@ -122,7 +122,7 @@ class InfluxRollups:
         # looked for in the last day first, which is cheap (InfluxDB reads only the shards the
         # time range names), then anywhere
         measurement = ident(MEASUREMENTS[level_ns])
-        day_ago = time.time_ns() - 86_400 * 10**9
+        day_ago = self.store.clock_ns() - 86_400 * 10**9
         return self._time_of(
             f'SELECT last("{FIELD_N}") FROM {measurement} WHERE time >= {day_ago}'
         ) or self._time_of(f'SELECT last("{FIELD_N}") FROM {measurement}')
