@@ -17,18 +17,16 @@ recomputation of each preset, and the engine's share of a core at the warmer's p
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import statistics
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from callback_times import CallbackTimes, open_embedded, time_callbacks
-from engine_load import Engine, EngineAt, load_elsewhere, process_cpu_s
+from engine_load import Engine, EngineAt, in_own_process, load_elsewhere, process_cpu_s
 
 from gpuwatt.dashboard.app import create_app
 from gpuwatt.dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S
@@ -37,7 +35,6 @@ from gpuwatt.dashboard.timerange import DEFAULT_RANGE, PRESETS, parse_range
 COLD_TARGET_S = 0.5
 CORES = os.cpu_count() or 1
 SERVED_TARGET_S = 0.1
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,15 +68,6 @@ class Timed:
     warm: dict[str, tuple[float, float]] | None
 
 
-def in_own_process(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a fresh interpreter: each store is timed in a process that holds its
-    dashboard alone, as a server does (timed one after the other in one process, the engine's
-    cold callbacks used more CPU after the embedded store's and the raw reads' had run)."""
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-        return pool.submit(fn, *args).result()
-
-
 def time_store(
     at: StoreAt,
     end_ns: int,
@@ -87,7 +75,10 @@ def time_store(
     repeat: int,
     warm_repeat: int,
 ) -> Timed:
-    """Every range's pages timed on one store (in its own process: ``in_own_process``)."""
+    """Every range's pages timed on one store. ``compare`` runs it in a process of its own
+    (``in_own_process``) for each store, as a dashboard server holds its store alone: timed one
+    after the other in one process, the engine's cold callbacks used more CPU after the embedded
+    store's and the raw reads' had run."""
     app = create_app(at.open(), now_ns=end_ns)
     pages, loads = {}, {}
     for label, query in ranges:

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import urllib3
@@ -51,6 +51,8 @@ from gpuwatt.store.engine_rollups import (
 )
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.rollup_rule import as_level, combine
+
+T = TypeVar("T")
 
 #: The attributes the simulated cluster sets (the others are not measured: NaN, not rolled).
 ATTRS = (
@@ -135,9 +137,14 @@ def load_elsewhere(engine: Engine, cluster: Cluster) -> int:
     1 h view's cold callbacks on VictoriaMetrics used more CPU in the dashboard's process
     (bench/dashboard.py, see the CHANGELOG)."""
     spec = (cluster.gpus, cluster.hours, cluster.interval_s, engine.at.end_ns)
-    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter, not a copy of this one
+    return in_own_process(_load_cluster, engine.at, spec)
+
+
+def in_own_process(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a fresh interpreter (spawned, not a copy of this one), its result."""
+    spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-        return pool.submit(_load_cluster, engine.at, spec).result()
+        return pool.submit(fn, *args).result()
 
 
 def _load_cluster(at: EngineAt, spec: tuple[int, float, float, int]) -> int:
@@ -341,7 +348,15 @@ def main() -> None:
         engine.close()
 
 
-__all__ = ["Engine", "EngineAt", "InfluxStore", "load", "load_elsewhere", "process_cpu_s"]
+__all__ = [
+    "Engine",
+    "EngineAt",
+    "InfluxStore",
+    "in_own_process",
+    "load",
+    "load_elsewhere",
+    "process_cpu_s",
+]
 
 if __name__ == "__main__":
     main()
