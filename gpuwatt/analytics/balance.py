@@ -153,7 +153,7 @@ def idle_gpus(gw: pd.DataFrame, *, min_windows: int, window_ns: int) -> list[Idl
     if gw.empty or not gw["idle"].any():
         return []
     # only the GPUs idle in some window are sorted (the same rows in the same order as sorting
-    # them all, then keeping them): at 1,024 GPUs x 60 windows, ~15 ms less per analysis
+    # them all, then keeping them): at 1,024 GPUs x 60 windows, ~8 ms less per analysis
     codes = gw["gpu_code"].to_numpy()
     cand = np.isin(codes, np.unique(codes[gw["idle"].to_numpy(dtype=bool)]))
     sub = gw.loc[cand].sort_values(["gpu_code", "window_start_ns"], kind="stable")
