@@ -8,6 +8,7 @@ behind a reverse proxy, or for more users, run ``gpuwatt.dashboard.wsgi:applicat
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Mapping
@@ -49,6 +50,18 @@ class RunningDashboard:
         self.thread.join(timeout_s)
         if self.data is not None:
             self.data.close()
+        gc.unfreeze()  # what start froze is collected again (a process that goes on: tests)
+
+
+def freeze_startup_heap() -> None:
+    """Move what the server holds once started (modules, the app, the first views) out of the
+    cyclic garbage collector's reach (``gc.freeze``). A full collection otherwise walks all of
+    it: served from the cache, a 1 h page of 1,024 GPUs on VictoriaMetrics takes ~30 ms, and the
+    2 callbacks in 360 a full collection fell in took 70-93 ms; frozen, those took 12-24 ms
+    (CHANGELOG). Frozen objects are still freed when no longer referenced; only cycles among
+    them stay."""
+    gc.collect()
+    gc.freeze()
 
 
 def start(
@@ -91,6 +104,7 @@ def start(
                 if tr.preset != default.preset:
                     plan.append((tr, warm_presets_every_s))
         data.start_warming(plan).wait(FIRST_WARM_TIMEOUT_S)
+    freeze_startup_heap()
     log.info("dashboard serving on %s%s", url, " (authentication required)" if credentials else "")
     return RunningDashboard(url, server, thread, data)
 

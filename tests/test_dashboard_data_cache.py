@@ -210,6 +210,25 @@ def test_the_server_answers_once_the_default_view_is_computed(demo_store: Sqlite
         running.stop()
 
 
+def test_a_started_server_keeps_its_start_up_heap_out_of_full_collections(
+    demo_store: SqliteStore,
+) -> None:
+    """What the server holds once started (the app, the default view) is frozen out of the
+    cyclic collector's walk, so a full collection in a served callback is short; stopping
+    gives it back to the collector (a process that goes on after a server: tests)."""
+    import gc
+
+    from gpuwatt.dashboard.server import start
+
+    running = start(demo_store, "127.0.0.1", 0, environ={}, now_ns=DEMO_END_NS)
+    try:
+        assert running.data is not None
+        assert gc.get_freeze_count() > 1000  # the modules, the app and the default view
+    finally:
+        running.stop()
+    assert gc.get_freeze_count() == 0
+
+
 class EngineLike(CountingStore):
     """The demo store as a network engine is read: no shared transaction for a view's reads,
     and a ``latest`` that answers only once a read of the range has reached the store (at most
