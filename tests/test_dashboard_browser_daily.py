@@ -194,6 +194,41 @@ def until_it_takes(
     return None
 
 
+#: Keeps, in the page, each Dash callback request the browser sends (the outputs it asks for)
+#: and its answer's status and first bytes: for a failure message (``callbacks_said``).
+RECORD_CALLBACKS_JS = """
+if (!window.gwCalls) {
+    window.gwCalls = [];
+    const fetch0 = window.fetch;
+    window.fetch = function (url, opts) {
+        const asked = ((opts && opts.body) || '').slice(0, 160);
+        const call = {url: String(url), at: Date.now(), asked: asked};
+        window.gwCalls.push(call);
+        return fetch0.apply(this, arguments).then(function (resp) {
+            call.status = resp.status;
+            resp.clone().text().then(function (t) { call.said = t.slice(0, 200); });
+            return resp;
+        }, function (err) { call.error = String(err); throw err; });
+    };
+}
+"""
+
+
+def callbacks_said(browser: Any, page: str, *ids: str) -> str:
+    """What a page shows (its content and the elements ``ids``), the callback requests
+    ``RECORD_CALLBACKS_JS`` kept and the browser's console: why an action did not take."""
+    from selenium.webdriver.common.by import By
+
+    shown = [f"content: {content(browser, page)[:300]!r}"]
+    for id_ in ids:
+        found = browser.find_elements(By.ID, id_)
+        shown.append(f"#{id_}: {found[0].text[:300]!r}" if found else f"#{id_}: absent")
+    calls = browser.execute_script("return window.gwCalls || [];")
+    shown += [f"callback: {c}" for c in calls[-12:]] or ["no callback request recorded"]
+    shown += [f"console: {e['level']} {e['message'][:200]}" for e in browser.get_log("browser")]
+    return "\n".join(shown)
+
+
 def click_link(browser: Any, text: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -450,6 +485,7 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     assert db.silences() == []  # none before the click: what follows is the click's doing
 
     def silence() -> None:
+        browser.execute_script(RECORD_CALLBACKS_JS)  # for the failure message below
         comment = browser.find_element(By.ID, "silence-comment")
         if comment.get_attribute("value") != "fan swap tonight":
             comment.clear()
@@ -459,8 +495,9 @@ def test_silence_and_expire_from_the_alerts_page(browser: Any, site: Site) -> No
     until_it_takes(
         browser, site.url("/alerts?range=1h"), "alerts", silence, lambda d: db.silences(), wait_s=20
     )
-    # what the page said (the outcome line, "not silenced: ..." on a failure) if none was made
-    assert len(db.silences()) == 1, content(browser, "alerts")[:600]
+    # if none was made: what the page said (the outcome line, "not silenced: ..." on a
+    # failure), the callbacks the browser sent since the last try and what they got, its console
+    assert len(db.silences()) == 1, callbacks_said(browser, "alerts", "alerts-action")
     # The page's live refresh may redraw the content (and drop the one-off result line) at any
     # moment: wait for what the click made, the silence listed with its author and comment.
     wait(
