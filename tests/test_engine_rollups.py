@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -548,6 +549,41 @@ def test_a_coarse_views_newest_hour_and_range_share_their_minutes_in_either_orde
         for read, frame in zip((newest, view), frames, strict=True):
             alone = engine.store.series(read.start_ns, read.end_ns, read.fields, step_s=read.step_s)
             pd.testing.assert_frame_equal(frame, alone, obj=str(read))
+
+
+def test_a_coarse_views_range_read_first_asks_for_its_newest_hours_minutes_at_once(
+    engine: Engine, make_sample: Callable[..., GpuSample]
+) -> None:
+    """In one batch, the newest bucket of a coarse view's range (read from minutes) is asked
+    for before its newest hour in minutes (held back here): the minutes of the whole hour are
+    asked for then, once, and each frame is what its read gives alone. (Without the batch's
+    reads in minutes announced first, the engine was asked for both apart.)"""
+    asked = rolled_and_spied(engine, make_sample)
+    end = T0 + 127 * MINUTE_NS
+    newest = SeriesRead(end - HOUR_NS, end, ATTRS, 60)
+    view = SeriesRead(T0, end, ATTRS, 3600)
+    minutes_sent = threading.Event()
+    rollups, session = engine.store.rollups, shared_session(engine.store, lean_minutes=False)
+    to_engine, through = rollups.rollup_points, session.rollup_points
+
+    def sent(level_ns: int, *args: Any, **kwargs: Any) -> Any:
+        if level_ns == MINUTE_NS:
+            minutes_sent.set()
+        return to_engine(level_ns, *args, **kwargs)
+
+    def newest_last(level_ns: int, start_ns: int, *args: Any, **kwargs: Any) -> Any:
+        if level_ns == MINUTE_NS and start_ns < end - HOUR_NS + MINUTE_NS:
+            assert minutes_sent.wait(30.0)  # the newest hour's own: once the view's is sent
+        return through(level_ns, start_ns, *args, **kwargs)
+
+    rollups.rollup_points = sent
+    session.rollup_points = newest_last  # type: ignore[method-assign]
+    frames = series_many(engine.store, [view, newest], shared=session)
+    assert [a[0] for a in asked].count(MINUTE_NS) == 1, asked
+    for read, frame in zip((view, newest), frames, strict=True):
+        alone = engine.store.series(read.start_ns, read.end_ns, read.fields, step_s=read.step_s)
+        assert len(alone) > 0
+        pd.testing.assert_frame_equal(frame, alone, obj=str(read))
 
 
 def test_a_range_on_days_before_the_data_sends_no_raw_read(

@@ -12,6 +12,13 @@ attribute asked for, and is not ``lean`` where the request is not (a lean read o
 ``n_ok`` and ``t_last_ns``). Each read gets its own attributes and GPU ids back: what it
 computes is what it computed alone.
 
+Which of two such reads sends its request first is a race: a coarse view's newest bucket, a few
+minutes read from minutes, is served by its newest hour in minutes, but not the other way round.
+So the reads in minutes of a batch are announced before it starts (``expect``), and a request
+within one of them that finds no answer asks for that read's whole range: the read then finds its
+answer sent (on 1,024 GPUs VictoriaMetrics spent ~100 ms of CPU on the few minutes asked for
+apart, for its ~13,000 series).
+
 Answers are kept only as long as the view's reads run (the object is dropped with the view).
 """
 
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpuwatt.model import METRIC_FIELDS
 from gpuwatt.store.base import SeriesRead, series_in_parallel
 from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope
 from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS, LookAroundHint
@@ -43,6 +51,15 @@ class _Answer:
     ids: GpuIds
     future: Future[Cols]
     span: tuple[int, int]  # the range asked for
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """A read in minutes of the view not sent yet (``SharedReads.expect``): the attributes and
+    the whole minutes of its range."""
+
+    attrs: frozenset[str]
+    span: tuple[int, int]
 
 
 def _serves(
@@ -68,10 +85,24 @@ class SharedReads:
         #: (a coarse view's newest hour in minutes, and its range's newest bucket from minutes).
         self.lean_minutes = True
         self._answers: dict[tuple[Any, ...], list[_Answer]] = {}
+        self._expected: dict[tuple[Any, ...], list[_Expected]] = {}
         self._lock = threading.Lock()
         #: requests sent to the engine, and those answered from another read's request
         self.sent = 0
         self.shared = 0
+
+    def expect(self, read: SeriesRead) -> None:
+        """Announce a read of the view in 1-minute steps, before the reads start: a request
+        for minute rollup points within its range asks for all of them (``_shared``)."""
+        if read.step_s is None or round(float(read.step_s) * NS_PER_S) != MINUTE_NS:
+            return
+        span = (-(-read.start_ns // MINUTE_NS) * MINUTE_NS, read.end_ns // MINUTE_NS * MINUTE_NS)
+        if span[0] >= span[1]:
+            return
+        attrs = frozenset(METRIC_FIELDS if read.fields is None else read.fields)
+        with self._lock:
+            key = ("points", MINUTE_NS, _hosts(read.hosts))
+            self._expected.setdefault(key, []).append(_Expected(attrs, span))
 
     # --- the source's own answers -------------------------------------------------------------
 
@@ -101,7 +132,7 @@ class SharedReads:
             (start_ns, end_ns),
             scope,
             False,
-            lambda own: self.source.raw_level(start_ns, end_ns, own),
+            lambda own, _: self.source.raw_level(start_ns, end_ns, own),
         )
 
     def rollup_points(
@@ -117,7 +148,7 @@ class SharedReads:
             (start_ns, end_ns),
             scope,
             lean,
-            lambda own: self.source.rollup_points(level_ns, start_ns, end_ns, own, lean=lean),
+            lambda own, asked: self.source.rollup_points(level_ns, *asked, own, lean=lean),
             within=True,
         )
 
@@ -127,31 +158,42 @@ class SharedReads:
         span: tuple[int, int],
         scope: Scope,
         lean: bool,
-        ask: Callable[[Scope], Cols],
+        ask: Callable[[Scope, tuple[int, int]], Cols],
         *,
         within: bool = False,
     ) -> Cols:
         """An answer of another read that serves this request (its GPU ids translated into
-        this read's, its rows in ``span`` where it holds more), else the engine's."""
+        this read's, its rows in ``span`` where it holds more), else the engine's: for an
+        expected read's range and attributes where the request lies within it (``expect``)."""
         attrs = frozenset(scope.attrs)
+        mine: _Answer | None = None
         with self._lock:
             found = next(
                 (a for a in self._answers.get(key, ()) if _serves(a, attrs, lean, span, within)),
                 None,
             )
             if found is None:
-                mine = _Answer(attrs, lean, scope.ids, Future(), span)
+                asked, wide = span, attrs
+                expected = self._expected.get(key, [])
+                for e in expected if within else ():
+                    if e.span[0] <= span[0] and span[1] <= e.span[1]:
+                        asked, wide = e.span, attrs | e.attrs
+                        expected.remove(e)
+                        break
+                found = mine = _Answer(wide, lean, scope.ids, Future(), asked)
                 self._answers.setdefault(key, []).append(mine)
                 self.sent += 1
             else:
                 self.shared += 1
-        if found is None:
+        if mine is not None:
+            own = scope if mine.attrs == attrs else replace(scope, attrs=tuple(sorted(mine.attrs)))
             try:
-                mine.future.set_result(ask(scope))
+                mine.future.set_result(ask(own, mine.span))
             except BaseException as exc:
                 mine.future.set_exception(exc)
                 raise
-            return mine.future.result()
+            if own is scope and mine.span == span:
+                return mine.future.result()
         cols = found.future.result()
         if found.span != span:
             t = cols["time_ns"]
@@ -176,6 +218,8 @@ def series_many(
     session = shared
     groups = abutting(reads)
     runs = [run for run, _ in groups]
+    for run in runs:  # before any starts: which read sends a request first is a race
+        session.expect(run)
     joined = {id(run): len(members) - 1 for run, members in groups}
 
     def one(run: SeriesRead) -> pd.DataFrame:
