@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -98,6 +98,15 @@ def _analysis(compute: Callable[[], T]) -> T:
         log.error("analysis failed: %s: %s", type(exc).__name__, describe(exc))
         log.debug("analysis failed", exc_info=True)
         raise DataError(f"the analysis of this range failed: {describe(exc)}") from None
+
+
+@dataclass(frozen=True)
+class _RecentRead:
+    """A coarse view's newest hour in minutes (``DashboardData._recent_read``)."""
+
+    frame: pd.DataFrame
+    partial: Partial | None
+    stragglers: StragglerFindings
 
 
 def _minute_end_ns(now_ns: int) -> int:
@@ -368,18 +377,24 @@ class DashboardData:
         session = shared_session(self.store, lean_minutes=not coarse)
         with self.progress.tracking(view_key(tr)) as count:
             early: Future[tuple[list[pd.DataFrame], Partial | None]] | None = None
-            early_reads = reads
+            early_recent: Future[_RecentRead] | None = None
             if coarse and not getattr(self.store, "reads_share_work", False):
                 # A network engine: the context and the range, read whatever the GPU count,
                 # go to it while the newest samples are read, and so does the newest hour in
                 # minutes unless the GPUs last counted say the range is accounted in minutes
                 # (a cold 6 h view of 1,024 GPUs on VictoriaMetrics sent it ~0.5 s later,
-                # after the count). (The embedded store reads a view's reads in one
-                # transaction, their newest raw samples aggregated once.)
+                # after the count). The newest hour's stragglers are found as soon as its
+                # minutes arrive, while the range is still being read. (The embedded store
+                # reads a view's reads in one transaction, their newest raw samples aggregated
+                # once.)
                 counted = self._gpus_counted()
                 if shared is None and not self._accounted_in_minutes(tr.span_s, counted):
-                    early_reads = [*reads, recent_read]
-                early = _started(self._read_counted, early_reads, count, session)
+                    if session is not None:  # whichever of the two reads asks first
+                        session.expect(recent_read)
+                    early_recent = _started(
+                        self._recent_read, recent_read, count, session, newest, tr.start_ns
+                    )
+                early = _started(self._read_counted, reads, count, session)
             seen = newest.result() if coarse else []
             accounting = coarse and self._accounted_in_minutes(tr.span_s, len(seen))
             shared = shared if not accounting else None
@@ -388,7 +403,7 @@ class DashboardData:
                 # the range in 1-minute windows, read with the rest: its figures, and its
                 # stragglers (they include the newest hour's)
                 more = context_reads(tr.start_ns, tr.end_ns, RECENT_STEP_S)
-            elif coarse and shared is None and recent_read not in early_reads:
+            elif coarse and shared is None and early_recent is None:
                 # read with the rest: one snapshot, the newest raw samples aggregated once
                 more = [recent_read]
             if early is None:
@@ -396,14 +411,21 @@ class DashboardData:
             else:
                 later = self._read_counted(more, count, session) if more else ([], None)
                 first = early.result()
-                # the newest hour read early is not used where the range is accounted in
-                # minutes after all (the GPUs counted had changed)
-                frames = (first[0][:2] if accounting else first[0]) + later[0]
-                partial = joined_partial((early_reads, first[1]), (more, later[1]))
-        seen = newest.result()
-        jobs = jobs_of(seen, tr.start_ns)  # as the CLI and the alert evaluator attribute them
-        frame = frames[1]
-        summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
+                frames = first[0] + later[0]
+                partial = joined_partial((reads, first[1]), (more, later[1]))
+            seen = newest.result()
+            jobs = jobs_of(seen, tr.start_ns)  # as the CLI and the alert evaluator attribute them
+            frame = frames[1]
+            # the range analysed while the newest hour's stragglers may still be found
+            summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
+            found_early: StragglerFindings | None = None
+            if early_recent is not None and not accounting:
+                # (not used where the range is accounted in minutes after all: the GPUs
+                # counted had changed)
+                got = early_recent.result()
+                frames.append(got.frame)
+                partial = joined_partial((reads, partial), ([recent_read], got.partial))
+                found_early = got.stragglers
         self._log_conflicts(summary)
         recent: AnalysisSummary | StragglerFindings | None = None
         if accounting:
@@ -411,14 +433,31 @@ class DashboardData:
             summary = with_accounting(summary, minutes)
             if not frame.empty and minutes.windows:
                 sw = minutes.straggler_windows  # the newest hour: the peer comparison's points
-                newest = sw.loc[sw["window_start_ns"] >= recent_start] if len(sw) else sw
-                recent = replace(minutes, straggler_windows=newest.reset_index(drop=True))
+                newest_sw = sw.loc[sw["window_start_ns"] >= recent_start] if len(sw) else sw
+                recent = replace(minutes, straggler_windows=newest_sw.reset_index(drop=True))
         elif coarse and not frame.empty:
             if shared is not None:
                 recent = shared.summary
+            elif found_early is not None:
+                recent = found_early
             else:
                 recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
         return WindowData(tr, frame, summary, seen, jobs, recent, accounting, partial)
+
+    def _recent_read(
+        self,
+        read: SeriesRead,
+        count: Count,
+        session: Any,
+        seen: Future[list[GpuSeen]],
+        start_ns: int,
+    ) -> _RecentRead:
+        """A coarse view's newest hour in minutes, and its stragglers (``_recent_stragglers``:
+        the GPUs ``seen`` attributed to jobs as from ``start_ns``, the range's start)."""
+        frames, partial = self._read_counted([read], count, session)
+        jobs = jobs_of(seen.result(), start_ns)
+        found = self._recent_stragglers(frames[0], read.end_ns, read.start_ns, jobs)
+        return _RecentRead(frames[0], partial, found)
 
     def _read_counted(
         self, reads: list[SeriesRead], count: Count, session: Any = None
