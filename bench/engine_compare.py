@@ -31,6 +31,7 @@ from engine_load import Engine, EngineAt, in_own_process, load_elsewhere, proces
 from gpuwatt.dashboard.app import create_app
 from gpuwatt.dashboard.server import WARM_EVERY_S, WARM_PRESETS_EVERY_S, freeze_startup_heap
 from gpuwatt.dashboard.timerange import DEFAULT_RANGE, PRESETS, parse_range
+from gpuwatt.malloc_tuning import tune_for_large_reads
 
 COLD_TARGET_S = 0.5
 CORES = os.cpu_count() or 1
@@ -79,6 +80,7 @@ def time_store(
     (``in_own_process``) for each store, as a dashboard server holds its store alone: timed one
     after the other in one process, the engine's cold callbacks used more CPU after the embedded
     store's and the raw reads' had run."""
+    tune_for_large_reads()  # as ``dashboard.server.start``, before the store's threads start
     app = create_app(at.open(), now_ns=end_ns)
     # as ``dashboard.server.start``: the default view computed, then the heap frozen
     data = app.server.config["GPUWATT_DATA"]

@@ -23,6 +23,7 @@ from gpuwatt.dashboard.app import create_app
 from gpuwatt.dashboard.auth import load_credentials, require_credentials_for
 from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.timerange import PRESETS, parse_range
+from gpuwatt.malloc_tuning import tune_for_large_reads
 from gpuwatt.store.base import Store
 
 log = logging.getLogger("gpuwatt.dashboard")
@@ -86,6 +87,7 @@ def start(
     """
     credentials = load_credentials(environ)
     require_credentials_for(host, credentials)
+    tune_for_large_reads()  # before the server's threads start
     app = create_app(store, config=config, credentials=credentials, alerts=alerts, **app_kwargs)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = make_server(host, port, app.server, threaded=True)
