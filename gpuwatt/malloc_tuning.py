@@ -27,7 +27,7 @@ TRIM_THRESHOLD_BYTES = 256 << 20
 
 
 def tune_for_large_reads() -> bool:
-    """Tune this process's allocator (once its C library is glibc); whether it was. Other C
+    """Tune this process's allocator where its C library is glibc; whether it was. Other C
     libraries (musl) are left as they are."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
