@@ -100,9 +100,11 @@ class SharedReads:
         if span[0] >= span[1]:
             return
         attrs = frozenset(METRIC_FIELDS if read.fields is None else read.fields)
-        with self._lock:
-            key = ("points", MINUTE_NS, _hosts(read.hosts))
-            self._expected.setdefault(key, []).append(_Expected(attrs, span))
+        expected = _Expected(attrs, span)
+        with self._lock:  # once (a view announces a read its batch announces again)
+            known = self._expected.setdefault(("points", MINUTE_NS, _hosts(read.hosts)), [])
+            if expected not in known:
+                known.append(expected)
 
     # --- the source's own answers -------------------------------------------------------------
 
