@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 import dash_mantine_components as dmc
-from dash import ALL, Dash, Input, Output, State
+from dash import Dash, Input, Output, State
 from dash.exceptions import PreventUpdate
 
 from gpuwatt.dashboard.alerts_hook import AlertActions
@@ -30,25 +30,6 @@ def request_user() -> str:
     if has_request_context() and request.authorization and request.authorization.username:
         return str(request.authorization.username)[:64]
     return "dashboard"
-
-
-#: In the browser: a click on a silence or expire button, as ``{"id": <the button's id>, "at":
-#: <ms>}`` in ``alerts-click`` (outside the redrawn content); nothing for buttons a redraw drew.
-#: The buttons are a pattern-matching input, so every redraw of the content also fires the
-#: callback they feed (with no click). When that was the server callback, a click made while its
-#: no-click request was on its way sent no request at all: under load, three clicks in a row were
-#: lost (tests/test_dashboard_browser_daily.py). Here the redraw's firing ends in the browser,
-#: and the server callback fires on clicks only.
-CLICK_JS = """
-function(_silences, _expires) {
-    const ctx = window.dash_clientside.callback_context;
-    const fired = ctx.triggered.length === 1 && ctx.triggered[0].value;
-    if (!fired || typeof ctx.triggered_id !== 'object') {
-        return window.dash_clientside.no_update;
-    }
-    return {id: ctx.triggered_id, at: Date.now()};
-}
-"""
 
 
 def clicked(click: Any) -> dict[str, Any]:
@@ -70,18 +51,12 @@ def outcome(message: str, ok: bool) -> Any:
 
 
 def register(app: Dash, actions: AlertActions) -> None:
-    """One callback for both actions, fed by the clicks ``CLICK_JS`` relays. Its outcome goes to
+    """One callback for both actions, fed by the clicks that ``assets/alert_actions.js`` relays
+    into ``alerts-click`` (outside the redrawn content). Its outcome goes to
     ``alerts-action`` above the content, and it bumps the page's refresh counter so that the
     content is drawn again from the evaluator's database. Nothing but the page's own callback
     writes the content (no ``allow_duplicate`` outputs to keep apart)."""
     durations = dict(alerts_page.SILENCE_FOR)
-    app.clientside_callback(
-        CLICK_JS,
-        Output("alerts-click", "data"),
-        Input({"type": "alert-silence", "m": ALL}, "n_clicks"),
-        Input({"type": "silence-expire", "id": ALL}, "n_clicks"),
-        prevent_initial_call=True,
-    )
 
     @app.callback(
         Output("alerts-action", "children"),

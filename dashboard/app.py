@@ -376,7 +376,7 @@ def zoom_query(relayout: dict[str, Any] | None, query: dict[str, str]) -> dict[s
 #: relayout events. The charts are a pattern-matching input, so every redraw of a page fires the
 #: callback they feed (autosize); when that was the server callback, a drag made while that
 #: request was on its way sent nothing (lost three times in a row on a loaded machine, as clicks
-#: on the alerts page were: ``alert_actions.CLICK_JS``).
+#: on the alerts page were, which ``assets/alert_actions.js`` now relays from the document).
 ZOOM_JS = """
 function(_relayouts) {
     const axis = /^xaxis\\d*\\.range(\\[[01]\\])?$/;

@@ -194,11 +194,19 @@ def until_it_takes(
     return None
 
 
-#: Keeps, in the page, each Dash callback request the browser sends (the outputs it asks for)
-#: and its answer's status and first bytes: for a failure message (``callbacks_said``).
+#: Keeps, in the page, each click (the element it reached and its button, if any) and each Dash
+#: callback request the browser sends (the outputs it asks for) with its answer's status and
+#: first bytes: for a failure message (``callbacks_said``).
 RECORD_CALLBACKS_JS = """
 if (!window.gwCalls) {
     window.gwCalls = [];
+    document.addEventListener('click', function (ev) {
+        const t = ev.target;
+        const b = t && t.closest ? t.closest('button') : null;
+        window.gwCalls.push({click: (t && t.tagName) + ' ' + ((t && t.className) || ''),
+                             button: b ? (b.id || b.textContent).slice(0, 120) : null,
+                             at: Date.now()});
+    }, true);
     const fetch0 = window.fetch;
     window.fetch = function (url, opts) {
         const asked = ((opts && opts.body) || '').slice(0, 160);
@@ -215,8 +223,9 @@ if (!window.gwCalls) {
 
 
 def callbacks_said(browser: Any, page: str, *ids: str) -> str:
-    """What a page shows (its content and the elements ``ids``), the callback requests
-    ``RECORD_CALLBACKS_JS`` kept and the browser's console: why an action did not take."""
+    """What a page shows (its content and the elements ``ids``), the clicks and callback
+    requests ``RECORD_CALLBACKS_JS`` kept and the browser's console: why an action did not
+    take."""
     from selenium.webdriver.common.by import By
 
     shown = [f"content: {content(browser, page)[:300]!r}"]
@@ -224,7 +233,7 @@ def callbacks_said(browser: Any, page: str, *ids: str) -> str:
         found = browser.find_elements(By.ID, id_)
         shown.append(f"#{id_}: {found[0].text[:300]!r}" if found else f"#{id_}: absent")
     calls = browser.execute_script("return window.gwCalls || [];")
-    shown += [f"callback: {c}" for c in calls[-12:]] or ["no callback request recorded"]
+    shown += [f"recorded: {c}" for c in calls[-12:]] or ["no click or callback request recorded"]
     shown += [f"console: {e['level']} {e['message'][:200]}" for e in browser.get_log("browser")]
     return "\n".join(shown)
 

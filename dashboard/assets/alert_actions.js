@@ -1,0 +1,27 @@
+// gpuwatt: relays a click on an alert's "silence" button or a silence's "expire" button on the
+// alerts page into the `alerts-click` store, as {id: <the button's id>, at: <ms>}; the
+// dashboard's callback (dashboard/alert_actions.py) acts on it. One listener on the document
+// sees the click itself, so a redraw of the page's content at that moment (its live refresh, a
+// slow answer) cannot drop it, as it could when the buttons were a pattern-matching callback
+// input. Buttons exist only on a dashboard with credentials, whose callback checks them.
+(function () {
+    'use strict';
+    var ACTIONS = ['alert-silence', 'silence-expire'];
+    document.addEventListener('click', function (event) {
+        var target = event.target;
+        var button = target && target.closest ? target.closest('button[id^="{"]') : null;
+        var dc = window.dash_clientside;
+        if (!button || !dc || !dc.set_props) {
+            return;
+        }
+        var id;
+        try {
+            id = JSON.parse(button.id);
+        } catch (e) {
+            return;
+        }
+        if (id && ACTIONS.indexOf(id.type) >= 0) {
+            dc.set_props('alerts-click', {data: {id: id, at: Date.now()}});
+        }
+    }, true);
+})();
