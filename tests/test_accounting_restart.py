@@ -1,7 +1,7 @@
 """Accounting, overlaps and restarts (docs/accounting.md): `gpuwatt demo` stopped and started
-again on the same store carries on from its newest sample instead of backfilling over it, and
-the energy over the whole range stays the power drawn (the restarted counters are resets, never
-energy)."""
+again on the same store carries on from its newest sample instead of backfilling over it, its
+simulated GPUs' energy counters carry on too (as a real GPU's do across a collector's restart),
+and the energy over the whole range stays the power drawn."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from test_cli import gpuwatt
 
 from gpuwatt.analytics import analyze
+from gpuwatt.analytics.quality import Quality
 from gpuwatt.store import open_store
 from gpuwatt.store.base import SEEN_COLUMN
 
@@ -34,32 +35,43 @@ def _power_integral_j(frame: pd.DataFrame) -> float:
     return total
 
 
-def test_demo_run_twice_carries_on_and_counts_every_second_once(tmp_path: Path) -> None:
+def test_demo_run_four_times_carries_on_and_counts_every_second_once(tmp_path: Path) -> None:
     args = ("demo", "--backfill", "300", "--duration", "1", "--no-dashboard", "--no-alerts")
     first = gpuwatt(*args, home=tmp_path)
     assert first.returncode == 0, first.stderr
-    store = open_store(f"sqlite:///{tmp_path / 'gpuwatt.db'}")
-    try:
-        before = store.series(0, 2**62, ["power_w", "energy_j"])
-    finally:
-        store.close()
-    second = gpuwatt(*args, home=tmp_path)
-    assert second.returncode == 0, second.stderr
-    assert "carrying on from there" in second.stdout
-    store = open_store(f"sqlite:///{tmp_path / 'gpuwatt.db'}")
-    try:
-        after = store.series(0, 2**62, ["power_w", "energy_j"])
-    finally:
-        store.close()
-    # the first run's samples are untouched: nothing was written over their times
-    newest_before = int(before["time_ns"].max())
-    # (but for the seen time of each GPU's newest sample, which now has a next one)
-    kept = after.loc[after["time_ns"] <= newest_before].reset_index(drop=True)
-    kept, was = (f.drop(columns=SEEN_COLUMN, errors="ignore") for f in (kept, before))
-    assert kept.equals(was.reset_index(drop=True))
-    assert len(after) > len(before)
+    after = _stored(tmp_path)
+    for _ in range(3):  # three restarts: as many counter steps as would read as two writers
+        before = after
+        again = gpuwatt(*args, home=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert "carrying on from there" in again.stdout
+        after = _stored(tmp_path)
+        # the earlier samples are untouched: nothing was written over their times
+        newest_before = int(before["time_ns"].max())
+        # (but for the seen time of each GPU's newest sample, which now has a next one)
+        kept = after.loc[after["time_ns"] <= newest_before].reset_index(drop=True)
+        kept, was = (f.drop(columns=SEEN_COLUMN, errors="ignore") for f in (kept, before))
+        assert kept.equals(was.reset_index(drop=True))
+        assert len(after) > len(before)
     assert not after.duplicated(["uuid", "time_ns"]).any()
-    # energy over the whole range: the power drawn, the counters' restart not counted
+    # every GPU's energy counter went on across the restarts: never back, never a jump (its
+    # rise over any step, the time between two runs included, at a GPU's power: under 1 kW)
+    by_uuid = after.sort_values(["uuid", "time_ns"]).groupby("uuid")
+    rise_w = (by_uuid["energy_j"].diff() / (by_uuid["time_ns"].diff() / 1e9)).dropna()
+    assert (rise_w >= 0).all() and rise_w.max() < 1000.0
+    # energy over the whole range: the power drawn, all of it from the counters
     s = analyze(after, now_ns=int(after["time_ns"].max()) + 1, start_ns=0)
-    energy_j = float(s.energy_by_gpu["energy_j"].sum())
+    by_gpu = s.energy_by_gpu
+    assert set(by_gpu["energy_quality"]) == {Quality.MEASURED_COUNTER.value}
+    assert (by_gpu["energy_conflicts"] == 0).all()
+    assert not [n for n in s.notes if "energy counter" in n], s.notes
+    energy_j = float(by_gpu["energy_j"].sum())
     assert energy_j == pytest.approx(_power_integral_j(after), rel=0.005)
+
+
+def _stored(home: Path) -> pd.DataFrame:
+    store = open_store(f"sqlite:///{home / 'gpuwatt.db'}")
+    try:
+        return store.series(0, 2**62, ["power_w", "energy_j"])
+    finally:
+        store.close()

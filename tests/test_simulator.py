@@ -167,6 +167,18 @@ def test_energy_counter_is_the_integral_of_power() -> None:
         assert counted_j == pytest.approx(integral_j[k], rel=1e-3)
 
 
+def test_energy_counters_carried_on_start_where_they_were_and_only_before_the_start() -> None:
+    sim = small()
+    sim.carry_energy_counters({("node-0", 1): 5_000_000.0, ("node-9", 0): 1.0})  # no node-9
+    g = sim.gpu("node-0", 1)
+    assert g.energy_mj == 5_000_000_000  # published at once, before the first step
+    sim.advance_to(10.0)
+    counted_j = (g.energy_mj - 5_000_000_000) / 1000.0
+    assert 0 < counted_j <= 10.0 * g.power_limit_w  # it counts on from there
+    with pytest.raises(ValueError, match="before the simulation starts"):
+        sim.carry_energy_counters({("node-0", 1): 0.0})
+
+
 def test_power_follows_load_and_temperature_lags_it() -> None:
     sim = small(jobs="  - {id: t, kind: training, gpus: ['node-0:*'], start: 60, intensity: 0.9}\n")
     sim.advance_to(60)

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,6 +194,21 @@ class Simulator:
             self._step()
         self._t_s = target
         self._publish(target)
+
+    def carry_energy_counters(self, energy_j: Mapping[tuple[str, int], float]) -> None:
+        """Start the energy counters of these GPUs ((host, index) -> joules) where they are,
+        instead of at the seeded values: NVML counts since the driver was loaded, so a real
+        GPU's counter goes on across a collector's restart, and a demo started again on the
+        store it wrote must not look like a reset (or, done a few times, like two writers).
+        Only before the simulation has moved."""
+        if self._grid or self._t_s:
+            raise ValueError("energy counters are carried on before the simulation starts")
+        for ref, joules in energy_j.items():
+            k = self._pos.get(ref)
+            if k is not None and math.isfinite(joules) and joules >= 0:
+                self._cum[C_ENERGY_J][k] = self._cum_prev[C_ENERGY_J][k] = joules
+        self._record_energy_resets(-1.0, 0.0)
+        self._publish(0.0)
 
     def advance_by(self, dt_s: float) -> None:
         self.advance_to(self.time_s + dt_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from gpuwatt.collector.nvml_source import NvmlSampler
@@ -50,6 +50,18 @@ class SimulatedClusterSource:
             )
             for host in self.simulator.cluster.hosts()
         ]
+
+    def carry_on_from(self, newest: Sequence[GpuSample]) -> None:
+        """Carry every GPU's energy counter on from its newest stored sample (``newest``, the
+        store's latest): its counter then, plus its power until ``start_ns``, as a real GPU's
+        counter goes on while its collector is restarted (``Simulator.carry_energy_counters``)."""
+        energy_j = {
+            (s.host, s.gpu_index): s.energy_j
+            + (s.power_w or 0.0) * max(0, self.start_ns - s.time_ns) / NS_PER_S
+            for s in newest
+            if s.energy_j is not None and s.parent_uuid is None and not s.lost
+        }
+        self.simulator.carry_energy_counters(energy_j)
 
     @property
     def gpu_count(self) -> int:

@@ -27,13 +27,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     start_ns = now_ns - round(args.backfill * 1e9)
     # A store that already holds recent data (a demo stopped and started again) is carried on
     # from its newest sample: backfilling over it would store two histories of the same GPUs.
-    newest_ns = max((s.time_ns for s in store.latest(since_ns=start_ns)), default=None)
+    newest = store.latest(since_ns=start_ns)
+    newest_ns = max((s.time_ns for s in newest), default=None)
     carried_on = newest_ns is not None
     if newest_ns is not None:
         start_ns = min(now_ns, newest_ns + round(interval_s * 1e9))
     source = SimulatedClusterSource(
         scenario, start_ns=start_ns, tensor_precision=config.collector.tensor_precision
     )
+    if carried_on:  # the simulated GPUs' energy counters too, as real ones go on
+        source.carry_on_from(newest)
     _report_simulated_work(source, store_url, config)
     source.open()
     print(
