@@ -253,15 +253,13 @@ def _url_param(app: Dash, component: str, param: str, default: str | None = None
         return to_search(query)
 
 
-#: (tick disabled, progress style): off and hidden when the content alone changed (it arrived),
-#: on and shown when the page's args or its refresh changed.
-PROGRESS_SWITCH_JS = """
-function(args, n, children) {
-    const ids = window.dash_clientside.callback_context.triggered.map(t => t.prop_id);
-    const done = ids.length > 0 && ids.every(id => id.endsWith('-content.children'));
-    return [done, done ? {display: 'none'} : {}];
-}
-"""
+#: (tick disabled, progress style): on and shown when the page's args or its refresh change...
+PROGRESS_ON_JS = "function(args, n) { return [false, {}]; }"
+#: ... off and hidden when the content arrives. Two callbacks, not one with both triggers: Dash
+#: holds a callback whose input is the output of a pending one (the content) until that one
+#: is done, and then fires it once with both triggers, which left the tick on for good after
+#: the first refresh (two requests a second from every open page).
+PROGRESS_OFF_JS = "function(children) { return [true, {display: 'none'}]; }"
 
 
 def _register_callbacks(
@@ -288,12 +286,18 @@ def _register_callbacks(
             # did this before, and with it clicks, drags and dropdowns now and then sent no
             # callback at all (the browser tests lost them; not since).
             app.clientside_callback(
-                PROGRESS_SWITCH_JS,
+                PROGRESS_ON_JS,
                 Output(f"{page.PAGE}-progress-tick", "disabled"),
                 Output(f"{page.PAGE}-progress-box", "style"),
                 Input(f"{page.PAGE}-args", "data"),
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
+            )
+            app.clientside_callback(
+                PROGRESS_OFF_JS,
+                Output(f"{page.PAGE}-progress-tick", "disabled", allow_duplicate=True),
+                Output(f"{page.PAGE}-progress-box", "style", allow_duplicate=True),
                 Input(f"{page.PAGE}-content", "children"),
+                prevent_initial_call=True,
             )
 
             @app.callback(
