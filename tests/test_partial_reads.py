@@ -160,9 +160,10 @@ def test_the_dashboard_shows_a_partial_view_not_an_error(slow_store: InfluxStore
 
 
 @contextmanager
-def _overview_in_chrome(store: InfluxStore, range_: str) -> Iterator[Any]:
+def _overview_in_chrome(store: InfluxStore, range_: str) -> Iterator[tuple[Any, Any]]:
     """Headless Chromium on the overview of the last ``range_``, served from ``store`` with no
-    warmer (skips the test where Debian's chromium is not installed)."""
+    warmer (skips the test where Debian's chromium is not installed); the browser and the
+    running dashboard."""
     from test_dashboard_support import chrome, have_browser
 
     if not have_browser():
@@ -177,7 +178,7 @@ def _overview_in_chrome(store: InfluxStore, range_: str) -> Iterator[Any]:
     try:
         driver.set_page_load_timeout(60)
         driver.get(running.url.rstrip("/") + f"/?range={range_}")
-        yield driver
+        yield driver, running
     finally:
         driver.quit()
         running.stop()
@@ -189,7 +190,7 @@ def test_the_page_says_partial_in_a_real_browser(slow_store: InfluxStore) -> Non
     from selenium.webdriver.common.by import By
     from test_dashboard_support import wait
 
-    with _overview_in_chrome(slow_store, "3h") as driver:
+    with _overview_in_chrome(slow_store, "3h") as (driver, _):
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *"))
         text = driver.find_element(By.ID, "overview-content").text
         notice = driver.find_element(By.ID, "partial").text
@@ -202,14 +203,16 @@ def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
 ) -> None:
     """The last hour: while the engine holds the read of the context before it, the overview
     says how many of its reads are done above the loading indicator; once the held read
-    arrives the count goes and the figures are drawn."""
+    arrives the count goes and the figures are drawn. The same again when the live refresh
+    recomputes the page."""
     from selenium.webdriver.common.by import By
     from test_dashboard_support import wait
 
     store, release = held_store
-    with _overview_in_chrome(store, "1h") as driver:
+    progress = re.compile(r"reading the store: ([1-9]\d*) of (\d+) reads done")
+
+    def counted_while_held(driver: Any) -> None:
         # "0 of 2" at first; then the hour arrives, the context before it is held
-        progress = re.compile(r"reading the store: ([1-9]\d*) of (\d+) reads done")
         wait(
             driver,
             lambda d: progress.search(d.find_element(By.ID, "overview-progress").text),
@@ -219,9 +222,20 @@ def test_a_slow_page_says_how_many_reads_are_done_in_a_real_browser(
         assert match is not None
         done, total = int(match.group(1)), int(match.group(2))
         assert 0 < done < total
+
+    with _overview_in_chrome(store, "1h") as (driver, running):
+        counted_while_held(driver)
         assert not driver.find_elements(By.CSS_SELECTOR, "#overview-content > *")
         release.set()
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#overview-content > *"))
         wait(driver, lambda d: d.find_element(By.ID, "overview-progress").text == "", 10)
         text = driver.find_element(By.ID, "overview-content").text
-    assert "Worst stragglers" in text and "Partial data" not in text
+        assert "Worst stragglers" in text and "Partial data" not in text
+        # a live refresh (the page's interval counting one more) with nothing cached
+        release.clear()
+        running.data.clear_cache()
+        driver.execute_script("dash_clientside.set_props('overview-refresh', {n_intervals: 1});")
+        counted_while_held(driver)
+        release.set()
+        wait(driver, lambda d: d.find_element(By.ID, "overview-progress").text == "", 10)
+        assert "Worst stragglers" in driver.find_element(By.ID, "overview-content").text
