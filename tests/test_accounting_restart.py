@@ -14,6 +14,7 @@ from test_cli import gpuwatt
 
 from gpuwatt.analytics import analyze
 from gpuwatt.analytics.quality import Quality
+from gpuwatt.model import GpuSample
 from gpuwatt.store import open_store
 from gpuwatt.store.base import SEEN_COLUMN
 
@@ -39,7 +40,7 @@ def test_demo_run_four_times_carries_on_and_counts_every_second_once(tmp_path: P
     args = ("demo", "--backfill", "300", "--duration", "1", "--no-dashboard", "--no-alerts")
     first = gpuwatt(*args, home=tmp_path)
     assert first.returncode == 0, first.stderr
-    after = _stored(tmp_path)
+    after, newest_then = _stored(tmp_path), _newest(tmp_path)
     for _ in range(3):  # three restarts: as many counter steps as would read as two writers
         before = after
         again = gpuwatt(*args, home=tmp_path)
@@ -53,6 +54,15 @@ def test_demo_run_four_times_carries_on_and_counts_every_second_once(tmp_path: P
         kept, was = (f.drop(columns=SEEN_COLUMN, errors="ignore") for f in (kept, before))
         assert kept.equals(was.reset_index(drop=True))
         assert len(after) > len(before)
+        # the scenario carried on too: its training job (from 30 s) runs in the new samples,
+        # and its straggler (hot from 4 min on) stays as hot as it was, not cooled to idle
+        now = _newest(tmp_path)
+        assert min(s.time_ns for s in now.values()) > newest_before
+        assert "llm-pretrain" in {s.job_id for s in now.values()}
+        hot_c = newest_then[("node-2", 5)].temperature_gpu_c
+        assert hot_c is not None and hot_c > 80.0
+        assert (now[("node-2", 5)].temperature_gpu_c or 0.0) > hot_c - 5.0
+        newest_then = now
     assert not after.duplicated(["uuid", "time_ns"]).any()
     # every GPU's energy counter went on across the restarts: never back, never a jump (its
     # rise over any step, the time between two runs included, at a GPU's power: under 1 kW)
@@ -73,5 +83,14 @@ def _stored(home: Path) -> pd.DataFrame:
     store = open_store(f"sqlite:///{home / 'gpuwatt.db'}")
     try:
         return store.series(0, 2**62, ["power_w", "energy_j"])
+    finally:
+        store.close()
+
+
+def _newest(home: Path) -> dict[tuple[str, int], GpuSample]:
+    """Every GPU's newest sample, by (host, index)."""
+    store = open_store(f"sqlite:///{home / 'gpuwatt.db'}")
+    try:
+        return {(s.host, s.gpu_index): s for s in store.latest()}
     finally:
         store.close()

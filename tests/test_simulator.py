@@ -167,16 +167,23 @@ def test_energy_counter_is_the_integral_of_power() -> None:
         assert counted_j == pytest.approx(integral_j[k], rel=1e-3)
 
 
-def test_energy_counters_carried_on_start_where_they_were_and_only_before_the_start() -> None:
-    sim = small()
+def test_energy_counters_carried_on_read_the_carried_value_at_once_and_count_on() -> None:
+    sim = small(faults="  - {kind: energy_counter_reset, gpu: 'node-1:2', start: 5}\n")
     sim.carry_energy_counters({("node-0", 1): 5_000_000.0, ("node-9", 0): 1.0})  # no node-9
     g = sim.gpu("node-0", 1)
     assert g.energy_mj == 5_000_000_000  # published at once, before the first step
     sim.advance_to(10.0)
     counted_j = (g.energy_mj - 5_000_000_000) / 1000.0
     assert 0 < counted_j <= 10.0 * g.power_limit_w  # it counts on from there
-    with pytest.raises(ValueError, match="before the simulation starts"):
-        sim.carry_energy_counters({("node-0", 1): 0.0})
+    # carried on after the simulation has moved (mid-step), and on a GPU its reset zeroed
+    reset = sim.gpu("node-1", 2)
+    assert reset.energy_mj < 10.0 * reset.power_limit_w * 1000  # counting from its reset at 5 s
+    sim.advance_to(12.5)
+    sim.carry_energy_counters({("node-0", 1): 7_000_000.0, ("node-1", 2): 3_000_000.0})
+    assert (g.energy_mj, reset.energy_mj) == (7_000_000_000, 3_000_000_000)
+    sim.advance_to(20.0)
+    for gpu, carried_mj in ((g, 7_000_000_000), (reset, 3_000_000_000)):
+        assert 0 < gpu.energy_mj - carried_mj <= 7.5 * gpu.power_limit_w * 1000
 
 
 def test_power_follows_load_and_temperature_lags_it() -> None:
@@ -458,3 +465,25 @@ def test_simulated_samples_carry_the_models_pci_device_id(model: str) -> None:
     assert info.busId == sim.cluster.on_host(host)[1].pci_bus_id
     assert (info.domain, info.device) == (0, 0)
     nv.nvmlShutdown()
+
+
+def test_a_source_started_later_in_its_scenario_runs_it_from_there() -> None:
+    """A demo carrying on: the cluster at 300 s into the demo scenario, its training job (from
+    30 s) running at the first sample; a scenario time past the most a source runs through
+    first is cut to it."""
+    from gpuwatt.collector.sim.source import MAX_FAST_FORWARD_S, SimulatedClusterSource
+
+    start_ns = 1_800_000_000 * 10**9
+    source = SimulatedClusterSource(
+        load_scenario("demo"), start_ns=start_ns, clock_ns=lambda: start_ns, scenario_time_s=300.0
+    )
+    assert source.scenario_zero_ns == start_ns - 300 * 10**9
+    source.open()
+    jobs = {s.job_id for s in source.sample_at(start_ns, include_slow=False)}
+    source.close()
+    assert "llm-pretrain" in jobs
+    assert source.simulator.scenario_time_s == 300.0
+    far = SimulatedClusterSource(
+        small().scenario, start_ns=start_ns, scenario_time_s=MAX_FAST_FORWARD_S + 3600
+    )
+    assert far.scenario_start_s == MAX_FAST_FORWARD_S

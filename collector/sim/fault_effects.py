@@ -121,14 +121,19 @@ class FaultEffects:
                 g.remapped_rows_pending = g.remapped_rows_pending or f.params["dbe_count"] > 0
         self._publish_energy_resets(gpus, t_s, energy_j)
 
-    def _publish_energy_resets(
-        self, gpus: Sequence[SimGpuState], t_s: float, energy_j: list[float]
-    ) -> None:
+    def energy_zero_j(self, t_s: float) -> dict[int, float]:
+        """The true energy at which each GPU's counter last read 0 (its newest reset at or
+        before ``t_s``), by position; GPUs never reset are absent."""
         latest: dict[int, tuple[float, float]] = {}
         for f in self.resets:
             if f.start_s <= t_s:
                 k = self._pos[f.gpu]
                 if k not in latest or f.start_s >= latest[k][0]:
                     latest[k] = (f.start_s, self._energy_reset_j[id(f)])
-        for k, (_, zero_j) in latest.items():
+        return {k: zero_j for k, (_, zero_j) in latest.items()}
+
+    def _publish_energy_resets(
+        self, gpus: Sequence[SimGpuState], t_s: float, energy_j: list[float]
+    ) -> None:
+        for k, zero_j in self.energy_zero_j(t_s).items():
             gpus[k].energy_mj = round((energy_j[k] - zero_j) * 1000.0)

@@ -196,19 +196,21 @@ class Simulator:
         self._publish(target)
 
     def carry_energy_counters(self, energy_j: Mapping[tuple[str, int], float]) -> None:
-        """Start the energy counters of these GPUs ((host, index) -> joules) where they are,
-        instead of at the seeded values: NVML counts since the driver was loaded, so a real
-        GPU's counter goes on across a collector's restart, and a demo started again on the
-        store it wrote must not look like a reset (or, done a few times, like two writers).
-        Only before the simulation has moved."""
-        if self._grid or self._t_s:
-            raise ValueError("energy counters are carried on before the simulation starts")
+        """Set the energy counters of these GPUs ((host, index) -> joules) to these values now,
+        from where they go on at the GPUs' power: NVML counts since the driver was loaded, so
+        a real GPU's counter goes on across a collector's restart, and a demo started again on
+        the store it wrote must not look like a reset (or, done a few times, like two
+        writers)."""
+        frac = 0.0 if self._grid == 0 else self._t_s - (self._grid - STEP_S)
+        now_j = self._cum_prev[C_ENERGY_J] + self._rate[C_ENERGY_J] * frac
+        zero_j = self._effects.energy_zero_j(self._t_s)  # what a reset took off the counter
         for ref, joules in energy_j.items():
             k = self._pos.get(ref)
             if k is not None and math.isfinite(joules) and joules >= 0:
-                self._cum[C_ENERGY_J][k] = self._cum_prev[C_ENERGY_J][k] = joules
-        self._record_energy_resets(-1.0, 0.0)
-        self._publish(0.0)
+                shift_j = joules - (now_j[k] - zero_j.get(k, 0.0))
+                self._cum[C_ENERGY_J][k] += shift_j
+                self._cum_prev[C_ENERGY_J][k] += shift_j
+        self._publish(self._t_s)
 
     def advance_by(self, dt_s: float) -> None:
         self.advance_to(self.time_s + dt_s)

@@ -1,9 +1,9 @@
 """A simulated cluster as a sample source: the simulator behind one fake NVML per node.
 
 Every simulated node is sampled by the very ``NvmlSampler`` that samples real GPUs, through
-``FakeNvml``; only the module passed in differs. Simulated time is wall time since ``start_ns``,
-so a cluster can start in the past and ``backfill`` history faster than real time, then carry on
-live.
+``FakeNvml``; only the module passed in differs. Simulated time is wall time since ``start_ns``
+(plus the scenario time the cluster starts at), so a cluster can start in the past and
+``backfill`` history faster than real time, then carry on live.
 Each sample carries the job its GPU belongs to, as the simulator's own job resolver.
 """
 
@@ -21,6 +21,9 @@ from gpuwatt.collector.sim.simulator import Simulator
 from gpuwatt.model import GpuSample
 
 NS_PER_S = 1_000_000_000
+#: The most scenario time a source runs through before its first sample (about a second of
+#: work for the demo's 32 GPUs); a scenario's events past it are not reached by carrying on.
+MAX_FAST_FORWARD_S = 6 * 3600.0
 
 
 class SimulatedClusterSource:
@@ -31,11 +34,18 @@ class SimulatedClusterSource:
         start_ns: int | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         tensor_precision: str = "bf16",
+        scenario_time_s: float = 0.0,
     ) -> None:
+        """``scenario_time_s``: where in the scenario the cluster is at ``start_ns`` (a demo
+        carrying on where it stopped); the simulation runs there first, at most
+        ``MAX_FAST_FORWARD_S`` of it (nothing changes after a scenario's last event anyway)."""
         self.scenario = scenario
         self._clock_ns = clock_ns
         self.start_ns = clock_ns() if start_ns is None else start_ns
         self.simulator = Simulator(scenario)
+        self.scenario_start_s = min(max(scenario_time_s, 0.0), MAX_FAST_FORWARD_S)
+        if self.scenario_start_s:
+            self.simulator.advance_to(self.scenario_start_s)
         self._now_ns = self.start_ns
         #: called after every snapshot, with the simulation at that instant (e.g. so that the
         #: simulated jobs report their steps); it must not raise
@@ -70,8 +80,13 @@ class SimulatedClusterSource:
     def _sample_time_ns(self) -> int:
         return self._now_ns
 
+    @property
+    def scenario_zero_ns(self) -> int:
+        """The wall time at which the scenario's time is 0 (``start_ns`` when it starts there)."""
+        return self.start_ns - round(self.scenario_start_s * NS_PER_S)
+
     def _sim_time_s(self) -> float:
-        return (self._now_ns - self.start_ns) / NS_PER_S
+        return self.scenario_start_s + (self._now_ns - self.start_ns) / NS_PER_S
 
     def open(self) -> None:
         for sampler in self.samplers:

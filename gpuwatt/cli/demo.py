@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from gpuwatt.cli import demo_clock
 from gpuwatt.cli.collect import run_collector
 from gpuwatt.cli.common import display_url, load_scenario, log, spool_dir_of, store_url_of
 from gpuwatt.config import Config, load_config
@@ -32,11 +33,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     carried_on = newest_ns is not None
     if newest_ns is not None:
         start_ns = min(now_ns, newest_ns + round(interval_s * 1e9))
+    # ... and so is the scenario (its jobs and faults), and the GPUs' energy counters, as real
+    # ones go on
+    spool_dir = spool_dir_of(args, config, "demo-spool")
+    clock = demo_clock.clock_path(spool_dir)
     source = SimulatedClusterSource(
-        scenario, start_ns=start_ns, tensor_precision=config.collector.tensor_precision
+        scenario,
+        start_ns=start_ns,
+        tensor_precision=config.collector.tensor_precision,
+        scenario_time_s=(
+            demo_clock.scenario_time_s(clock, store_url, scenario, start_ns) if carried_on else 0.0
+        ),
     )
-    if carried_on:  # the simulated GPUs' energy counters too, as real ones go on
+    if carried_on:
         source.carry_on_from(newest)
+    demo_clock.save(clock, store_url, scenario, source.scenario_zero_ns)
     _report_simulated_work(source, store_url, config)
     source.open()
     print(
@@ -46,7 +57,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if carried_on:
         print(
             f"the store already holds data up to {(now_ns - start_ns) / 1e9:.0f} s ago: "
-            "carrying on from there instead of backfilling over it"
+            "carrying on from there instead of backfilling over it (the scenario at "
+            f"{source.scenario_start_s:.0f} s)"
         )
     if start_ns < now_ns:
         started = time.monotonic()
@@ -67,7 +79,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not args.no_dashboard:
             services.start_dashboard(store, args, config, store_url)
         print("sampling live; run `gpuwatt status` in another terminal. Ctrl-C stops.")
-        spool_dir = spool_dir_of(args, config, "demo-spool")
         return run_collector(
             [source],
             store,
@@ -146,12 +157,12 @@ def _report_simulated_work(source: object, store_url: str, config: Config) -> No
     steps_store = open_job_step_store(store_url)
     work = SimulatedWorkReporter(
         source.simulator,  # type: ignore[attr-defined]
-        start_ns=source.start_ns,  # type: ignore[attr-defined]
+        start_ns=source.scenario_zero_ns,  # type: ignore[attr-defined]
         precision=config.collector.tensor_precision,
     )
     serving = SimulatedServingReporter(
         source.simulator,  # type: ignore[attr-defined]
-        start_ns=source.start_ns,  # type: ignore[attr-defined]
+        start_ns=source.scenario_zero_ns,  # type: ignore[attr-defined]
     )
     failed = False
 
