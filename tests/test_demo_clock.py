@@ -6,6 +6,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
+
 from gpuwatt.cli import demo_clock
 from gpuwatt.cli.common import load_scenario
 
@@ -34,3 +36,14 @@ def test_a_missing_or_damaged_file_starts_the_scenario_from_0(tmp_path: Path) ->
     for text in ("{", "[]", '{"version": 2}', '{"version": 1, "zero_ns": "0"}'):
         path.write_text(text)
         assert demo_clock.scenario_time_s(path, STORE, demo, NS) == 0.0
+
+
+def test_a_file_that_cannot_be_written_is_logged_and_the_demo_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")  # a file where the directory would be
+    path = demo_clock.clock_path(blocked / "demo-spool" / "x")
+    with caplog.at_level("WARNING", logger="gpuwatt"):
+        demo_clock.save(path, STORE, load_scenario("demo"), zero_ns=NS)
+    assert "not kept" in caplog.text and not path.exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from gpuwatt.private_files import private_file
 if TYPE_CHECKING:
     from gpuwatt.collector.sim.scenario import Scenario
 
+log = logging.getLogger("gpuwatt")
 VERSION = 1
 FILE_NAME = "demo-scenario.json"
 
@@ -60,7 +62,16 @@ def scenario_time_s(path: Path, store_url: str, scenario: Scenario, at_ns: int) 
 
 
 def save(path: Path, store_url: str, scenario: Scenario, zero_ns: int) -> None:
-    """Write the file (replaced whole: a demo stopped mid-write leaves the old one)."""
+    """Write the file (replaced whole: a demo stopped mid-write leaves the old one). One that
+    cannot be written is said in the log: the demo runs on, and starts its scenario from 0
+    next time."""
+    try:
+        _write(path, store_url, scenario, zero_ns)
+    except OSError as exc:
+        log.warning("where the demo's scenario stands is not kept (%s): %s", path, exc)
+
+
+def _write(path: Path, store_url: str, scenario: Scenario, zero_ns: int) -> None:
     kept = {
         "version": VERSION,
         "store": _store_key(store_url),
