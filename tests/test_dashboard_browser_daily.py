@@ -821,11 +821,13 @@ def test_a_silence_click_whose_button_is_redrawn_between_press_and_release_still
     browser.execute_script("window.gwPressed = arguments[0];", button)
     before = last_event(browser)
     ActionChains(browser).move_to_element(button).click_and_hold().perform()
-    # the page's live refresh (its dcc.Interval counting one more) redraws the content
-    browser.execute_script("dash_clientside.set_props('alerts-refresh', {n_intervals: 99});")
-    wait(browser, lambda d: d.execute_script("return !window.gwPressed.isConnected;"))
-    wait(browser, lambda d: d.find_element(By.XPATH, silence).is_displayed())
-    ActionChains(browser).release().perform()
+    try:
+        # the page's live refresh (its dcc.Interval counting one more) redraws the content
+        browser.execute_script("dash_clientside.set_props('alerts-refresh', {n_intervals: 99});")
+        wait(browser, lambda d: d.execute_script("return !window.gwPressed.isConnected;"))
+        wait(browser, lambda d: d.find_element(By.XPATH, silence).is_displayed())
+    finally:  # the button is never left held for the module's other tests
+        ActionChains(browser).release().perform()
     made = wait(browser, lambda d: db.silences(), 20)
     kept = [e for e in recorded_events(browser) if e["n"] > before]
     # what the browser did: a release on the redrawn button, no click
