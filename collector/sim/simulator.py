@@ -201,8 +201,7 @@ class Simulator:
         a real GPU's counter goes on across a collector's restart, and a demo started again on
         the store it wrote must not look like a reset (or, done a few times, like two
         writers)."""
-        frac = 0.0 if self._grid == 0 else self._t_s - (self._grid - STEP_S)
-        now_j = self._cum_prev[C_ENERGY_J] + self._rate[C_ENERGY_J] * frac
+        now_j = self._cum_prev[C_ENERGY_J] + self._rate[C_ENERGY_J] * self._into_step(self._t_s)
         zero_j = self._effects.energy_zero_j(self._t_s)  # what a reset took off the counter
         for ref, joules in energy_j.items():
             k = self._pos.get(ref)
@@ -379,8 +378,13 @@ class Simulator:
         with self.cluster.condition:
             self._publish_locked(t_s)
 
+    def _into_step(self, t_s: float) -> float:
+        """How far scenario time ``t_s`` is into the step (grid-1, grid] (0 before the first):
+        a counter reads its value at the step's start plus its rate times this."""
+        return 0.0 if self._grid == 0 else t_s - (self._grid - STEP_S)
+
     def _publish_locked(self, t_s: float) -> None:
-        frac = 0.0 if self._grid == 0 else t_s - (self._grid - STEP_S)
+        frac = self._into_step(t_s)
         cum = (self._cum_prev + self._rate * frac).tolist()
         temp = (self._temp_prev_c + (self._temp_c - self._temp_prev_c) * frac).tolist()
         mem_temp = self._mem_temp_prev_c + (self._mem_temp_c - self._mem_temp_prev_c) * frac

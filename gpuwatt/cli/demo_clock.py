@@ -1,7 +1,7 @@
 """Where a demo's scenario stands, so that ``gpuwatt demo`` started again on the same store
 carries the scenario on (its jobs running, its fault in force) instead of playing it again from
-its start over the stored history: the straggler cooled and gone for minutes, its alert resolved
-and fired again.
+its start over the stored history: the training job missing, the straggler cooled and gone for
+minutes.
 
 The file, ``demo-scenario.json`` beside the demo's spool directory (0600), is JSON::
 
