@@ -63,7 +63,16 @@ def test_demo_run_four_times_carries_on_and_counts_every_second_once(tmp_path: P
         assert hot_c is not None and hot_c > 80.0
         assert (now[("node-2", 5)].temperature_gpu_c or 0.0) > hot_c - 5.0
         newest_then = now
+        # and so did its step count: the new run's steps are numbered after the old ones
+        steps = _steps(tmp_path)
+        new_steps = steps.loc[steps["time_ns"] > newest_before, "step"]
+        assert (
+            len(new_steps)
+            and new_steps.min() > steps.loc[steps["time_ns"] <= newest_before, "step"].max()
+        )
     assert not after.duplicated(["uuid", "time_ns"]).any()
+    steps = _steps(tmp_path).sort_values("time_ns")
+    assert steps["step"].is_monotonic_increasing and not steps["step"].duplicated().any()
     # every GPU's energy counter went on across the restarts: never back, never a jump (its
     # rise over any step, the time between two runs included, at a GPU's power: under 1 kW)
     by_uuid = after.sort_values(["uuid", "time_ns"]).groupby("uuid")
@@ -77,6 +86,18 @@ def test_demo_run_four_times_carries_on_and_counts_every_second_once(tmp_path: P
     assert not [n for n in s.notes if "energy counter" in n], s.notes
     energy_j = float(by_gpu["energy_j"].sum())
     assert energy_j == pytest.approx(_power_integral_j(after), rel=0.005)
+
+
+def _steps(home: Path) -> pd.DataFrame:
+    """The training job's recorded steps (rank 0)."""
+    from gpuwatt.store.job_steps import open_job_step_store
+
+    store = open_job_step_store(f"sqlite:///{home / 'gpuwatt.db'}")
+    try:
+        steps = store.job_steps(0, 2**62, job_ids=["llm-pretrain"])
+    finally:
+        store.close()
+    return steps.loc[steps["rank"] == 0]
 
 
 def _stored(home: Path) -> pd.DataFrame:

@@ -19,6 +19,7 @@ about 1 / ``model_flops_fraction`` of its reported TFLOPS (plus the small FP32/F
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuwatt.collector.sim.scenario import JobSpec
@@ -51,6 +52,19 @@ class SimulatedWorkReporter:
         self.all_ranks = all_ranks
         self._jobs = [j for j in simulator.scenario.jobs if j.kind == "training"]
         self._progress = {j.id: _Progress() for j in self._jobs}
+
+    @property
+    def job_ids(self) -> list[str]:
+        """The training jobs this reporter reports."""
+        return [j.id for j in self._jobs]
+
+    def carry_on_after(self, newest_steps: Mapping[str, int]) -> None:
+        """Number each job's next steps after its newest step already recorded (job id ->
+        step): a restarted demo carries its scenario on, and its jobs go on counting as a real
+        job resumed from its checkpoint does, instead of from 0 again."""
+        for job_id, step in newest_steps.items():
+            if job_id in self._progress:
+                self._progress[job_id].step = max(self._progress[job_id].step, int(step) + 1)
 
     def model_flops_per_step(self, job: JobSpec) -> float:
         """The job's total model FLOPs per step (all ranks), from its simulated tensor work."""

@@ -7,6 +7,7 @@ import argparse
 import subprocess
 import sys
 import time
+from typing import Any
 
 from gpuwatt.cli import demo_clock
 from gpuwatt.cli.collect import run_collector
@@ -147,6 +148,14 @@ class _DemoServices:
                 self.alerts.wait()
 
 
+def _newest_steps(steps_store: Any, since_ns: int, job_ids: list[str]) -> dict[str, int]:
+    """Each job's newest step number recorded since ``since_ns`` (the scenario's start)."""
+    steps = steps_store.job_steps(since_ns, 2**62, job_ids=job_ids)
+    if steps.empty:
+        return {}
+    return {str(k): int(v) for k, v in steps.groupby("job_id")["step"].max().items()}
+
+
 def _report_simulated_work(source: object, store_url: str, config: Config) -> None:
     """The demo's training jobs report their steps and its inference jobs their requests, as
     real ones do with gpuwatt.work."""
@@ -164,6 +173,11 @@ def _report_simulated_work(source: object, store_url: str, config: Config) -> No
         source.simulator,  # type: ignore[attr-defined]
         start_ns=source.scenario_zero_ns,  # type: ignore[attr-defined]
     )
+    try:  # a scenario carried on: its jobs' step numbers too
+        zero_ns = source.scenario_zero_ns  # type: ignore[attr-defined]
+        work.carry_on_after(_newest_steps(steps_store, zero_ns, work.job_ids))
+    except GpuwattError as exc:
+        log.warning("earlier simulated job steps not read (numbered from 0): %s", exc)
     failed = False
 
     def report() -> None:
