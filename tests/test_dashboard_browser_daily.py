@@ -16,7 +16,7 @@ import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -800,13 +800,40 @@ def test_read_progress_stops_asking_once_a_refresh_has_drawn_the_content(
     assert console_errors(browser) == []
 
 
+def held_through_a_refresh(browser: Any, page: str, find: Callable[[Any], Any]) -> list[Any]:
+    """Press the element ``find`` finds, let the page's live refresh (its ``dcc.Interval``
+    counting one more) redraw it, release on its redrawn twin: the events recorded from the
+    press on. Checks what the browser did: a release with the pressed element gone, and no
+    click of its own (a click recorded is the page's, ``assets/redrawn_clicks.js``: not
+    trusted)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    element = wait(browser, find)
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+    browser.execute_script("window.gwPressed = arguments[0];", element)
+    before = last_event(browser)
+    ActionChains(browser).move_to_element(element).click_and_hold().perform()
+    try:
+        browser.execute_script(f"dash_clientside.set_props('{page}-refresh', {{n_intervals: 99}});")
+        wait(browser, lambda d: d.execute_script("return !window.gwPressed.isConnected;"))
+        wait(browser, lambda d: find(d).is_displayed())
+    finally:  # never left held for the module's other tests
+        ActionChains(browser).release().perform()
+    wait(
+        browser, lambda d: [e for e in recorded_events(d) if e["n"] > before and e["ev"] == "click"]
+    )
+    kept = [e for e in recorded_events(browser) if e["n"] > before]
+    assert any(e["ev"] == "mouseup" and e.get("pressedStillThere") is False for e in kept), kept
+    assert not [e for e in kept if e["ev"] == "click" and e["trusted"]], kept
+    return kept
+
+
 def test_a_silence_click_whose_button_is_redrawn_between_press_and_release_still_counts(
     browser: Any, site: Site
 ) -> None:
     """The live refresh redraws the alerts page while the user holds the button down: the
     browser sends no click (the press and the release reached two elements), and the page
     takes the release on the redrawn button as the click."""
-    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     from gpuwatt.cli.compose import AlertsDbView
@@ -817,25 +844,8 @@ def test_a_silence_click_whose_button_is_redrawn_between_press_and_release_still
     assert db.silences() == []
     open_page(browser, site.url("/alerts?range=1h"), "alerts")
     silence = "//button[normalize-space()='silence']"
-    button = wait(browser, lambda d: d.find_element(By.XPATH, silence))
-    browser.execute_script("window.gwPressed = arguments[0];", button)
-    before = last_event(browser)
-    ActionChains(browser).move_to_element(button).click_and_hold().perform()
-    try:
-        # the page's live refresh (its dcc.Interval counting one more) redraws the content
-        browser.execute_script("dash_clientside.set_props('alerts-refresh', {n_intervals: 99});")
-        wait(browser, lambda d: d.execute_script("return !window.gwPressed.isConnected;"))
-        wait(browser, lambda d: d.find_element(By.XPATH, silence).is_displayed())
-    finally:  # the button is never left held for the module's other tests
-        ActionChains(browser).release().perform()
-    made = wait(browser, lambda d: db.silences(), 20)
-    kept = [e for e in recorded_events(browser) if e["n"] > before]
-    # what the browser did: a release on the redrawn button, no click of its own (the one
-    # recorded is the page's, ``assets/redrawn_clicks.js``: not trusted)
-    assert any(e["ev"] == "mouseup" and e.get("pressedStillThere") is False for e in kept), kept
-    assert not [e for e in kept if e["ev"] == "click" and e["trusted"]], kept
-    assert [e for e in kept if e["ev"] == "click" and not e["trusted"]], kept
-    (one,) = made
+    held_through_a_refresh(browser, "alerts", lambda d: d.find_element(By.XPATH, silence))
+    (one,) = wait(browser, lambda d: db.silences(), 20)
     assert one.matchers.get("host") == site.straggler[0] and one.author == USER
     db.expire(one.id)
     assert console_errors(browser) == []
@@ -847,27 +857,12 @@ def test_a_link_redrawn_between_press_and_release_is_still_followed(
     """Any page, any link: the jobs page's live refresh redraws its job list while the user
     holds a job's link down; the browser sends no click, and the page follows the redrawn link
     (``assets/redrawn_clicks.js``)."""
-    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     if site.gpus != 32:
         pytest.skip("independent of the cluster's size: checked once")
     open_page(browser, site.url("/jobs?range=15m"), "jobs")
-    link = wait(browser, lambda d: d.find_element(By.LINK_TEXT, "llm-pretrain"))
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", link)
-    browser.execute_script("window.gwPressed = arguments[0];", link)
-    before = last_event(browser)
-    ActionChains(browser).move_to_element(link).click_and_hold().perform()
-    try:
-        browser.execute_script("dash_clientside.set_props('jobs-refresh', {n_intervals: 99});")
-        wait(browser, lambda d: d.execute_script("return !window.gwPressed.isConnected;"))
-        wait(browser, lambda d: d.find_element(By.LINK_TEXT, "llm-pretrain").is_displayed())
-    finally:  # never left held for the module's other tests
-        ActionChains(browser).release().perform()
+    held_through_a_refresh(browser, "jobs", lambda d: d.find_element(By.LINK_TEXT, "llm-pretrain"))
     wait(browser, lambda d: "job=llm-pretrain" in d.current_url)
     wait(browser, lambda d: "job llm-pretrain" in content(d, "jobs"))
-    kept = [e for e in recorded_events(browser) if e["n"] > before]
-    # what the browser did: a release on the redrawn link, no click of its own
-    assert any(e["ev"] == "mouseup" and e.get("pressedStillThere") is False for e in kept), kept
-    assert not [e for e in kept if e["ev"] == "click" and e["trusted"]], kept
     assert console_errors(browser) == []
