@@ -26,6 +26,7 @@ LONG = [
     ["analysis_speed.py"],
     ["collector_process.py"],
     ["dashboard.py"],
+    ["served_render.py"],
     ["storage.py", "--case", "big"],
     ["promql_read.py"],
 ]

@@ -132,6 +132,9 @@ def render_page(
         if win is not None and getattr(page, "STRAGGLER_BANNER", True):
             banner = straggler_banner(win.active_stragglers, ctx.link)
             head += [banner] if banner is not None else []
+        inputs = render_inputs(page, ctx)
+        if inputs is not None:
+            return [*head, *data.rendered.get(page.PAGE, inputs, query, lambda: page.render(ctx))]
         return [*head, *page.render(ctx)]
     except DataError as exc:
         return [*head, error_state(exc.message)]
@@ -139,6 +142,16 @@ def render_page(
         log.error("page %s failed: %s: %s", page.PAGE, type(exc).__name__, str(exc)[:200])
         log.debug("page %s failed", page.PAGE, exc_info=True)
         return [*head, error_state(f"this view failed ({type(exc).__name__}); see the log")]
+
+
+def render_inputs(page: ModuleType, ctx: PageContext) -> tuple[object, ...] | None:
+    """What the page's content is drawn from, where the page says (``RENDERS_FROM_WINDOW``):
+    the view's window and the objects its ``render_inputs(ctx)`` names; None: not known, drawn
+    every time (``render_cache``)."""
+    if ctx.win is None or not getattr(page, "RENDERS_FROM_WINDOW", False):
+        return None
+    more = getattr(page, "render_inputs", None)
+    return (ctx.win, *(more(ctx) if more is not None else ()))
 
 
 def read_progress_text(data: DashboardData, args: dict[str, Any] | None) -> str:

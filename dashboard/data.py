@@ -36,6 +36,7 @@ from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
 from gpuwatt.dashboard.partial_reads import Partial, joined_partial, parts_of, read_in_parts
 from gpuwatt.dashboard.read_cache import DataError, ReadCache, describe
 from gpuwatt.dashboard.read_progress import Count, ReadProgress, view_key
+from gpuwatt.dashboard.render_cache import RenderCache
 from gpuwatt.dashboard.slow_fields import (
     SLOW_FIELDS,
     SLOW_LOOKBACK_S,
@@ -132,6 +133,8 @@ class DashboardData:
         self.clock_ns = clock_ns
         self.tariff = tariff or Tariff()
         self.cache = ReadCache(ttl_s=ttl_s, max_stale_s=max_stale_s, max_entries=max_entries)
+        #: pages' content drawn from the windows the cache serves (``render_cache``)
+        self.rendered = RenderCache()
         #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
         #: (the default view, kept warm) when that is at most this old; see ``_window``.
         self.shared_recent_max_age_s = shared_recent_max_age_s
@@ -152,6 +155,7 @@ class DashboardData:
 
     def clear_cache(self) -> None:
         self.cache.clear()
+        self.rendered.clear()
         with self._side_lock:
             self._newest_reads.clear()
 

@@ -19,6 +19,8 @@ from gpuwatt.dashboard.figures import (
 PAGE = "balance"
 PATH = "/balance"
 NAME = "Load balance"
+#: The content is drawn from the view's window, range and query alone (``render_cache``).
+RENDERS_FROM_WINDOW = True
 ORDER = 1
 MAX_JOBS = 8
 #: Beyond MAX_GPU_ROWS GPUs: this many GPU rows, those furthest from their node's median.

@@ -25,6 +25,8 @@ from gpuwatt.status import natural_key
 PAGE = "efficiency"
 PATH = "/efficiency"
 NAME = "Efficiency"
+#: The content is drawn from the view's window, range and query alone (``render_cache``).
+RENDERS_FROM_WINDOW = True
 ORDER = 3
 #: A bar per node up to this many nodes; beyond, a histogram and the TOP_NODES highest.
 MAX_NODE_BARS = 32

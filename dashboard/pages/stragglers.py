@@ -19,6 +19,8 @@ from gpuwatt.dashboard.timerange import fmt_ns
 PAGE = "stragglers"
 PATH = "/stragglers"
 NAME = "Stragglers"
+#: The content is drawn from the view's window, range and query alone (``render_cache``).
+RENDERS_FROM_WINDOW = True
 ORDER = 2
 STRAGGLER_BANNER = False  # the page lists them
 MAX_PLOTTED = 5

@@ -1,0 +1,150 @@
+"""Served pages are not drawn again (``dashboard/render_cache.py``): a page whose content comes
+from its view's window (and the job-step source's results) is drawn once per window object, the
+same content as a fresh drawing; a refreshed window, another query or another page draws again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import plotly.utils
+import pytest
+from test_dashboard_support import DEMO_END_NS, build_demo_store
+
+from gpuwatt.dashboard.app import PAGES, create_app, render_page
+from gpuwatt.dashboard.pages import balance, health, jobs
+from gpuwatt.dashboard.render_cache import RenderCache
+from gpuwatt.store.sqlite import SqliteStore
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteStore]:
+    store = build_demo_store(tmp_path_factory.mktemp("render") / "demo.db", minutes=15)
+    yield store
+    store.close()
+
+
+def _json(component: Any) -> str:
+    return json.dumps(component, cls=plotly.utils.PlotlyJSONEncoder)
+
+
+def _numbered(text: str) -> str:
+    """A drawing with its zoomable graphs' ids unnumbered (each drawing numbers them anew)."""
+    return re.sub(r'("name": "[a-z0-9-]+)-\d+"', r'\1-N"', text)
+
+
+def _content(client: Any, page: Any, query: dict[str, str]) -> str:
+    out = f"{page.PAGE}-content"
+    body = {
+        "output": f"{out}.children",
+        "outputs": {"id": out, "property": "children"},
+        "inputs": [
+            {"id": f"{page.PAGE}-args", "property": "data", "value": query},
+            {"id": f"{page.PAGE}-refresh", "property": "n_intervals", "value": None},
+        ],
+        "changedPropIds": [f"{page.PAGE}-args.data"],
+        "state": [],
+    }
+    resp = client.post("/_dash-update-component", json=body)
+    assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
+    return str(resp.get_data(as_text=True))
+
+
+def test_the_cache_draws_once_per_input_objects_and_query() -> None:
+    cache, drawn = RenderCache(max_entries=2), []
+
+    def draw(tag: str) -> Any:
+        return lambda: drawn.append(tag) or [tag]
+
+    win, other = object(), object()
+    assert cache.get("p", (win,), {"range": "1h"}, draw("a")) == ["a"]
+    assert cache.get("p", (win,), {"range": "1h"}, draw("b")) == ["a"]  # kept
+    assert cache.get("p", (other,), {"range": "1h"}, draw("c")) == ["c"]  # a new window
+    assert cache.get("p", (win,), {"range": "6h"}, draw("d")) == ["d"]  # another query
+    assert drawn == ["a", "c", "d"]
+    # the oldest entry went (two kept): drawn again
+    assert cache.get("p", (win,), {"range": "1h"}, draw("e")) == ["e"]
+    # one more input object that is not the same: drawn again
+    assert cache.get("p", (win, object()), {"range": "1h"}, draw("f")) == ["f"]
+    cache.clear()
+    assert cache.get("p", (win,), {"range": "6h"}, draw("g")) == ["g"]
+
+
+class _Window:
+    """Takes a weak reference, as ``WindowData`` does."""
+
+
+def test_a_drawing_does_not_keep_its_window_in_memory() -> None:
+    import gc
+    import weakref
+
+    cache = RenderCache()
+    win, steps = _Window(), [1, 2]  # a window, and job-step results (no weak reference)
+    gone = weakref.ref(win)
+    assert cache.get("p", (win, steps), {}, lambda: ["a"]) == ["a"]
+    assert cache.get("p", (win, steps), {}, lambda: ["not drawn"]) == ["a"]
+    del win
+    gc.collect()
+    assert gone() is None  # freed although its drawing was kept
+    # a new window (whatever its id) is drawn, and the freed window's entry is dropped
+    assert cache.get("p", (_Window(), steps), {}, lambda: ["b"]) == ["b"]
+    assert len(cache._entries) == 1
+
+
+def test_a_served_page_is_drawn_once_per_window_and_the_same_as_drawn_afresh(
+    demo_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = create_app(demo_store, now_ns=DEMO_END_NS, cache_ttl_s=3600.0)
+    client = app.server.test_client()
+    data = app.server.config["GPUWATT_DATA"]
+    calls: list[str] = []
+    for page in (balance, jobs, health):
+        real = page.render
+        monkeypatch.setattr(
+            page, "render", lambda ctx, real=real, p=page: calls.append(p.PAGE) or real(ctx)
+        )
+    query = {"range": "15m"}
+    first = _content(client, balance, query)
+    again = _content(client, balance, query)
+    assert first == again and calls == ["balance"]
+    # the content is what a new drawing from the same window gives
+    data.rendered.clear()
+    fresh = _json(render_page(balance, query, data))
+    assert calls == ["balance", "balance"]
+    served = json.dumps(json.loads(again)["response"]["balance-content"]["children"])
+    assert '-N"' in _numbered(served)  # the graphs' ids were there to unnumber
+    assert _numbered(json.dumps(json.loads(fresh))) == _numbered(served)
+    # another query draws again; a page without RENDERS_FROM_WINDOW is drawn every time
+    _content(client, balance, {"range": "1h"})
+    _content(client, health, query)
+    _content(client, health, query)
+    assert calls.count("health") == 2 and calls.count("balance") == 3
+    # a refreshed window (a new object) draws again
+    data.cache.clear()
+    _content(client, balance, query)
+    assert calls.count("balance") == 4
+    # the jobs page is kept with the window and the job-step source's results
+    _content(client, jobs, query)
+    _content(client, jobs, query)
+    assert calls.count("jobs") == 1
+
+
+def test_every_page_that_says_so_draws_only_from_its_window() -> None:
+    """A page kept by the cache reads nothing but its context's window, query, range step and
+    the job-step source (what ``render_inputs`` names): no other read of the store, nor the
+    clock, nor the range's ends (a live range's move with every request; its step does not)."""
+    import inspect
+
+    for page in PAGES:
+        if not getattr(page, "RENDERS_FROM_WINDOW", False):
+            continue
+        source = inspect.getsource(page)
+        assert "ctx.data" not in source and "ctx.now_ns" not in source, page.PAGE
+        assert "ctx.alerts" not in source, page.PAGE
+        uses = set(re.findall(r"ctx\.range\.?[a-z_]*", source))
+        assert uses <= {"ctx.range.step_s"}, (page.PAGE, uses)
+        if "ctx.work" in source:
+            assert hasattr(page, "render_inputs"), page.PAGE
