@@ -16,8 +16,10 @@ and set each GPU's newest sample).
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +32,15 @@ STRAGGLER = (57, 3)  # node-057 GPU 3
 NAME = "NVIDIA H100 80GB HBM3"
 PEAK_DENSE_FP16_TFLOPS = 989.4  # H100 SXM (gpuwatt.gpu_specs)
 MAX_CLOCK_MHZ = 1980.0
+
+
+def cluster_arguments(ap: argparse.ArgumentParser, *, interval_s: float) -> None:
+    """The command-line options of a bench that backfills ``Cluster`` into the embedded store:
+    its size, span and sampling interval, and where to keep the database."""
+    ap.add_argument("--gpus", type=int, default=1024)
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--interval-s", type=float, default=interval_s)
+    ap.add_argument("--db", type=Path, help="keep/reuse the database here")
 
 
 class Cluster:

@@ -5,6 +5,7 @@ dashboard server runs alone in its process)."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,9 @@ from typing import Any
 
 import numpy as np
 from backfill import STRAGGLER
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_dashboard_support import content_body
 
 from gpuwatt.dashboard.app import PAGES
 from gpuwatt.dashboard.pages import overview
@@ -27,17 +31,7 @@ STRAGGLER_JOB = f"train-{STRAGGLER[0] * 8 // 64:02d}"  # backfill: 8 jobs of 64 
 
 
 def callback_body(page: Any, query: dict[str, str]) -> dict[str, Any]:
-    out = f"{page.PAGE}-content"
-    return {
-        "output": f"{out}.children",
-        "outputs": {"id": out, "property": "children"},
-        "inputs": [
-            {"id": f"{page.PAGE}-args", "property": "data", "value": query},
-            {"id": f"{page.PAGE}-refresh", "property": "n_intervals", "value": None},
-        ],
-        "changedPropIds": [f"{page.PAGE}-args.data"],
-        "state": [],
-    }
+    return content_body(page.PAGE, query)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backfill import Cluster, backfill
+from backfill import Cluster, backfill, cluster_arguments
 from callback_times import END_NS, NS, open_embedded, time_callbacks, warm_costs
 
 from gpuwatt.dashboard.app import PAGES, create_app
@@ -124,10 +124,7 @@ def naive(store: SqliteStore, gpus: int, interval_s: float) -> tuple[float, int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=1024)
-    ap.add_argument("--hours", type=float, default=24.0)
-    ap.add_argument("--interval-s", type=float, default=1.0)
-    ap.add_argument("--db", type=Path, help="keep/reuse the database here")
+    cluster_arguments(ap, interval_s=1.0)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--store", choices=("sqlite", "influxdb", "victoriametrics"), default="sqlite")

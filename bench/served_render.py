@@ -7,8 +7,8 @@ What a visitor of a preset range waits for once the server has it computed (the 
 every preset so): the page's content callback (a real POST to ``/_dash-update-component`` through
 Flask and Dash, as ``bench/callback_times.py``) with the view's window in the data cache. Timed
 two ways in one process, alternating request by request: as served now (``render_cache``: the
-content drawn once per window object) and with every request drawing the page again (the render
-cache replaced by one that always draws, as before it). Prints per page and preset the median and
+content drawn once per window object) and with every request drawing the page again (a render
+cache that keeps nothing, as before it). Prints per page and preset the median and
 p95 of each and the ratio of the p95s. The data: ``bench/backfill.py``'s cluster in the embedded
 store (``--db`` keeps it; the interval only thins the raw samples: the windows are read from
 rollups at every preset but 15m). The figures do not depend on the store: a served request reads
@@ -22,32 +22,17 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backfill import Cluster, backfill
+from backfill import Cluster, backfill, cluster_arguments
 from callback_times import END_NS, bench_pages, open_embedded
 
 from gpuwatt.dashboard.app import create_app
 from gpuwatt.dashboard.render_cache import RenderCache
-
-
-class DrawsEveryTime(RenderCache):
-    """The render cache switched off: every request draws the page (as before the cache)."""
-
-    def get(
-        self,
-        page: str,
-        inputs: tuple[object, ...],
-        query: dict[str, str],
-        render: Callable[[], list[Any]],
-    ) -> list[Any]:
-        return render()
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -56,10 +41,7 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=1024)
-    ap.add_argument("--hours", type=float, default=24.0)
-    ap.add_argument("--interval-s", type=float, default=10.0)
-    ap.add_argument("--db", type=Path, help="keep/reuse the database here")
+    cluster_arguments(ap, interval_s=10.0)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--presets", default="1h,6h,24h")
     args = ap.parse_args()
@@ -73,7 +55,7 @@ def main() -> None:
         app = create_app(open_embedded(db), now_ns=END_NS, cache_ttl_s=3600.0)
         client = app.server.test_client()
         data = app.server.config["GPUWATT_DATA"]
-        kept, off = data.rendered, DrawsEveryTime()
+        kept, off = data.rendered, RenderCache(max_entries=0)  # keeps nothing: draws every time
         print(f"\nserved callbacks, {args.gpus} GPUs: median / p95 ms (repeat {args.repeat})")
         print(f"  {'page':12s} {'preset':6s} {'render cache':>16s} {'drawn each time':>18s}  ratio")
         for preset in args.presets.split(","):

@@ -22,6 +22,22 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
+def content_body(page: str, query: dict[str, str]) -> dict[str, Any]:
+    """The request the browser sends for a page's content (its args, no refresh yet): what
+    the tests and ``bench/callback_times.py`` POST to ``/_dash-update-component``."""
+    out = f"{page}-content"
+    return {
+        "output": f"{out}.children",
+        "outputs": {"id": out, "property": "children"},
+        "inputs": [
+            {"id": f"{page}-args", "property": "data", "value": query},
+            {"id": f"{page}-refresh", "property": "n_intervals", "value": None},
+        ],
+        "changedPropIds": [f"{page}-args.data"],
+        "state": [],
+    }
+
+
 def build_demo_store(
     path: Path,
     *,

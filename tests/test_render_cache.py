@@ -12,7 +12,7 @@ from typing import Any
 
 import plotly.utils
 import pytest
-from test_dashboard_support import DEMO_END_NS, build_demo_store
+from test_dashboard_support import DEMO_END_NS, build_demo_store, content_body
 
 from gpuwatt.dashboard.app import PAGES, create_app, render_page
 from gpuwatt.dashboard.pages import balance, health, jobs
@@ -37,18 +37,7 @@ def _numbered(text: str) -> str:
 
 
 def _content(client: Any, page: Any, query: dict[str, str]) -> str:
-    out = f"{page.PAGE}-content"
-    body = {
-        "output": f"{out}.children",
-        "outputs": {"id": out, "property": "children"},
-        "inputs": [
-            {"id": f"{page.PAGE}-args", "property": "data", "value": query},
-            {"id": f"{page.PAGE}-refresh", "property": "n_intervals", "value": None},
-        ],
-        "changedPropIds": [f"{page.PAGE}-args.data"],
-        "state": [],
-    }
-    resp = client.post("/_dash-update-component", json=body)
+    resp = client.post("/_dash-update-component", json=content_body(page.PAGE, query))
     assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
     return str(resp.get_data(as_text=True))
 
