@@ -146,12 +146,14 @@ def render_page(
 
 def render_inputs(page: ModuleType, ctx: PageContext) -> tuple[object, ...] | None:
     """What the page's content is drawn from, where the page says (``RENDERS_FROM_WINDOW``):
-    the view's window and the objects its ``render_inputs(ctx)`` names; None: not known, drawn
-    every time (``render_cache``)."""
+    the view's window, and the job-step source's results for it where the page draws from them
+    too (``RENDERS_FROM_WORK``; the source caches them); None: not known, drawn every time
+    (``render_cache``)."""
     if ctx.win is None or not getattr(page, "RENDERS_FROM_WINDOW", False):
         return None
-    more = getattr(page, "render_inputs", None)
-    return (ctx.win, *(more(ctx) if more is not None else ()))
+    if ctx.work is None or not getattr(page, "RENDERS_FROM_WORK", False):
+        return (ctx.win,)
+    return (ctx.win, ctx.work.work(ctx.win), ctx.work.served(ctx.win))
 
 
 def read_progress_text(data: DashboardData, args: dict[str, Any] | None) -> str:
@@ -509,4 +511,5 @@ def create_app(
     if credentials is not None:
         install_basic_auth(app.server, credentials)
     app.server.config["GPUWATT_DATA"] = data
+    app.server.config["GPUWATT_WORK"] = work
     return app

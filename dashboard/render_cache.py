@@ -1,10 +1,10 @@
 """Page content kept per cached view: a served request is not drawn again.
 
-A page whose content is a function of its view's window (``WindowData``), range and query, and
-of the objects its ``render_inputs(ctx)`` names (``RENDERS_FROM_WINDOW = True``: balance,
-stragglers, efficiency; jobs and reports with the job-step source's cached results), draws the
-same content each time the caches serve it the same objects. Drawing was most of a served
-request's time at 1,024 GPUs (the balance page: ~70-90 ms of drawing its heatmaps and per-job
+A page whose content is a function of its view's window (``WindowData``), range step and query,
+and of the job-step source's cached results where it says so (``RENDERS_FROM_WINDOW``,
+``RENDERS_FROM_WORK``; ``dashboard.app.render_inputs``: balance, stragglers, efficiency; jobs and
+reports), draws the same content each time the caches serve it the same objects. Drawing was most
+of a served request's time at 1,024 GPUs (the balance page: ~80-110 ms of its heatmaps and per-job
 grid, ``bench/served_render.py``), so the content is kept, keyed by the page, those objects and
 the query, for as long as the caches serve the same objects: a refreshed window is a new object,
 and its first request draws again. An entry holds its window weakly (an old window must not stay

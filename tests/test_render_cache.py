@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import plotly.utils
 import pytest
-from test_dashboard_support import DEMO_END_NS, build_demo_store, content_body
+from test_dashboard_support import DEMO_END_NS, build_demo_store, content_body, demo_job_steps
 
 from gpuwatt.dashboard.app import PAGES, create_app, render_page
 from gpuwatt.dashboard.pages import balance, health, jobs
@@ -121,9 +122,35 @@ def test_a_served_page_is_drawn_once_per_window_and_the_same_as_drawn_afresh(
     assert calls.count("jobs") == 1
 
 
+def test_the_jobs_page_is_drawn_again_when_the_job_steps_are_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept with the job-step source's results as well: once they are read again (its cache
+    expired), the page is drawn again although the window is the same."""
+    store = build_demo_store(tmp_path / "demo.db", minutes=15, job_steps=True)
+    steps = demo_job_steps(tmp_path / "demo.db")
+    try:
+        app = create_app(store, now_ns=DEMO_END_NS, cache_ttl_s=3600.0, job_steps=steps)
+        client = app.server.test_client()
+        calls: list[str] = []
+        real = jobs.render
+        monkeypatch.setattr(jobs, "render", lambda ctx: calls.append("jobs") or real(ctx))
+        query = {"range": "15m", "job": "llm-pretrain"}
+        first = _content(client, jobs, query)
+        assert "llm-pretrain" in first and _content(client, jobs, query) == first
+        assert calls == ["jobs"]
+        # as when the job-step source's cache has expired: read again, new objects
+        app.server.config["GPUWATT_WORK"]._cache.clear()
+        _content(client, jobs, query)
+        assert calls == ["jobs", "jobs"]
+    finally:
+        steps.close()
+        store.close()
+
+
 def test_every_page_that_says_so_draws_only_from_its_window() -> None:
     """A page kept by the cache reads nothing but its context's window, query, range step and
-    the job-step source (what ``render_inputs`` names): no other read of the store, nor the
+    the job-step source (``RENDERS_FROM_WORK``): no other read of the store, nor the
     clock, nor the range's ends (a live range's move with every request; its step does not)."""
     import inspect
 
@@ -136,4 +163,4 @@ def test_every_page_that_says_so_draws_only_from_its_window() -> None:
         uses = set(re.findall(r"ctx\.range\.?[a-z_]*", source))
         assert uses <= {"ctx.range.step_s"}, (page.PAGE, uses)
         if "ctx.work" in source:
-            assert hasattr(page, "render_inputs"), page.PAGE
+            assert getattr(page, "RENDERS_FROM_WORK", False), page.PAGE

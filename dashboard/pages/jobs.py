@@ -35,17 +35,8 @@ PAGE = "jobs"
 PATH = "/jobs"
 NAME = "Jobs"
 #: The content is drawn from the view's window, range and query and from the job-step source's
-#: results for the window (``render_inputs``; ``render_cache``).
-RENDERS_FROM_WINDOW = True
-
-
-def render_inputs(ctx: PageContext) -> tuple[object, ...]:
-    """The job-step source's results the content is drawn from (the source caches them)."""
-    if ctx.work is None:
-        return ()
-    return (ctx.work.work(ctx.win), ctx.work.served(ctx.win))
-
-
+#: results for the window (``render_cache``).
+RENDERS_FROM_WINDOW = RENDERS_FROM_WORK = True
 ORDER = 4
 
 
