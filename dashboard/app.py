@@ -8,6 +8,7 @@ The view's state (range, refresh, grouping, node) lives in the URL, so a link re
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -53,6 +54,7 @@ from gpuwatt.dashboard.timerange import (
     MIN_SPAN_S,
     NS_PER_S,
     PRESETS,
+    TimeRange,
     iso_s,
     parse_instant_ns,
     parse_range,
@@ -78,6 +80,9 @@ PAGES: tuple[ModuleType, ...] = (
 )
 ASSETS = Path(__file__).parent / "assets"
 RANGE_KEYS = ("range", "from", "to", "end", "refresh")
+#: Pages visitors asked for this recently are drawn again each time the warmer computes their
+#: range again (``redraw_viewed``).
+REDRAW_VIEWED_S = 600.0
 
 
 def _clock(now_ns: Callable[[], int] | int | None) -> Callable[[], int]:
@@ -96,6 +101,11 @@ def tariff_from(config: Config | None) -> Tariff:
     return Tariff(e.price_per_kwh, e.carbon_g_per_kwh, e.currency)
 
 
+def _query(args: dict[str, Any] | None) -> dict[str, str]:
+    """A page's args (its URL query) as text."""
+    return {str(k): str(v) for k, v in (args or {}).items() if v is not None}
+
+
 def render_page(
     page: ModuleType,
     args: dict[str, Any] | None,
@@ -110,7 +120,7 @@ def render_page(
     A bad range is corrected and said; an unreachable store or an empty range becomes a
     message on the page; anything unexpected is logged as one line and shown as an error state.
     """
-    query = {str(k): str(v) for k, v in (args or {}).items() if v is not None}
+    query = _query(args)
     now = data.now_ns()
     tr, problem = parse_range(query, now)
     head = [*alerts_line(firing_count(alerts_source)), *range_line(tr, problem)]
@@ -154,6 +164,23 @@ def render_inputs(page: ModuleType, ctx: PageContext) -> tuple[object, ...] | No
     if ctx.work is None or not getattr(page, "RENDERS_FROM_WORK", False):
         return (ctx.win,)
     return (ctx.win, ctx.work.work(ctx.win), ctx.work.served(ctx.win))
+
+
+def redraw_viewed(
+    data: DashboardData,
+    alerts_source: AlertsSource | None,
+    work: JobWorkSource | None,
+    tr: TimeRange,
+) -> None:
+    """After the warmer computed the live range ``tr`` again: the pages visitors asked for on
+    it in the last ``REDRAW_VIEWED_S`` drawn from the new window, so that their next request
+    is served as drawn (``render_cache``), not drawn while the visitor waits."""
+    pages = {p.PAGE: p for p in PAGES}
+    span_ns = tr.end_ns - tr.start_ns
+    for name, query in data.rendered.viewed(REDRAW_VIEWED_S):
+        r, _ = parse_range(query, data.now_ns())
+        if r.live and r.step_s == tr.step_s and r.end_ns - r.start_ns == span_ns:
+            render_page(pages[name], query, data, alerts_source, work)
 
 
 def read_progress_text(data: DashboardData, args: dict[str, Any] | None) -> str:
@@ -293,6 +320,8 @@ def _register_callbacks(
                 Input(f"{page.PAGE}-refresh", "n_intervals"),
             )
             def _content(args: dict[str, Any] | None, _n: int | None) -> list[Any]:
+                if getattr(page, "RENDERS_FROM_WINDOW", False):
+                    data.rendered.note_view(page.PAGE, _query(args))
                 return render_page(page, args, data, alerts_source, work, can_act=can_act)
 
             # The progress count is asked for only while the content is computed: the tick runs
@@ -510,6 +539,7 @@ def create_app(
     csv_export.register_routes(app.server, data, work)
     if credentials is not None:
         install_basic_auth(app.server, credentials)
+    data.after_warm = functools.partial(redraw_viewed, data, alerts, work)
     app.server.config["GPUWATT_DATA"] = data
     app.server.config["GPUWATT_WORK"] = work
     return app

@@ -135,6 +135,8 @@ class DashboardData:
         self.cache = ReadCache(ttl_s=ttl_s, max_stale_s=max_stale_s, max_entries=max_entries)
         #: pages' content drawn from the windows the cache serves (``render_cache``)
         self.rendered = RenderCache()
+        #: called with each range the warmer has just computed again (``app.redraw_viewed``)
+        self.after_warm: Callable[[TimeRange], None] | None = None
         #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
         #: (the default view, kept warm) when that is at most this old; see ``_window``.
         self.shared_recent_max_age_s = shared_recent_max_age_s
@@ -349,6 +351,11 @@ class DashboardData:
     def _warm(self, tr: TimeRange) -> None:
         key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
         self._warm_entry(lambda: (key, self._window(self._moved(tr))))
+        if self.after_warm is not None:
+            try:
+                self.after_warm(tr)
+            except Exception as exc:  # never let the warmer die
+                log.error("drawing pages after warming failed: %s", describe(exc))
 
     def _warm_today(self) -> None:
         def entry() -> tuple[tuple[Any, ...], AnalysisSummary]:

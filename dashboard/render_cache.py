@@ -6,16 +6,20 @@ and of the job-step source's cached results where it says so (``RENDERS_FROM_WIN
 reports), draws the same content each time the caches serve it the same objects. Drawing was most
 of a served request's time at 1,024 GPUs (the balance page: ~80-110 ms of its heatmaps and per-job
 grid, ``bench/served_render.py``), so the content is kept, keyed by the page, those objects and
-the query, for as long as the caches serve the same objects: a refreshed window is a new object,
-and its first request draws again. An entry holds its window weakly (an old window must not stay
-in memory for its drawing: at 1,024 GPUs a window is tens of MB, its drawing a few), so a window
-freed and another one given its ``id`` is not taken for it; the job-step source's results, which
-take no weak reference, are held (they are small).
+the query, for as long as the caches serve the same objects. A refreshed window is a new object:
+the warmer draws the pages visitors asked for on its range in the last 10 minutes from it as soon
+as it has computed it (``app.redraw_viewed``), and any other first request draws it.
+
+An entry holds its window weakly (an old window must not stay in memory for its drawing: at
+1,024 GPUs a window is tens of MB, its drawing a few), so a window freed and another one given its
+``id`` is not taken for it; the job-step source's results, which take no weak reference, are held
+(they are small).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -43,7 +47,22 @@ class RenderCache:
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[Any, ...], tuple[tuple[Held, ...], list[Any]]]
         self._entries = OrderedDict()
+        #: (page, query) -> when a visitor last asked for it (``note_view``)
+        self._views: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._lock = threading.Lock()
+
+    def note_view(self, page: str, query: dict[str, str]) -> None:
+        """A visitor asked for ``page`` with ``query`` (not a drawing in advance)."""
+        with self._lock:
+            self._views[(page, tuple(sorted(query.items())))] = time.monotonic()
+
+    def viewed(self, max_age_s: float) -> list[tuple[str, dict[str, str]]]:
+        """The (page, query) pairs visitors asked for in the last ``max_age_s``."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, t in self._views.items() if now - t > max_age_s]:
+                del self._views[key]
+            return [(page, dict(query)) for page, query in self._views]
 
     def get(
         self,
@@ -74,3 +93,4 @@ class RenderCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._views.clear()

@@ -148,6 +148,35 @@ def test_the_jobs_page_is_drawn_again_when_the_job_steps_are_read_again(
         store.close()
 
 
+def test_the_warmer_draws_the_viewed_pages_of_a_range_it_computed_again(
+    demo_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the warmer has computed a live range again, the pages visitors asked for on it
+    are drawn from the new window at once: their next request is served as drawn. Pages not
+    asked for, and other ranges' pages, are not drawn."""
+    from gpuwatt.dashboard.pages import stragglers
+    from gpuwatt.dashboard.timerange import parse_range
+
+    app = create_app(demo_store, now_ns=DEMO_END_NS, cache_ttl_s=3600.0)
+    client = app.server.test_client()
+    data = app.server.config["GPUWATT_DATA"]
+    calls: list[str] = []
+    for page in (balance, stragglers):
+        real = page.render
+        monkeypatch.setattr(
+            page, "render", lambda ctx, real=real, p=page: calls.append(p.PAGE) or real(ctx)
+        )
+    _content(client, balance, {"range": "15m"})
+    _content(client, stragglers, {"range": "1h"})
+    assert calls == ["balance", "stragglers"]
+    before = data.window(parse_range({"range": "15m"}, DEMO_END_NS)[0])
+    data._warm(parse_range({"range": "15m"}, DEMO_END_NS)[0])  # what the warmer does
+    assert data.window(parse_range({"range": "15m"}, DEMO_END_NS)[0]) is not before
+    assert calls == ["balance", "stragglers", "balance"]  # drawn by the warmer, for 15m only
+    served = _content(client, balance, {"range": "15m"})
+    assert calls == ["balance", "stragglers", "balance"] and "balance-content" in served
+
+
 def test_every_page_that_says_so_draws_only_from_its_window() -> None:
     """A page kept by the cache reads nothing but its context's window, query, range step and
     the job-step source (``RENDERS_FROM_WORK``): no other read of the store, nor the
