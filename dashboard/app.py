@@ -48,6 +48,7 @@ from gpuwatt.dashboard.pages import (
     reports,
     stragglers,
 )
+from gpuwatt.dashboard.read_cache import describe
 from gpuwatt.dashboard.read_progress import view_key
 from gpuwatt.dashboard.timerange import (
     DEFAULT_RANGE,
@@ -142,10 +143,7 @@ def render_page(
         if win is not None and getattr(page, "STRAGGLER_BANNER", True):
             banner = straggler_banner(win.active_stragglers, ctx.link)
             head += [banner] if banner is not None else []
-        inputs = render_inputs(page, ctx)
-        if inputs is not None:
-            return [*head, *data.rendered.get(page.PAGE, inputs, query, lambda: page.render(ctx))]
-        return [*head, *page.render(ctx)]
+        return [*head, *_drawn(page, ctx, data)]
     except DataError as exc:
         return [*head, error_state(exc.message)]
     except Exception as exc:  # a bug in one view must not take the page down
@@ -166,6 +164,15 @@ def render_inputs(page: ModuleType, ctx: PageContext) -> tuple[object, ...] | No
     return (ctx.win, ctx.work.work(ctx.win), ctx.work.served(ctx.win))
 
 
+def _drawn(page: ModuleType, ctx: PageContext, data: DashboardData) -> list[Any]:
+    """The page's own content: as drawn before where it was drawn from the same objects
+    (``render_inputs``, ``render_cache``), else drawn now."""
+    inputs = render_inputs(page, ctx)
+    if inputs is None:
+        return list(page.render(ctx))
+    return data.rendered.get(page.PAGE, inputs, ctx.query, lambda: page.render(ctx))
+
+
 def redraw_viewed(
     data: DashboardData,
     alerts_source: AlertsSource | None,
@@ -174,13 +181,25 @@ def redraw_viewed(
 ) -> None:
     """After the warmer computed the live range ``tr`` again: the pages visitors asked for on
     it in the last ``REDRAW_VIEWED_S`` drawn from the new window, so that their next request
-    is served as drawn (``render_cache``), not drawn while the visitor waits."""
+    is served as drawn (``render_cache``), not drawn while the visitor waits. Only the pages'
+    own content: the lines above it (alerts firing, the range) are made for each request."""
     pages = {p.PAGE: p for p in PAGES}
     span_ns = tr.end_ns - tr.start_ns
     for name, query in data.rendered.viewed(REDRAW_VIEWED_S):
-        r, _ = parse_range(query, data.now_ns())
-        if r.live and r.step_s == tr.step_s and r.end_ns - r.start_ns == span_ns:
-            render_page(pages[name], query, data, alerts_source, work)
+        now = data.now_ns()
+        r, _ = parse_range(query, now)
+        if not (r.live and r.step_s == tr.step_s and r.end_ns - r.start_ns == span_ns):
+            continue
+        try:
+            win = data.window(r)
+            if not win.empty:
+                _drawn(
+                    pages[name], PageContext(data, win, r, query, now, alerts_source, work), data
+                )
+        except DataError:
+            pass  # the page will say it when asked
+        except Exception as exc:  # a bug in one view must not stop the others or the warmer
+            log.error("page %s failed to draw after warming: %s", name, describe(exc))
 
 
 def read_progress_text(data: DashboardData, args: dict[str, Any] | None) -> str:

@@ -188,7 +188,7 @@ def test_every_page_that_says_so_draws_only_from_its_window() -> None:
             continue
         source = inspect.getsource(page)
         assert "ctx.data" not in source and "ctx.now_ns" not in source, page.PAGE
-        assert "ctx.alerts" not in source, page.PAGE
+        assert "ctx.alerts" not in source and "ctx.can_act" not in source, page.PAGE
         uses = set(re.findall(r"ctx\.range\.?[a-z_]*", source))
         assert uses <= {"ctx.range.step_s"}, (page.PAGE, uses)
         if "ctx.work" in source:
