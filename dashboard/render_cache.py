@@ -26,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 Held = Callable[[], object]
+#: How many distinct (page, query) views are remembered for the warmer to draw ahead.
+MAX_VIEWS = 256
 
 
 def _held(x: object) -> Held:
@@ -52,9 +54,14 @@ class RenderCache:
         self._lock = threading.Lock()
 
     def note_view(self, page: str, query: dict[str, str]) -> None:
-        """A visitor asked for ``page`` with ``query`` (not a drawing in advance)."""
+        """A visitor asked for ``page`` with ``query`` (not a drawing in advance). The newest
+        ``MAX_VIEWS`` distinct ones are kept (any URL can make a new one)."""
+        key = (page, tuple(sorted(query.items())))
         with self._lock:
-            self._views[(page, tuple(sorted(query.items())))] = time.monotonic()
+            self._views.pop(key, None)
+            self._views[key] = time.monotonic()
+            while len(self._views) > MAX_VIEWS:
+                del self._views[next(iter(self._views))]
 
     def viewed(self, max_age_s: float) -> list[tuple[str, dict[str, str]]]:
         """The (page, query) pairs visitors asked for in the last ``max_age_s``."""

@@ -63,6 +63,19 @@ def test_the_cache_draws_once_per_input_objects_and_query() -> None:
     assert cache.get("p", (win,), {"range": "6h"}, draw("g")) == ["g"]
 
 
+def test_views_are_remembered_newest_first_and_bounded() -> None:
+    from gpuwatt.dashboard import render_cache
+
+    cache = RenderCache()
+    for i in range(render_cache.MAX_VIEWS + 10):
+        cache.note_view("balance", {"range": f"{i + 1}h"})
+    cache.note_view("balance", {"range": "1h"})  # asked again: kept as the newest
+    views = cache.viewed(60.0)
+    assert len(views) == render_cache.MAX_VIEWS
+    assert views[-1] == ("balance", {"range": "1h"}) and ("balance", {"range": "2h"}) not in views
+    assert cache.viewed(-1.0) == []  # older than asked for: forgotten
+
+
 class _Window:
     """Takes a weak reference, as ``WindowData`` does."""
 
