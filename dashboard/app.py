@@ -62,6 +62,7 @@ from gpuwatt.dashboard.timerange import (
     query_dict,
     to_search,
 )
+from gpuwatt.dashboard.window_data import WindowData
 from gpuwatt.dashboard.work_data import JobWorkSource
 from gpuwatt.store.base import Store
 from gpuwatt.store.job_steps import JobStepStore
@@ -178,11 +179,15 @@ def redraw_viewed(
     alerts_source: AlertsSource | None,
     work: JobWorkSource | None,
     tr: TimeRange,
+    win: WindowData,
 ) -> None:
-    """After the warmer computed the live range ``tr`` again: the pages visitors asked for on
-    it in the last ``REDRAW_VIEWED_S`` drawn from the new window, so that their next request
-    is served as drawn (``render_cache``), not drawn while the visitor waits. Only the pages'
-    own content: the lines above it (alerts firing, the range) are made for each request."""
+    """After the warmer computed the live range ``tr`` again (its new window ``win``): the
+    pages visitors asked for on it in the last ``REDRAW_VIEWED_S`` drawn from ``win``, so that
+    their next request is served as drawn (``render_cache``), not drawn while the visitor
+    waits. Nothing is read: only the pages' own content is drawn, not the lines above it
+    (alerts firing, the range), which each request makes."""
+    if win.empty:
+        return
     pages = {p.PAGE: p for p in PAGES}
     span_ns = tr.end_ns - tr.start_ns
     for name, query in data.rendered.viewed(REDRAW_VIEWED_S):
@@ -191,11 +196,7 @@ def redraw_viewed(
         if not (r.live and r.step_s == tr.step_s and r.end_ns - r.start_ns == span_ns):
             continue
         try:
-            win = data.window(r)
-            if not win.empty:
-                _drawn(
-                    pages[name], PageContext(data, win, r, query, now, alerts_source, work), data
-                )
+            _drawn(pages[name], PageContext(data, win, r, query, now, alerts_source, work), data)
         except DataError:
             pass  # the page will say it when asked
         except Exception as exc:  # a bug in one view must not stop the others or the warmer

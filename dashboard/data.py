@@ -135,8 +135,9 @@ class DashboardData:
         self.cache = ReadCache(ttl_s=ttl_s, max_stale_s=max_stale_s, max_entries=max_entries)
         #: pages' content drawn from the windows the cache serves (``render_cache``)
         self.rendered = RenderCache()
-        #: called with each range the warmer has just computed again (``app.redraw_viewed``)
-        self.after_warm: Callable[[TimeRange], None] | None = None
+        #: called with each range the warmer has just computed again and its new window (not
+        #: where computing it failed: ``app.redraw_viewed``)
+        self.after_warm: Callable[[TimeRange, WindowData], None] | None = None
         #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
         #: (the default view, kept warm) when that is at most this old; see ``_window``.
         self.shared_recent_max_age_s = shared_recent_max_age_s
@@ -350,10 +351,10 @@ class DashboardData:
 
     def _warm(self, tr: TimeRange) -> None:
         key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
-        self._warm_entry(lambda: (key, self._window(self._moved(tr))))
-        if self.after_warm is not None:
+        win = self._warm_entry(lambda: (key, self._window(self._moved(tr))))
+        if win is not None and self.after_warm is not None:
             try:
-                self.after_warm(tr)
+                self.after_warm(tr, win)
             except Exception as exc:  # never let the warmer die
                 log.error("drawing pages after warming failed: %s", describe(exc))
 
@@ -364,14 +365,18 @@ class DashboardData:
 
         self._warm_entry(entry)
 
-    def _warm_entry(self, entry: Callable[[], tuple[tuple[Any, ...], Any]]) -> None:
-        """Compute a cache entry (key, value) and put it; a failure never stops the warmer."""
+    def _warm_entry(self, entry: Callable[[], tuple[tuple[Any, ...], Any]]) -> Any | None:
+        """Compute a cache entry (key, value) and put it; the value, or None where it failed
+        (a failure never stops the warmer)."""
         try:
-            self.cache.put(*entry())
+            key, value = entry()
         except DataError:
-            pass  # logged as one line; the page will say it
+            return None  # logged as one line; the page will say it
         except Exception as exc:  # never let the warmer die silently
             log.error("warming the cache failed: %s", describe(exc))
+            return None
+        self.cache.put(key, value)
+        return value
 
     def _window(self, tr: TimeRange) -> WindowData:
         coarse = tr.step_s > RECENT_STEP_S

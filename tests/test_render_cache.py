@@ -188,6 +188,19 @@ def test_the_warmer_draws_the_viewed_pages_of_a_range_it_computed_again(
     assert calls == ["balance", "stragglers", "balance"]  # drawn by the warmer, for 15m only
     served = _content(client, balance, {"range": "15m"})
     assert calls == ["balance", "stragglers", "balance"] and "balance-content" in served
+    # a range the warmer failed to compute again: nothing drawn, nothing read again
+    from gpuwatt.dashboard.read_cache import DataError
+
+    tried: list[Any] = []
+
+    def unreachable(tr: Any) -> Any:
+        tried.append(tr)
+        raise DataError("store not reachable", unreachable=True)
+
+    monkeypatch.setattr(data, "_window", unreachable)
+    data.cache.clear()
+    data._warm(parse_range({"range": "15m"}, DEMO_END_NS)[0])
+    assert calls == ["balance", "stragglers", "balance"] and len(tried) == 1
 
 
 def test_every_page_that_says_so_draws_only_from_its_window() -> None:
