@@ -135,9 +135,11 @@ class DashboardData:
         self.cache = ReadCache(ttl_s=ttl_s, max_stale_s=max_stale_s, max_entries=max_entries)
         #: pages' content drawn from the windows the cache serves (``render_cache``)
         self.rendered = RenderCache()
-        #: called with each range the warmer has just computed again and its new window (not
-        #: where computing it failed: ``app.redraw_viewed``)
+        #: called with each live range computed again in the background (by the warmer, or a
+        #: stale cache entry's refresh) and its new window, not where that failed
+        #: (``app.redraw_viewed``)
         self.after_warm: Callable[[TimeRange, WindowData], None] | None = None
+        self.cache.on_refreshed = self._refreshed
         #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
         #: (the default view, kept warm) when that is at most this old; see ``_window``.
         self.shared_recent_max_age_s = shared_recent_max_age_s
@@ -357,6 +359,12 @@ class DashboardData:
                 self.after_warm(tr, win)
             except Exception as exc:  # never let the warmer die
                 log.error("drawing pages after warming failed: %s", describe(exc))
+
+    def _refreshed(self, key: tuple[Any, ...], value: Any) -> None:
+        """A stale entry refreshed in the background: a live range's new window is passed on
+        as the warmer's are (``after_warm``)."""
+        if key[0] == "window-live" and self.after_warm is not None:
+            self.after_warm(value.range, value)
 
     def _warm_today(self) -> None:
         def entry() -> tuple[tuple[Any, ...], AnalysisSummary]:

@@ -49,6 +49,8 @@ class ReadCache:
         self._entries: OrderedDict[tuple[Any, ...], tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[Any, ...], threading.Lock] = {}
+        #: called with (key, value) after a background refresh has put a new value
+        self.on_refreshed: Callable[[tuple[Any, ...], Any], None] | None = None
 
     def get(self, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
         """A fresh entry; a stale one (refreshed in the background); else ``compute()`` now."""
@@ -105,12 +107,18 @@ class ReadCache:
 
     def _refresh(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> None:
         try:
-            self.put(key, compute())
+            value = compute()
+            self.put(key, value)
         except DataError:
-            pass  # already logged as one line; the stale value stays until max_stale_s
+            return  # already logged as one line; the stale value stays until max_stale_s
         finally:
             with self._lock:
                 self._refreshing.discard(key)
+        if self.on_refreshed is not None:
+            try:
+                self.on_refreshed(key, value)
+            except Exception as exc:  # the cache's refresh thread must go on
+                log.error("after refreshing the cache: %s", describe(exc))
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:

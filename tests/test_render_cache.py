@@ -203,6 +203,31 @@ def test_the_warmer_draws_the_viewed_pages_of_a_range_it_computed_again(
     assert calls == ["balance", "stragglers", "balance"] and len(tried) == 1
 
 
+def test_a_stale_view_refreshed_in_the_background_is_drawn_there_too(
+    demo_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view older than the cache's ttl is served as it was and computed again in the
+    background; the viewed pages are drawn from the new window there, so the next request
+    finds them drawn (as after the warmer)."""
+    import time
+
+    app = create_app(demo_store, now_ns=DEMO_END_NS, cache_ttl_s=2.0)
+    client = app.server.test_client()
+    data = app.server.config["GPUWATT_DATA"]
+    calls: list[str] = []
+    real = balance.render
+    monkeypatch.setattr(balance, "render", lambda ctx: calls.append("balance") or real(ctx))
+    _content(client, balance, {"range": "15m"})  # cold: drawn for the request
+    time.sleep(2.1)
+    _content(client, balance, {"range": "15m"})  # stale: served as drawn, refreshed behind
+    deadline = time.monotonic() + 30
+    while (data.cache.refreshing or len(calls) < 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == ["balance", "balance"]  # the second drawing: in the refresh
+    _content(client, balance, {"range": "15m"})  # the new window, fresh: served as drawn
+    assert calls == ["balance", "balance"]
+
+
 def test_every_page_that_says_so_draws_only_from_its_window() -> None:
     """A page kept by the cache reads nothing but its context's window, query, range step and
     the job-step source (``RENDERS_FROM_WORK``): no other read of the store, nor the
