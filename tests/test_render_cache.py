@@ -228,6 +228,30 @@ def test_a_stale_view_refreshed_in_the_background_is_drawn_there_too(
     assert calls == ["balance", "balance"]
 
 
+def test_a_live_views_job_step_results_are_kept_while_it_is_served(tmp_path: Path) -> None:
+    """The job-step source computes a live view's results once (a view computed again has a
+    new end, and gets its own); a fixed range's are read again after the source's ttl."""
+    from gpuwatt.dashboard.data import DashboardData
+    from gpuwatt.dashboard.timerange import parse_range
+    from gpuwatt.dashboard.work_data import JobWorkSource
+
+    store = build_demo_store(tmp_path / "demo.db", minutes=15, job_steps=True)
+    steps = demo_job_steps(tmp_path / "demo.db")
+    try:
+        data = DashboardData(store, clock_ns=lambda: DEMO_END_NS)
+        work = JobWorkSource(steps, ttl_s=0.0)  # every result older than its ttl
+        live = data.window(parse_range({"range": "15m"}, DEMO_END_NS)[0])
+        fixed = data.window(
+            parse_range({"from": "2026-01-01T00:05:00Z", "to": "2026-01-01T00:20:00Z"}, 0)[0]
+        )
+        assert live.range.live and not fixed.range.live
+        assert work.work(live) and work.work(live) is work.work(live)
+        assert work.work(fixed) is not work.work(fixed)
+    finally:
+        steps.close()
+        store.close()
+
+
 def test_every_page_that_says_so_draws_only_from_its_window() -> None:
     """A page kept by the cache reads nothing but its context's window, query, range step and
     the job-step source (``RENDERS_FROM_WORK``): no other read of the store, nor the
