@@ -82,8 +82,8 @@ PAGES: tuple[ModuleType, ...] = (
 )
 ASSETS = Path(__file__).parent / "assets"
 RANGE_KEYS = ("range", "from", "to", "end", "refresh")
-#: Pages visitors asked for this recently are drawn again each time the warmer computes their
-#: range again (``redraw_viewed``).
+#: Pages visitors asked for this recently are drawn again each time their range is computed again
+#: in the background (``redraw_viewed``).
 REDRAW_VIEWED_S = 600.0
 
 
@@ -181,17 +181,18 @@ def redraw_viewed(
     tr: TimeRange,
     win: WindowData,
 ) -> None:
-    """After the warmer computed the live range ``tr`` again (its new window ``win``): the
-    pages visitors asked for on it in the last ``REDRAW_VIEWED_S`` drawn from ``win``, so that
-    their next request is served as drawn (``render_cache``), not drawn while the visitor
-    waits. Nothing is read: only the pages' own content is drawn, not the lines above it
-    (alerts firing, the range), which each request makes."""
+    """After the live range ``tr`` was computed again in the background (its new window
+    ``win``; ``DashboardData.on_recomputed``): the pages visitors asked for on it in the last
+    ``REDRAW_VIEWED_S`` drawn from ``win``, so that their next request is served as drawn
+    (``render_cache``), not drawn while the visitor waits. Nothing is read: only the pages' own
+    content is drawn, not the lines above it (alerts firing, the range), which each request
+    makes."""
     if win.empty:
         return
     pages = {p.PAGE: p for p in PAGES}
     span_ns = tr.end_ns - tr.start_ns
+    now = data.now_ns()
     for name, query in data.rendered.viewed(REDRAW_VIEWED_S):
-        now = data.now_ns()
         r, _ = parse_range(query, now)
         if not (r.live and r.step_s == tr.step_s and r.end_ns - r.start_ns == span_ns):
             continue
@@ -559,7 +560,7 @@ def create_app(
     csv_export.register_routes(app.server, data, work)
     if credentials is not None:
         install_basic_auth(app.server, credentials)
-    data.after_warm = functools.partial(redraw_viewed, data, alerts, work)
+    data.on_recomputed = functools.partial(redraw_viewed, data, alerts, work)
     app.server.config["GPUWATT_DATA"] = data
     app.server.config["GPUWATT_WORK"] = work
     return app

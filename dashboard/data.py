@@ -138,8 +138,8 @@ class DashboardData:
         #: called with each live range computed again in the background (by the warmer, or a
         #: stale cache entry's refresh) and its new window, not where that failed
         #: (``app.redraw_viewed``)
-        self.after_warm: Callable[[TimeRange, WindowData], None] | None = None
-        self.cache.on_refreshed = self._refreshed
+        self.on_recomputed: Callable[[TimeRange, WindowData], None] | None = None
+        self.cache.on_refreshed = self._recomputed
         #: A live coarse range takes its newest-hour analysis from the cached live 1-hour view
         #: (the default view, kept warm) when that is at most this old; see ``_window``.
         self.shared_recent_max_age_s = shared_recent_max_age_s
@@ -354,17 +354,18 @@ class DashboardData:
     def _warm(self, tr: TimeRange) -> None:
         key = ("window-live", tr.end_ns - tr.start_ns, tr.step_s)
         win = self._warm_entry(lambda: (key, self._window(self._moved(tr))))
-        if win is not None and self.after_warm is not None:
-            try:
-                self.after_warm(tr, win)
-            except Exception as exc:  # never let the warmer die
-                log.error("drawing pages after warming failed: %s", describe(exc))
+        if win is not None:
+            self._recomputed(key, win)
 
-    def _refreshed(self, key: tuple[Any, ...], value: Any) -> None:
-        """A stale entry refreshed in the background: a live range's new window is passed on
-        as the warmer's are (``after_warm``)."""
-        if key[0] == "window-live" and self.after_warm is not None:
-            self.after_warm(value.range, value)
+    def _recomputed(self, key: tuple[Any, ...], value: Any) -> None:
+        """An entry computed again in the background (the warmer, or a stale entry's refresh):
+        a live range's new window is passed to ``on_recomputed``; a failure there is logged."""
+        if key[0] != "window-live" or self.on_recomputed is None:
+            return
+        try:
+            self.on_recomputed(value.range, value)
+        except Exception as exc:  # never let the warmer or the cache's refresh die
+            log.error("drawing pages after a view was computed again failed: %s", describe(exc))
 
     def _warm_today(self) -> None:
         def entry() -> tuple[tuple[Any, ...], AnalysisSummary]:

@@ -115,10 +115,7 @@ class ReadCache:
             with self._lock:
                 self._refreshing.discard(key)
         if self.on_refreshed is not None:
-            try:
-                self.on_refreshed(key, value)
-            except Exception as exc:  # the cache's refresh thread must go on
-                log.error("after refreshing the cache: %s", describe(exc))
+            self.on_refreshed(key, value)  # its own failures are its own to log
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
