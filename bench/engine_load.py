@@ -40,7 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from backfill import MAX_CLOCK_MHZ, NAME, Cluster
 from servers import InfluxDB1Server, VictoriaMetricsServer
 
-from gpuwatt.line_protocol import LineEncoder, _numeric_fields, _pattern
+from gpuwatt.line_protocol import (
+    LineEncoder,
+    _numeric_fields,
+    _pattern,
+    escape_tag,
+    strings_as_labels,
+)
 from gpuwatt.schema import FIELD_ENERGY_METHOD, FIELD_JOB_ID, FIELD_TFLOPS_METHOD, FIELDS
 from gpuwatt.store import LAST_VALUE_ATTRS, open_store
 from gpuwatt.store.engine_rollups import (
@@ -162,7 +168,8 @@ def load(
     """Write every round of ``cluster`` and its minute, 5-minute and hour rollups; the samples
     written."""
     store = engine.store()
-    fast = FastLines(cluster)
+    # VictoriaMetrics is given the string fields as labels, as ``PromStore.write_lines`` does
+    fast = FastLines(cluster, labelled=engine.kind == "victoriametrics")
     ids = GpuIds()
     gids = np.array(
         [
@@ -205,7 +212,7 @@ def load(
         values = fast.values(k)
         lines = fast.lines(t, values)
         if k in (0, cluster.steps - 1):  # the first round, and one with the straggler
-            _check_same_as_encoder(cluster, t, values, lines)
+            _check_same_as_encoder(cluster, t, values, lines, fast.labelled)
         pending.extend(lines)
         minute_rows.append(
             as_level(np.full(cluster.gpus, t), gids, lost, {a: values[a] for a in ATTRS})
@@ -232,10 +239,12 @@ class FastLines:
     """The cluster's rounds as gpuwatt's line protocol without ``GpuSample`` objects: each
     GPU's tag prefix and constant fields are built once, the numeric fields of a round written
     by the encoder's own ``_numeric_fields`` with its pattern for this cluster's field set.
-    ``load`` checks the result against ``LineEncoder`` on the first and the last round."""
+    ``load`` checks the result against ``LineEncoder`` on the first and the last round (and
+    ``labelled``, against ``strings_as_labels`` of it: the string fields as tags)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *, labelled: bool = False) -> None:
         self.cluster = cluster
+        self.labelled = labelled
         encoder = LineEncoder()
         first = cluster.samples_of(cluster.start_ns, cluster.round(0))
         getter = attrgetter(*(spec.attr for spec in FIELDS))
@@ -244,10 +253,19 @@ class FastLines:
         self.attrs = [None if a else spec.attr for spec, a in zip(FIELDS, absent, strict=True)]
         self.prefixes = [encoder.prefix(s) for s in first]
         cluster.reset()  # the rounds again from the first: the same values as the embedded store
-        self.suffixes = [
-            f',{FIELD_ENERGY_METHOD}="counter",{FIELD_TFLOPS_METHOD}="gpm",{FIELD_JOB_ID}="{job}" '
-            for job in cluster.jobs
-        ]
+        if labelled:
+            self.prefixes = [
+                f"{p[:-1]},{FIELD_ENERGY_METHOD}=counter,{FIELD_TFLOPS_METHOD}=gpm,"
+                f"{FIELD_JOB_ID}={escape_tag(job)} "
+                for p, job in zip(self.prefixes, cluster.jobs, strict=True)
+            ]
+            self.suffixes = [" "] * len(cluster.jobs)
+        else:
+            self.suffixes = [
+                f',{FIELD_ENERGY_METHOD}="counter",{FIELD_TFLOPS_METHOD}="gpm",'
+                f'{FIELD_JOB_ID}="{job}" '
+                for job in cluster.jobs
+            ]
         g = cluster.gpus
         self.constants = {
             "sm_clock_max_mhz": np.full(g, MAX_CLOCK_MHZ),
@@ -268,9 +286,11 @@ class FastLines:
 
 
 def _check_same_as_encoder(
-    cluster: Cluster, t_ns: int, values: dict[str, np.ndarray], lines: list[str]
+    cluster: Cluster, t_ns: int, values: dict[str, np.ndarray], lines: list[str], labelled: bool
 ) -> None:
     expected = LineEncoder().encode_many(cluster.samples_of(t_ns, values))
+    if labelled:
+        expected = [strings_as_labels(line) for line in expected]
     if expected != lines:
         bad = next(i for i, (a, b) in enumerate(zip(expected, lines, strict=True)) if a != b)
         raise AssertionError(f"FastLines differs from LineEncoder:\n{expected[bad]}\n{lines[bad]}")

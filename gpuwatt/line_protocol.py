@@ -468,6 +468,47 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
     return gpu_sample_from_fields(kwargs)
 
 
+#: The string fields a Prometheus-compatible engine is given as labels (``strings_as_labels``).
+LABEL_FIELDS: tuple[str, ...] = (
+    FIELD_JOB_ID,
+    FIELD_ENERGY_METHOD,
+    FIELD_TFLOPS_METHOD,
+    FIELD_PARENT_UUID,
+)
+
+
+def strings_as_labels(line: str) -> str:
+    """A sample's line with its job id, energy and TFLOPS methods and MIG parent as tags.
+
+    VictoriaMetrics takes line protocol but keeps numbers only: it drops a string field. As
+    tags they become labels of every series of the sample, as Prometheus-compatible data names
+    a job (dcgm-exporter's ``hpc_job``, ``pod``); a GPU's series then start anew with each job.
+    Values stay name-encoded (``encode_name``), as the GPU's own tags are. Lines without such a
+    field (rollups, a lost GPU's marker) and lines that do not parse are returned as they are:
+    the engine says what it refuses."""
+    if '"' not in line:
+        return line
+    m = _LINE.fullmatch(line.strip())
+    if m is None or _unescape(m[1]) != MEASUREMENT:
+        return line
+    measurement, tag_text, field_text, ts = m.groups()
+    try:
+        pairs = _field_pairs(field_text)
+    except LineProtocolError:
+        return line
+    kept, labels = [], []
+    for key, raw in pairs:
+        if key in LABEL_FIELDS and raw.startswith('"') and raw.endswith('"') and len(raw) > 1:
+            value = _unescape(raw[1:-1])  # name-encoded already: only tag escapes are added
+            if value:
+                labels.append(f"{key}={value.translate(_TAG_ESCAPES)}")
+        else:
+            kept.append(f"{key}={raw}")
+    if not labels or not kept:
+        return line
+    return f"{measurement}{tag_text},{','.join(labels)} {','.join(kept)} {ts}"
+
+
 def decode_line(line: str) -> GpuSample:
     """Parse one ``nvidia_smi`` line back into a sample (the spool -> SQLite path)."""
     measurement, tags, values, time_ns = parse_line(line)

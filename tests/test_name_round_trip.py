@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuwatt.alerts.notify.base import AlertItem, Notification, printable
@@ -100,6 +100,31 @@ def test_influxdb(influx_db) -> None:
         assert _names(got) == _names(sample)
 
     check()
+
+
+@pytest.mark.servers
+def test_victoriametrics(victoria_metrics) -> None:
+    """Through the store's own write path, the job id as a label (``strings_as_labels``)."""
+    from dataclasses import replace
+
+    from gpuwatt.store import open_store
+
+    counter = iter(range(10**6))
+    with open_store(victoria_metrics.url.replace("http://", "victoriametrics://")) as store:
+        store.latest_lookback_s = 10 * 365 * 86400.0  # type: ignore[attr-defined]
+
+        @given(host=NAMES, job=NAMES, gpu_name=NAMES, uuid=NAMES)
+        @example(host="n 1", job='a job, "x"=1 \\ 100%\n', gpu_name="H100", uuid="GPU-1")
+        @settings(max_examples=40, deadline=None)
+        def check(host: str, job: str, gpu_name: str, uuid: str) -> None:
+            k = next(counter)  # a GPU of its own: the engine keeps the earlier ones
+            sample = replace(_sample(host, job, gpu_name, uuid, k), gpu_index=k)
+            store.write_samples([sample])
+            victoria_metrics.force_flush()
+            (got,) = [s for s in store.latest() if s.gpu_index == k]
+            assert _names(got) == _names(sample)
+
+        check()
 
 
 @given(host=NAMES, job=NAMES)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gpuwatt.dashboard.pages import health
-from gpuwatt.model import METRIC_FIELDS, GpuSample, GpuSeen
+from gpuwatt.model import METRIC_FIELDS, EnergyMethod, GpuSample, GpuSeen
 from gpuwatt.store import KEY_COLUMNS, LAST_VALUE_ATTRS, Store, engine_rollups, open_store
 from gpuwatt.store.base import SEEN_COLUMN, XID_ATTR, gpus_seen, latest_of
 from gpuwatt.store.influx import InfluxStore
@@ -109,13 +109,15 @@ def sparse(t_ns: int, host: str = "node1", gpu_index: int = 0) -> GpuSample:
 
 
 def test_full_sample_round_trips_through_latest(backend: Backend, make_sample) -> None:
-    if "PromStore" in type(backend.store).__name__:
-        pytest.skip("VictoriaMetrics keeps numeric fields only: no job id, processes or methods")
+    """Every field, the job id (with a quote and a space), and how energy and TFLOPS were
+    obtained included; on VictoriaMetrics all but per-process details and the XIDs' list (it
+    keeps numbers: the strings go in labels, ``line_protocol.strings_as_labels``)."""
     full = make_sample(T0, "node1", 0)
     old = sparse(T0, "node2", 0)
     backend.load([full, old])
     got = backend.store.latest()
-    assert got == [full, old]
+    assert got == [_kept_by(backend.store, full), _kept_by(backend.store, old)]
+    assert got[0].job_id == 'job "42"' and got[0].energy_method is EnergyMethod.COUNTER
     assert got[1].temperature_gpu_c is None and got[1].utilization_gpu_pct is None
 
 
@@ -194,13 +196,44 @@ def test_the_gpus_seen_are_latests_without_their_values(backend: Backend, make_s
     assert [GpuSeen.of(s) for s in part] == gpus_seen(backend.store)
 
 
+def test_a_gpu_that_changed_jobs_is_seen_in_its_newest_job(backend: Backend, make_sample) -> None:
+    """A GPU's newest sample names its job, its newest values are the newest job's, whatever
+    the store (on a Prometheus-compatible engine a job is a label: the GPU's series of its
+    older job are still within the lookback, their values older)."""
+    samples = [
+        make_sample(T0 + i * S, "node1", 0, job_id="job-y" if i < 3 else "job-b", power_w=100.0 + i)
+        for i in range(5)
+    ]
+    samples += [make_sample(T0 + i * S, "node1", 1, job_id="job-c", power_w=50.0) for i in range(5)]
+    backend.load(samples)
+    for since in (T0, None):
+        got = backend.store.latest(since_ns=since)
+        assert [(s.gpu_index, s.job_id, s.time_ns, s.power_w) for s in got] == [
+            (0, "job-b", T0 + 4 * S, 104.0),
+            (1, "job-c", T0 + 4 * S, 50.0),
+        ]
+        assert gpus_seen(backend.store, since_ns=since) == [GpuSeen.of(s) for s in got]
+    assert [s.power_w for s in latest_of(backend.store, ["node1"], attrs=("power_w",))] == [
+        104.0,
+        50.0,
+    ]
+    # a lost marker before the change does not make the GPU lost
+    backend.load(
+        [lost(T0 + 5 * S, "node1", 1), make_sample(T0 + 6 * S, "node1", 1, job_id="job-d")]
+    )
+    got = backend.store.latest(since_ns=T0)
+    assert [(s.gpu_index, s.job_id, s.lost) for s in got] == [
+        (0, "job-b", False),
+        (1, "job-d", False),
+    ]
+
+
 def _kept_by(store: Store, s: GpuSample) -> GpuSample:
-    """``s`` as a store can keep it: VictoriaMetrics keeps numeric fields only."""
+    """``s`` as a store can keep it: VictoriaMetrics keeps numbers and labels (no per-process
+    details, no list of XIDs)."""
     if "PromStore" not in type(store).__name__:
         return s
-    return replace(
-        s, energy_method=None, tflops_method=None, xid_errors=(), processes=None, job_id=None
-    )
+    return replace(s, xid_errors=(), processes=None)
 
 
 def test_series_raw(backend: Backend, make_sample) -> None:

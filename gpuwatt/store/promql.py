@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
+from gpuwatt.line_protocol import LineEncoder, strings_as_labels
 from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
@@ -123,10 +124,12 @@ class PromStore:
         return self._writer
 
     def write_samples(self, samples: Sequence[GpuSample]) -> None:
-        self._require_writer().write_samples(samples)
+        self.write_lines(LineEncoder().encode_many(samples))
 
     def write_lines(self, lines: Sequence[str]) -> None:
-        self._require_writer().write_lines(lines)
+        """The lines as the engine keeps them: their string fields as labels
+        (``line_protocol.strings_as_labels``: VictoriaMetrics drops string fields)."""
+        self._require_writer().write_lines([strings_as_labels(line) for line in lines])
 
     @property
     def rollups(self) -> Any:

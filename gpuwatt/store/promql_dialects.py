@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
-from gpuwatt.schema import FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
+from gpuwatt.schema import FIELD_JOB_ID, FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
 
 NS_PER_MS = 1_000_000
 PRESENCE = "__presence__"  # the pseudo-attribute under which the presence metric is read
@@ -114,7 +114,9 @@ DCGM = Dialect(
 )
 
 #: gpuwatt's line protocol as VictoriaMetrics stores it: ``<measurement>_<field>``, tags as
-#: labels, booleans as 0/1. String fields (job id, processes) are not kept by the engine.
+#: labels, booleans as 0/1. The engine keeps no string fields: gpuwatt writes the job id and the
+#: energy and TFLOPS methods as tags (labels, ``line_protocol.strings_as_labels``); per-process
+#: details are not kept.
 INFLUX = Dialect(
     name="influx",
     series=tuple(
@@ -126,7 +128,7 @@ INFLUX = Dialect(
     index="index",
     uuid="uuid",
     model="name",
-    jobs=(),
+    jobs=(FIELD_JOB_ID,),
     presence=f"{MEASUREMENT}_{FIELD_LOST}",
     lost_metric=f"{MEASUREMENT}_{FIELD_LOST}",
     encoded_names=True,

@@ -14,8 +14,8 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from gpuwatt.line_protocol import decode_name
-from gpuwatt.model import GpuSample, GpuSeen
-from gpuwatt.schema import Kind
+from gpuwatt.model import EnergyMethod, GpuSample, GpuSeen, TflopsMethod
+from gpuwatt.schema import FIELD_ENERGY_METHOD, FIELD_PARENT_UUID, FIELD_TFLOPS_METHOD, Kind
 from gpuwatt.store.base import KEY_COLUMNS
 from gpuwatt.store.promql_dialects import KIND, NS_PER_MS, PRESENCE, Dialect
 
@@ -369,25 +369,55 @@ def frame(
 
 def _seen_times(
     dialect: Dialect, times: list[dict[str, Any]], gpu_of: Callable[[dict[str, str]], Ident]
-) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, str]]:
-    """Each GPU's newest sample time (``{"time_ns": t}``) and job, from the answer of
-    ``promql_latest``'s sample-times query."""
+) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, dict[str, str]]]:
+    """Each GPU's newest sample time (``{"time_ns": t}``) and the labels of the series that
+    holds it, from the answer of ``promql_latest``'s sample-times query. A GPU has a series per
+    job it ran in the window (a job is a label): the newest one names its job."""
     by_gpu: dict[Ident, dict[str, Any]] = {}
-    jobs: dict[Ident, str] = {}
+    newest: dict[Ident, dict[str, str]] = {}
     for r in times:
         key = gpu_of(r["metric"])
-        by_gpu.setdefault(key, {})["time_ns"] = round(float(r["value"][1]) * 1000) * NS_PER_MS
-        for label in dialect.jobs:
-            if r["metric"].get(label):
-                jobs.setdefault(key, r["metric"][label])
-                break
-    return by_gpu, jobs
+        t = round(float(r["value"][1]) * 1000) * NS_PER_MS
+        held = by_gpu.get(key)
+        if held is None or t > held["time_ns"]:
+            by_gpu[key] = {"time_ns": t}
+            newest[key] = r["metric"]
+    return by_gpu, newest
+
+
+def job_of(dialect: Dialect, labels: dict[str, str]) -> str | None:
+    """The job a series' labels name: the first of the dialect's job labels that is set."""
+    for label in dialect.jobs:
+        if job := labels.get(label):
+            return decode_name(job) if dialect.encoded_names else job
+    return None
+
+
+def _methods_of(dialect: Dialect, labels: dict[str, str]) -> dict[str, Any]:
+    """How a sample's energy and TFLOPS were obtained, where its series' labels say it (gpuwatt's
+    line protocol in VictoriaMetrics: ``line_protocol.strings_as_labels``)."""
+    if not dialect.encoded_names:
+        return {}
+    out: dict[str, Any] = {}
+    for attr, label, kind in (
+        ("energy_method", FIELD_ENERGY_METHOD, EnergyMethod),
+        ("tflops_method", FIELD_TFLOPS_METHOD, TflopsMethod),
+    ):
+        with contextlib.suppress(ValueError):  # a value this version does not know: left out
+            if value := labels.get(label):
+                out[attr] = kind(value)
+    if parent := labels.get(FIELD_PARENT_UUID):
+        out["parent_uuid"] = decode_name(parent)
+    return out
 
 
 def seen_gpus(dialect: Dialect, times: list[dict[str, Any]]) -> list[GpuSeen]:
     """The GPUs of the sample-times answer, in ``latest_samples``' order."""
-    by_gpu, jobs = _seen_times(dialect, times, ident_reader(dialect))
-    out = [GpuSeen(v["time_ns"], k[0], k[1], k[2], k[3], jobs.get(k)) for k, v in by_gpu.items()]
+    by_gpu, newest = _seen_times(dialect, times, ident_reader(dialect))
+    out = [
+        GpuSeen(v["time_ns"], k[0], k[1], k[2], k[3], job_of(dialect, newest[k]))
+        for k, v in by_gpu.items()
+    ]
     out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
     return out
 
@@ -397,13 +427,20 @@ def latest_samples(
 ) -> list[GpuSample]:
     names = dialect.by_attr()
     gpu_of = ident_reader(dialect)
-    by_gpu, jobs = _seen_times(dialect, times, gpu_of)
+    by_gpu, newest = _seen_times(dialect, times, gpu_of)
+    jobs = {k: job_of(dialect, labels) for k, labels in newest.items()}
+
+    def of_newest_job(r: dict[str, Any]) -> bool:
+        return job_of(dialect, r["metric"]) == jobs.get(gpu_of(r["metric"]))
+
     for r in results.pop("lost", []):
         key = gpu_of(r["metric"])
-        if key in by_gpu:
+        if key in by_gpu and of_newest_job(r):
             by_gpu[key]["lost"] = float(r["value"][1]) == dialect.lost_value
     for attr, result in results.items():
-        for r in result:
+        # a GPU that changed jobs in the window has a series per job: its newest job's last,
+        # so that its value wins (an older job's stands only where the newest has none)
+        for r in sorted(result, key=of_newest_job) if dialect.jobs else result:
             key = gpu_of(r["metric"])
             if key not in by_gpu or by_gpu[key].get("lost"):
                 continue  # a lost GPU's newest sample is its marker: no metrics
@@ -416,7 +453,14 @@ def latest_samples(
                 round(value) if kind is Kind.INT else bool(value) if kind is Kind.BOOL else value
             )
     out = [
-        GpuSample(host=k[0], gpu_index=k[1], uuid=k[2], name=k[3], job_id=jobs.get(k), **v)
+        GpuSample(
+            host=k[0],
+            gpu_index=k[1],
+            uuid=k[2],
+            name=k[3],
+            job_id=jobs.get(k),
+            **(v if v.get("lost") else v | _methods_of(dialect, newest[k])),
+        )
         for k, v in by_gpu.items()
     ]
     out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
