@@ -24,7 +24,7 @@ from gpuwatt.alerts.rules import (
     compare,
 )
 from gpuwatt.model import GpuSample
-from gpuwatt.store.base import Store
+from gpuwatt.store.base import Store, xid_events
 
 #: Windows longer than this are read as 1-minute rollups instead of raw samples.
 RAW_WINDOW_MAX_S = 900.0
@@ -55,7 +55,7 @@ def evaluate_rule(rule: Rule, store: Store, now_ns: int) -> list[Observation]:
     if isinstance(q, DeadmanQuery):
         return _deadman(q, store.latest(), now_ns)
     if isinstance(q, EventQuery):
-        return _event(q, store.latest(since_ns=now_ns - 60 * NS_PER_S), now_ns)
+        return _event(q, store, now_ns)
     return _analytics(q, store, now_ns)
 
 
@@ -137,15 +137,31 @@ def _deadman(q: DeadmanQuery, latest: list[GpuSample], now_ns: int) -> list[Obse
     return out
 
 
-def _event(q: EventQuery, latest: list[GpuSample], now_ns: int) -> list[Observation]:
+def _event(q: EventQuery, store: Store, now_ns: int) -> list[Observation]:
+    """An observation per GPU that raised a matching XID within the window: every sample's
+    XIDs (``xid_events``), not only the newest sample's (a collector samples every second, the
+    evaluator runs every 15 s). A store that keeps no XID events: the newest samples' XIDs.
+    Codes a source does not keep (gpuwatt's ``/metrics`` counts XIDs) match ``codes: any``."""
+    GpuKey = tuple[str, int, str, str]
+    raised: dict[GpuKey, list[float]] = {}
+    events = xid_events(store, now_ns - round(q.window_s * NS_PER_S), now_ns + 1)
+    if events is None:
+        for s in store.latest(since_ns=now_ns - 60 * NS_PER_S):
+            if s.xid_errors:
+                raised[(s.host, s.gpu_index, s.uuid, s.name)] = [float(x) for x in s.xid_errors]
+    else:
+        rows = events[[*_GPU_KEYS, "xid_last"]].itertuples(index=False)
+        for host, idx, uuid, name, code in rows:
+            raised.setdefault((host, int(idx), uuid, name), []).append(float(code))
     out = []
-    for s in latest:
-        hits = [x for x in s.xid_errors if not q.codes or x in q.codes]
-        breach = bool(hits)
-        detail = f"XID {', '.join(map(str, hits))}" if hits else ""
+    for (host, idx, uuid, name), codes in raised.items():
+        known = [int(c) for c in codes if c == c]  # NaN: a code the source does not keep
+        hits = list(dict.fromkeys(c for c in known if not q.codes or c in q.codes))
+        if q.codes and not hits:
+            continue
+        detail = f"XID {', '.join(map(str, hits))}" if hits else "XID (code not kept)"
         value = float(hits[-1]) if hits else None
-        target = gpu_target(s.host, s.gpu_index, s.uuid, s.name)
-        out.append(Observation(target, value, breach, breach, detail))
+        out.append(Observation(gpu_target(host, idx, uuid, name), value, True, True, detail))
     return out
 
 

@@ -80,7 +80,7 @@ _KIND_KEYS: dict[str, set[str]] = {
     },
     "deadman": {"scope", "silent_for", "interval", "missed_intervals"},
     "increase": {"metric", "window", "threshold"},
-    "event": {"codes"},
+    "event": {"codes", "window"},
     "analytics": {"analysis", "window", "op", "threshold", "recovery_threshold"},
 }
 _KIND_REQUIRED: dict[str, set[str]] = {
@@ -117,9 +117,15 @@ class IncreaseQuery:
     threshold: float = 0.0  # fires when the increase over the window is above this
 
 
+#: How far back an event rule looks for XIDs when it sets no ``window``: several evaluation
+#: intervals, so that an evaluation late or missed (a restart) loses no event.
+EVENT_WINDOW_S = 300.0
+
+
 @dataclass(frozen=True, slots=True)
 class EventQuery:
     codes: frozenset[int]  # XID codes that fire; empty: any
+    window_s: float = EVENT_WINDOW_S  # fires for an XID raised within it
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,10 +296,12 @@ def _increase(node: Located) -> IncreaseQuery:
 
 def _event(node: Located) -> EventQuery:
     codes_node = _req(node, "codes")
+    w = node.get("window")
+    window_s = w.duration_s(minimum=1.0) if w is not None else EVENT_WINDOW_S
     if codes_node.value == "any":
-        return EventQuery(frozenset())
+        return EventQuery(frozenset(), window_s)
     codes = [c.integer(minimum=1, maximum=1000) for c in codes_node.sequence("a list of XIDs")]
-    return EventQuery(frozenset(codes))
+    return EventQuery(frozenset(codes), window_s)
 
 
 def _analytics(node: Located) -> AnalyticsQuery:

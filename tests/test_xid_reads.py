@@ -1,6 +1,6 @@
-"""XID events read over a range (``store.base.xid_events``) from the embedded store and from
-InfluxDB (Debian's influxd on 127.0.0.1): each sample that carries XIDs, with its last code and
-count, whatever step a page draws at."""
+"""XID events read over a range (``store.base.xid_events``) from the embedded store, from
+InfluxDB and from VictoriaMetrics (Debian's servers on 127.0.0.1): each sample that carries XIDs,
+with its last code and count, whatever step a page draws at."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import http
 
 from gpuwatt.model import GpuSample
+from gpuwatt.store import open_store
 from gpuwatt.store.base import XID_COLUMNS, xid_events
 from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
@@ -29,14 +31,25 @@ def samples(make_sample: Callable[..., GpuSample]) -> list[GpuSample]:
     ]
 
 
-@pytest.fixture(params=["sqlite", "influxdb"])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("influxdb", marks=pytest.mark.servers),
+        pytest.param("victoriametrics", marks=pytest.mark.servers),
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path, make_sample: Any) -> Iterator[Any]:
     if request.param == "sqlite":
         s: Any = SqliteStore(tmp_path / "x.db")
-    else:
+    elif request.param == "influxdb":
         server, db = request.getfixturevalue("influx_db")
         s = InfluxStore(server.url, "", db, timeout_s=30)
+    else:  # gpuwatt's line protocol in VictoriaMetrics: a sample's last code and count
+        vm = request.getfixturevalue("victoria_metrics")
+        s = open_store(vm.url.replace("http://", "victoriametrics://"))
     s.write_samples(samples(make_sample))
+    if request.param == "victoriametrics":
+        vm.force_flush()
     yield s
     s.close()
 
@@ -82,3 +95,71 @@ def test_a_store_that_keeps_no_xids_says_so() -> None:
         pass
 
     assert xid_events(Bare(), T0, T0 + NS) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("engine", ["victoriametrics", "prometheus"])
+def test_dcgm_exporters_last_xid_gauge_is_an_event_where_it_changes(
+    engine: str, request: pytest.FixtureRequest, make_sample: Any
+) -> None:
+    """dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` holds the last XID scrape after scrape: an
+    event where it changes to a code, none where a code stands since before the range."""
+    from prom_fixtures import PrometheusServer, dcgm_exposition, have_prometheus
+
+    held = [
+        make_sample(
+            T0 + s * NS, host, gpu, job_id="train",
+            xid_errors=(79,) if (host, gpu) == ("node1", 1) and s >= 65 else
+            (48,) if (host, gpu) == ("node2", 0) and s >= 200 else (),
+        )
+        for s in range(0, 300, 5)
+        for host in ("node1", "node2")
+        for gpu in (0, 1)
+    ]  # fmt: skip
+    if engine == "prometheus":
+        if not have_prometheus():
+            pytest.skip("needs Debian's prometheus (make test-deps)")
+        server: Any = PrometheusServer(dcgm_exposition(held, openmetrics=True))
+        url = server.url.replace("http://", "prometheus://") + "?source=dcgm"
+    else:
+        server = request.getfixturevalue("victoria_metrics")
+        body = dcgm_exposition(held, openmetrics=False).encode()
+        status, answer = http("POST", f"{server.url}/api/v1/import/prometheus", data=body)
+        assert status in (200, 204), answer[:300]
+        server.force_flush()
+        url = server.url.replace("http://", "victoriametrics://") + "?source=dcgm"
+    try:
+        with open_store(url) as store:
+            assert events(store, 0, 300) == [(65, "node1", 1, 79, 1), (200, "node2", 0, 48, 1)]
+            assert events(store, 100, 300) == [(200, "node2", 0, 48, 1)]  # 79 stands since 65 s
+            assert events(store, 0, 300, ["node1"]) == [(65, "node1", 1, 79, 1)]
+    finally:
+        if engine == "prometheus":
+            server.cleanup()
+
+
+@pytest.mark.servers
+def test_gpuwatt_metrics_xid_counter_is_an_event_where_it_rises(victoria_metrics: Any) -> None:
+    """Scraped from a collector's ``/metrics``: ``gpuwatt_xid_errors`` counts XIDs without
+    their codes; a rise is an event of that many (code unknown), a restart's drop none."""
+    counts = [0, 0, 1, 1, 3, 0, 0, 2]  # the collector restarted after the fifth scrape
+    labels = 'host="node1",gpu="0",uuid="GPU-1",name="NVIDIA H100 80GB HBM3",job_id=""'
+    body = "".join(
+        f"gpuwatt_xid_errors{{{labels}}} {c} {(T0 + k * 15 * NS) // 1_000_000}\n"
+        for k, c in enumerate(counts)
+    ).encode()
+    status, answer = http("POST", f"{victoria_metrics.url}/api/v1/import/prometheus", data=body)
+    assert status in (200, 204), answer[:300]
+    victoria_metrics.force_flush()
+    url = victoria_metrics.url.replace("http://", "victoriametrics://") + "?source=gpuwatt"
+    with open_store(url) as store:
+        frame = xid_events(store, T0, T0 + 200 * NS)
+    assert frame is not None
+    assert [
+        ((t - T0) // NS, h, n) for t, h, n in frame[["time_ns", "host", "xid_count"]].values
+    ] == [
+        (30, "node1", 1.0),
+        (60, "node1", 2.0),
+        (105, "node1", 2.0),
+    ]
+    assert frame["xid_last"].isna().all()

@@ -78,8 +78,8 @@ def xid_events(
 ) -> pd.DataFrame | None:
     """The XID events of ``[start_ns, end_ns)`` (``XID_COLUMNS``, in time order) from the raw
     samples, whatever step a page draws at: a bucketed read keeps only a bucket's last value,
-    so an XID inside a bucket would vanish. None where the store does not keep XIDs (the
-    Prometheus-compatible engines hold a count per collector run, without the code)."""
+    so an XID inside a bucket would vanish. None where the store does not keep XIDs (each
+    store that does says how it keeps them: ``promql_xids`` for Prometheus-compatible engines)."""
     read = getattr(store, "xid_events", None)
     if read is None:
         return None

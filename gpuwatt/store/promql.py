@@ -404,6 +404,14 @@ class PromStore:
         )
         return int(float(result[0]["value"][1])) if result else 0
 
+    def xid_events(
+        self, start_ns: int, end_ns: int, *, hosts: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        """``base.xid_events``, as each source keeps XIDs (``promql_xids``)."""
+        from gpuwatt.store import promql_xids
+
+        return promql_xids.xid_events(self, start_ns, end_ns, hosts)
+
     def gpus_seen(self, *, since_ns: int | None = None, now_ns: int | None = None) -> list[GpuSeen]:
         """The GPUs ``latest`` gives, without their newest values (``base.gpus_seen``)."""
         from gpuwatt.store import promql_latest
