@@ -85,16 +85,21 @@ class Cluster:
         power = 120 + util * 5.2 * clock / MAX_CLOCK_MHZ
         self.energy += power * self.interval_s
         tensor = util * 0.6
+        # As NVML reports them (whole % and °C, mW and mJ) and the line protocol keeps them (three
+        # decimals): every store then holds the very same values, and the engines' rollups
+        # (``engine_load``, from these values) agree with their raw samples.
         return {
-            "utilization_gpu_pct": util,
-            "temperature_gpu_c": temp,
-            "power_w": power,
-            "energy_j": self.energy.copy(),
+            "utilization_gpu_pct": np.round(util),
+            "temperature_gpu_c": np.round(temp),
+            "power_w": np.round(power, 3),
+            "energy_j": np.round(self.energy, 3),
             "sm_clock_mhz": clock,
             "clock_event_reasons": reasons,
-            "tensor_active_pct": tensor,
-            "tensor_hmma_active_pct": tensor,
-            "tflops_estimate": PEAK_DENSE_FP16_TFLOPS * tensor / 100 * clock / MAX_CLOCK_MHZ,
+            "tensor_active_pct": np.round(tensor, 3),
+            "tensor_hmma_active_pct": np.round(tensor, 3),
+            "tflops_estimate": np.round(
+                PEAK_DENSE_FP16_TFLOPS * tensor / 100 * clock / MAX_CLOCK_MHZ, 3
+            ),
         }
 
     def samples(self, k: int) -> list[GpuSample]:

@@ -214,8 +214,14 @@ def load(
         if k in (0, cluster.steps - 1):  # the first round, and one with the straggler
             _check_same_as_encoder(cluster, t, values, lines, fast.labelled)
         pending.extend(lines)
-        minute_rows.append(
-            as_level(np.full(cluster.gpus, t), gids, lost, {a: values[a] for a in ATTRS})
+        minute_rows.append(  # each sample's slot: the sampling interval (no gaps, as a
+            as_level(  # collector's ``raw_with_seen`` finds for them)
+                np.full(cluster.gpus, t),
+                gids,
+                lost,
+                {a: values[a] for a in ATTRS},
+                seen_ns=np.full(cluster.gpus, step_ns),
+            )
         )
         written += cluster.gpus
         if len(pending) >= batch_lines:
