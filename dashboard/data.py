@@ -629,15 +629,18 @@ class DashboardData:
         when = ("live", tr.end_ns - tr.start_ns) if tr.live else (tr.start_ns, tr.end_ns)
         return self._cached(("host", host, tuple(fields), *when, tr.step_s), compute)
 
-    def host_xids(self, tr: TimeRange, host: str) -> pd.DataFrame | None:
-        """The XID events of one node's GPUs in the range (``store.base.xid_events``: from the
-        samples, whatever the range's step); None where the store keeps no XIDs."""
+    def host_xids(self, tr: TimeRange, host: str | None) -> pd.DataFrame | None:
+        """The XID events of one node's GPUs (None: every node's) in the range
+        (``store.base.xid_events``: from the samples, whatever the range's step); None where
+        the store keeps no XIDs."""
 
         def compute() -> pd.DataFrame | None:
             r = self._moved(tr) if tr.live else tr
             return self._read(
-                f"the XID events of {host}",
-                lambda: xid_events(self.store, r.start_ns, r.end_ns, [host]),
+                f"the XID events of {host or 'every node'}",
+                lambda: xid_events(
+                    self.store, r.start_ns, r.end_ns, None if host is None else [host]
+                ),
             )
 
         when = ("live", tr.end_ns - tr.start_ns) if tr.live else (tr.start_ns, tr.end_ns)

@@ -14,7 +14,7 @@ from test_dashboard_support import DEMO_END_NS, build_demo_store, daily_scenario
 
 from gpuwatt.dashboard.app import render_page
 from gpuwatt.dashboard.data import DashboardData
-from gpuwatt.dashboard.pages import health
+from gpuwatt.dashboard.pages import health, node
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -90,3 +90,21 @@ def test_health_table_shows_lifetime_ecc_beside_the_volatile_counts(
     assert ecc["sbe_life"] == newest_raw(store, host, gpu, "ecc_sbe_aggregate_count")
     assert ecc["sbe_life"] >= ecc["sbe"] > 0
     assert ecc["dbe_life"] == newest_raw(store, host, gpu, "ecc_dbe_aggregate_count") >= 1
+
+
+def test_health_table_shows_an_xid_raised_before_the_newest_sample(
+    store: SqliteStore, data: DashboardData
+) -> None:
+    """The XID (79 at 2 min on node-1 GPU 2) is in one sample, minutes before the newest: the
+    page shows it from the range's samples, and counts the GPU as needing action."""
+    newest = {(s.host, s.gpu_index): s for s in store.latest()}[("node-1", 2)]
+    assert newest.xid_errors == ()
+    rows = rows_of(render_page(health, {"range": "15m"}, data), "health-table")
+    by_gpu = {r["gpu"].split("](")[0].strip("["): r for r in rows}
+    assert "XID 79" in by_gpu["node-1 GPU 2"]["state"]
+    assert by_gpu["node-1 GPU 2"]["xid"] == 79
+    assert by_gpu["node-0 GPU 0"]["xid"] is None and "XID" not in by_gpu["node-0 GPU 0"]["state"]
+    # the node page says it beside the GPU, from the same events
+    text = json.dumps(render_page(node, {"range": "15m", "host": "node-1"}, data), default=str)
+    assert "GPU 2: NVIDIA H100 80GB HBM3" in text and "last XID 79 in the range" in text
+    assert text.count("last XID") == 1

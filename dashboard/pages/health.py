@@ -1,6 +1,7 @@
 """Hardware health of the cluster now: every GPU's newest sample checked for what needs a person
-(lost or silent, XID, uncorrectable ECC, row remapping pending or failed, a hardware throttle
-reason, hot), a temperature map of node x GPU, and a table of the GPUs with a problem first."""
+(lost or silent, uncorrectable ECC, row remapping pending or failed, a hardware throttle reason,
+hot) and the XIDs it raised in the range (from every sample: a collector puts an XID in the one
+sample after it), a temperature map of node x GPU, and a table of the GPUs with a problem first."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def layout(**query: str) -> Any:
 class GpuHealth:
     sample: GpuSample
     problems: list[str]
+    xids: tuple[int, ...] = ()  # the codes raised in the range, in time order (0: not kept)
+
+    @property
+    def last_xid(self) -> int | None:
+        return self.xids[-1] if self.xids and self.xids[-1] else None
 
     @property
     def severity(self) -> int:
@@ -64,14 +70,18 @@ def throttle_now(reasons: int | None) -> list[str]:
     return [LABELS[f] for f in FAULT_FRACTIONS if int(reasons) & BITS[f]]
 
 
-def check(s: GpuSample, now_ns: int) -> GpuHealth:
+def check(s: GpuSample, now_ns: int, xids: list[int] | None = None) -> GpuHealth:
+    """``s``'s problems; ``xids``: the codes the GPU raised in the range (None: the store keeps
+    no XID events, the newest sample's)."""
     problems: list[str] = []
     if s.lost:
         problems.append("lost (fell off the bus)")
     elif (now_ns - s.time_ns) / NS_PER_S > SILENT_AFTER_S:
         problems.append("silent (no recent sample)")
-    if s.xid_errors:
-        problems.append(f"XID {s.xid_errors[-1]}")
+    raised = tuple(s.xid_errors) if xids is None else tuple(xids)
+    if raised:
+        codes = (str(c) if c else "? (code not kept)" for c in dict.fromkeys(raised))
+        problems.append(f"XID {', '.join(codes)}")
     if s.ecc_dbe_volatile_count:
         problems.append(f"uncorrectable ECC errors: {s.ecc_dbe_volatile_count}")
     if s.remapped_rows_failure:
@@ -81,7 +91,18 @@ def check(s: GpuSample, now_ns: int) -> GpuHealth:
     problems += [f"throttled: {r}" for r in throttle_now(s.clock_event_reasons)]
     if s.temperature_gpu_c is not None and s.temperature_gpu_c >= HOT_C:
         problems.append(f"hot ({s.temperature_gpu_c} °C)")
-    return GpuHealth(s, problems)
+    return GpuHealth(s, problems, raised)
+
+
+def raised_xids(events: pd.DataFrame | None) -> dict[tuple[str, int], list[int]] | None:
+    """Each GPU's XID codes in time order, from ``xid_events``; a count without its code (a
+    scraped collector's) as 0. None where the store keeps no XID events."""
+    if events is None:
+        return None
+    out: dict[tuple[str, int], list[int]] = {}
+    for host, idx, code in events[["host", "gpu_index", "xid_last"]].itertuples(index=False):
+        out.setdefault((host, int(idx)), []).append(int(code) if code == code else 0)
+    return out
 
 
 def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
@@ -112,7 +133,7 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
                 "dbe_life": s.ecc_dbe_aggregate_count,
                 "remap_c": s.remapped_rows_correctable,
                 "remap_u": s.remapped_rows_uncorrectable,
-                "xid": s.xid_errors[-1] if s.xid_errors else None,
+                "xid": h.last_xid,
                 "job": s.job_id or "",
             }
         )
@@ -161,15 +182,20 @@ NEWEST_SHOWN = (
 def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: int) -> None:
     """Start the reads the page makes after the window (``app.render_page``): the newest values
     it shows of every GPU, which the view takes the GPUs seen from
-    (``DashboardData.read_newest``), then their ECC figures."""
+    (``DashboardData.read_newest``), then their ECC figures, and the range's XIDs."""
     data.read_newest(NEWEST_SHOWN)
     data.prefetch(lambda: data.latest_with_slow_fields(NEWEST_SHOWN))
+    data.prefetch(lambda: data.host_xids(tr, None))
 
 
 def render(ctx: PageContext) -> list[Any]:
     newest = ctx.data.latest_with_slow_fields(NEWEST_SHOWN)
     samples = sorted(newest, key=lambda s: (natural_key(s.host), s.gpu_index))
-    checked = [check(s, ctx.now_ns) for s in samples]
+    raised = raised_xids(ctx.data.host_xids(ctx.range, None))
+    checked = [
+        check(s, ctx.now_ns, None if raised is None else raised.get((s.host, s.gpu_index), []))
+        for s in samples
+    ]
     count = {k: sum(1 for h in checked if h.severity == k) for k in (0, 1, 2)}
     kinds = {
         "XID": sum(1 for h in checked if any(p.startswith("XID") for p in h.problems)),
@@ -222,8 +248,8 @@ def render(ctx: PageContext) -> list[Any]:
             "GPUs",
             health_table(ctx, checked),
             help_text="From each GPU's newest sample; ECC and remapped rows, sampled once a "
-            "minute, from its newest sample that has them. Click a GPU for its fan, PCIe/NVLink, "
-            "ECC and throttle history.",
+            "minute, from its newest sample that has them; XIDs: every one raised in the range. "
+            "Click a GPU for its fan, PCIe/NVLink, ECC and throttle history.",
         ),
         section(
             "Temperature now, node x GPU",

@@ -137,7 +137,13 @@ def processes_table(samples: list[GpuSample], gpu: int | None) -> Any:
     return data_table(head, rows, fz="xs", striped=True, id_="processes", className="gw-nowrap")
 
 
-def facts(samples: list[GpuSample], gpu: int | None) -> list[Any]:
+def facts(samples: list[GpuSample], gpu: int | None, xids: pd.DataFrame | None = None) -> list[Any]:
+    """A line per GPU of its newest sample; its last XID in the range (``xids``: the node's
+    events; None: the store keeps none, the newest sample's)."""
+    last_xid: dict[int, int] = {}
+    if xids is not None:
+        for idx, code in xids[["gpu_index", "xid_last"]].itertuples(index=False):
+            last_xid[int(idx)] = int(code) if code == code else 0
     out = []
     for s in samples:
         if gpu is not None and s.gpu_index != gpu:
@@ -147,15 +153,16 @@ def facts(samples: list[GpuSample], gpu: int | None) -> list[Any]:
             bits.append(f"job {s.job_id}")
         if s.power_limit_w is not None:
             bits.append(f"power limit {fmt.watts(s.power_limit_w)}")
-        if s.xid_errors:
-            bits.append(f"last XID {s.xid_errors[-1]}")
+        xid = last_xid.get(s.gpu_index) if xids is not None else (s.xid_errors or (None,))[-1]
+        if xid is not None:
+            bits.append(f"last XID {xid or '(code not kept)'} in the range")
         if s.remapped_rows_pending:
             bits.append("row remapping pending (reset the GPU)")
         if s.remapped_rows_failure:
             bits.append("row remapping FAILED (replace the GPU)")
         if s.lost:
             bits.append("LOST")
-        bad = s.lost or bool(s.xid_errors) or bool(s.remapped_rows_failure)
+        bad = s.lost or xid is not None or bool(s.remapped_rows_failure)
         out.append(
             dmc.Text(" · ".join(bits), size="xs", c="red" if bad else "dimmed", className="gw-mono")
         )
@@ -256,7 +263,7 @@ def render(ctx: PageContext) -> list[Any]:
         pickers,
         section(
             title,
-            *facts(mine, gpu),
+            *facts(mine, gpu, xids),
             dmc.Text(marks, size="sm", mt="xs", id="throttle-marks"),
             dmc.Text(xid_line(xids), size="sm", id="xid-marks"),
         ),

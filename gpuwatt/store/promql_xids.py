@@ -93,10 +93,21 @@ def _changes(
     *,
     counter: bool,
 ) -> list[Row]:
-    """Events where a GPU's last-XID gauge changes to a code, or its XID counter rises."""
+    """Events where a GPU's last-XID gauge changes to a code, or its XID counter rises. The
+    nodes whose series changed at all are asked first (``changes``, one value per GPU): every
+    GPU has the series, scrape after scrape, and few ever change it or hold a code."""
+    lo = start_ns - LOOKBEHIND_NS
+    window_ms = (end_ns - lo) // NS_PER_MS + 1
+    sel = f"{store._selector(metric, hosts)}[{window_ms}ms]"
+    # (or a code held: a series that began with one, no point before it, is an event too)
+    changed = store.query(f"changes({sel}) > 0 or last_over_time({sel}) > 0", end_ns)
+    host_label = store.dialect.host
+    hosts = sorted({r["metric"].get(host_label, "") for r in changed})
+    if not hosts:
+        return []
     gpu_of = ident_reader(store.dialect)
     by_gpu: dict[Ident, list[tuple[int, float]]] = {}
-    for labels, pts in _points(store, metric, start_ns - LOOKBEHIND_NS, end_ns, hosts):
+    for labels, pts in _points(store, metric, lo, end_ns, hosts):
         by_gpu.setdefault(gpu_of(labels), []).extend(pts)
     rows: list[Row] = []
     for gpu, pts in by_gpu.items():
