@@ -1,7 +1,7 @@
 """One truth on any store: the same samples in the embedded store, in InfluxDB and in
 VictoriaMetrics (each with its rollups, rolled as collectors roll them; Debian's servers on
-127.0.0.1) give the very same dashboard pages, every page and several ranges: figures, charts,
-tables, stragglers and jobs.
+127.0.0.1) give the very same dashboard pages, every page, every preset range and a fixed range
+with its edges inside buckets: figures, charts, tables, stragglers and jobs.
 
 The samples are the demo cluster's (32 GPUs, a thermal straggler), 90 minutes of 10-s samples,
 as the line protocol keeps them (``decode_line(encode(...))``: what every engine holds). What an
@@ -32,7 +32,9 @@ NS = 1_000_000_000
 MINUTES = 90
 END_NS = 1_767_225_600 * NS + 3 * 3600 * NS  # a whole hour: the 6 h view's buckets are whole
 START_NS = END_NS - MINUTES * 60 * NS
-RANGES = ("15m", "1h", "6h")
+RANGES = ("15m", "1h", "6h", "24h", "7d")
+#: a fixed range whose edges fall inside minutes and 5-minute buckets
+FIXED = {"from": str(START_NS // NS + 7 * 60 + 30), "to": str(END_NS // NS - 13 * 60 - 15)}
 
 pytestmark = pytest.mark.servers
 
@@ -58,13 +60,13 @@ def pages(store: Any) -> dict[str, Any]:
     client = app.server.test_client()
     out = {}
     try:
-        for preset in RANGES:
+        for view in [*({"range": r} for r in RANGES), FIXED]:
             for page in PAGES:
-                queries = [{"range": preset}]
+                queries = [view]
                 if page.PAGE == "node":
-                    queries = [{"range": preset, "host": "node-2", "gpu": "5"}]
+                    queries = [{**view, "host": "node-2", "gpu": "5"}]
                 if page.PAGE == "jobs":
-                    queries.append({"range": preset, "job": "llm-train"})
+                    queries.append({**view, "job": "llm-train"})
                 for q in queries:
                     resp = client.post("/_dash-update-component", json=content_body(page.PAGE, q))
                     assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
