@@ -32,7 +32,13 @@ from gpuwatt.analytics import (
     analyze,
     find_stragglers_in,
 )
-from gpuwatt.analytics.inputs import context_reads, jobs_of, joined
+from gpuwatt.analytics.inputs import (
+    context_reads,
+    integrated_of,
+    jobs_of,
+    joined,
+    with_energy_methods,
+)
 from gpuwatt.dashboard.partial_reads import Partial, joined_partial, parts_of, read_in_parts
 from gpuwatt.dashboard.read_cache import DataError, ReadCache, describe
 from gpuwatt.dashboard.read_progress import Count, ReadProgress, view_key
@@ -440,9 +446,16 @@ class DashboardData:
                 partial = joined_partial((reads, first[1]), (more, later[1]))
             seen = newest.result()
             jobs = jobs_of(seen, tr.start_ns)  # as the CLI and the alert evaluator attribute them
+            integrated = integrated_of(seen)  # and label their energy
             frame = frames[1]
             # the range analysed while the newest hour's stragglers may still be found
-            summary = self._analyze(joined(frames[:2]), tr.end_ns, tr.start_ns, tr.step_s, jobs)
+            summary = self._analyze(
+                with_energy_methods(joined(frames[:2]), integrated),
+                tr.end_ns,
+                tr.start_ns,
+                tr.step_s,
+                jobs,
+            )
             found_early: StragglerFindings | None = None
             if early_recent is not None and not accounting:
                 # (not used where the range is accounted in minutes after all: the GPUs
@@ -454,7 +467,13 @@ class DashboardData:
         self._log_conflicts(summary)
         recent: AnalysisSummary | StragglerFindings | None = None
         if accounting:
-            minutes = self._analyze(joined(frames[2:]), tr.end_ns, tr.start_ns, RECENT_STEP_S, jobs)
+            minutes = self._analyze(
+                with_energy_methods(joined(frames[2:]), integrated),
+                tr.end_ns,
+                tr.start_ns,
+                RECENT_STEP_S,
+                jobs,
+            )
             summary = with_accounting(summary, minutes)
             if not frame.empty and minutes.windows:
                 sw = minutes.straggler_windows  # the newest hour: the peer comparison's points
@@ -466,7 +485,9 @@ class DashboardData:
             elif found_early is not None:
                 recent = found_early
             else:
-                recent = self._recent_stragglers(frames[2], tr.end_ns, recent_start, jobs)
+                recent = self._recent_stragglers(
+                    with_energy_methods(frames[2], integrated), tr.end_ns, recent_start, jobs
+                )
         return WindowData(tr, frame, summary, seen, jobs, recent, accounting, partial)
 
     def _recent_read(
@@ -481,7 +502,8 @@ class DashboardData:
         the GPUs ``seen`` attributed to jobs as from ``start_ns``, the range's start)."""
         frames, partial = self._read_counted([read], count, session)
         jobs = jobs_of(seen.result(), start_ns)
-        found = self._recent_stragglers(frames[0], read.end_ns, read.start_ns, jobs)
+        marked = with_energy_methods(frames[0], integrated_of(seen.result()))
+        found = self._recent_stragglers(marked, read.end_ns, read.start_ns, jobs)
         return _RecentRead(frames[0], partial, found)
 
     def _read_counted(
@@ -602,7 +624,8 @@ class DashboardData:
                 for r in context_reads(day_ns, end, step)
             ]
             frames = self._read("today's energy", lambda: series_many(self.store, reads))
-            return self._analyze(joined(frames), end, day_ns, step, {})
+            frame = with_energy_methods(joined(frames), integrated_of(self.gpus_seen()))
+            return self._analyze(frame, end, day_ns, step, {})
 
         return ("today", day_ns, step), compute
 

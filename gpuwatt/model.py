@@ -131,10 +131,16 @@ class GpuSeen:
     name: str
     job_id: str | None = None
     parent_uuid: str | None = None
+    #: how its newest sample's energy was obtained: a GPU without NVML's energy counter has its
+    #: power integrated by the collector, which the analysis must label so
+    energy_method: EnergyMethod | None = None
 
     @classmethod
     def of(cls, s: GpuSample) -> GpuSeen:
-        return cls(s.time_ns, s.host, s.gpu_index, s.uuid, s.name, s.job_id, s.parent_uuid)
+        return cls(
+            s.time_ns, s.host, s.gpu_index, s.uuid, s.name, s.job_id, s.parent_uuid,
+            s.energy_method,
+        )  # fmt: skip
 
 
 IDENTITY_FIELDS: tuple[str, ...] = ("time_ns", "host", "gpu_index", "uuid", "name", "lost")

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics.stragglers import StragglerConfig
 from gpuwatt.analytics.summary import ANALYSIS_FIELDS
-from gpuwatt.model import GpuSample, GpuSeen
+from gpuwatt.model import EnergyMethod, GpuSample, GpuSeen
 from gpuwatt.store.base import SeriesRead, Store, series_many
 
 #: Ranges at least this long are read from 1-minute rollups (fast at 1,000 GPUs); shorter
@@ -44,6 +45,27 @@ def jobs_of(latest: Sequence[GpuSample | GpuSeen], start_ns: int) -> dict[str, s
     """``jobs_in_range`` from newest samples (or the GPUs seen) already read (the dashboard
     keeps them cached)."""
     return {s.uuid: s.job_id for s in latest if s.job_id and s.time_ns >= start_ns}
+
+
+def integrated_of(latest: Sequence[GpuSample | GpuSeen]) -> frozenset[str]:
+    """The GPUs (uuids) whose newest sample says the collector integrated their power into
+    ``energy_j`` (no NVML energy counter: pre-Volta GPUs)."""
+    return frozenset(s.uuid for s in latest if s.energy_method is EnergyMethod.INTEGRATED)
+
+
+def with_energy_methods(frame: pd.DataFrame, integrated: frozenset[str]) -> pd.DataFrame:
+    """``frame`` with the rows of the GPUs ``integrated`` marked so (``energy_method``): their
+    ``energy_j`` is power the collector integrated, which the analysis labels as such, not as
+    a counter's measurement. A store's series carry no method (a bucket has none): it is the
+    GPU's, from its newest sample, as its job is. No column where no GPU is integrated."""
+    if not integrated or frame.empty:
+        return frame
+    marked = frame["uuid"].isin(integrated).to_numpy()
+    if not marked.any():
+        return frame
+    method = np.full(len(frame), None, dtype=object)
+    method[marked] = EnergyMethod.INTEGRATED.value
+    return frame.assign(energy_method=method)
 
 
 def context_s(window_s: float = 60.0) -> float:
@@ -84,4 +106,6 @@ def read_analysis_input(
     if step_s is None:
         step_s = analysis_step_s((end_ns - start_ns) / 1e9)
     frames = series_many(store, context_reads(start_ns, end_ns, step_s, window_s))
-    return AnalysisInput(joined(frames), jobs_in_range(store, start_ns), step_s)
+    latest = store.latest(since_ns=start_ns)
+    frame = with_energy_methods(joined(frames), integrated_of(latest))
+    return AnalysisInput(frame, jobs_of(latest, start_ns), step_s)

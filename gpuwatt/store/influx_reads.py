@@ -18,6 +18,7 @@ from gpuwatt.line_protocol import decode_name, sample_from_fields
 from gpuwatt.model import GpuSample
 from gpuwatt.schema import (
     FIELD_BY_ATTR,
+    FIELD_ENERGY_METHOD,
     FIELD_JOB_ID,
     FIELD_LOST,
     FIELD_PARENT_UUID,
@@ -185,13 +186,14 @@ def _series_count(store: InfluxStore) -> int | None:
     return sum(int(row[-1]) for s in counted for row in s.get("values") or [])
 
 
-#: The fields of a GPU's newest point that say which GPU, when, which job and which writer
-#: (``gpus_seen``): gpuwatt writes ``gpu_lost`` in every point, Telegraf its utilisation and
-#: memory figures, so each writer's newest point has one of them.
+#: The fields of a GPU's newest point that say which GPU, when, which job, how its energy is
+#: obtained and which writer (``gpus_seen``): gpuwatt writes ``gpu_lost`` in every point,
+#: Telegraf its utilisation and memory figures, so each writer's newest point has one of them.
 SEEN_FIELDS: tuple[str, ...] = (
     FIELD_LOST,
     FIELD_JOB_ID,
     FIELD_PARENT_UUID,
+    FIELD_ENERGY_METHOD,
     "utilization_gpu",
     "memory_total",
     "memory_used",

@@ -414,10 +414,18 @@ def _methods_of(dialect: Dialect, labels: dict[str, str]) -> dict[str, Any]:
 def seen_gpus(dialect: Dialect, times: list[dict[str, Any]]) -> list[GpuSeen]:
     """The GPUs of the sample-times answer, in ``latest_samples``' order."""
     by_gpu, newest = _seen_times(dialect, times, ident_reader(dialect))
-    out = [
-        GpuSeen(v["time_ns"], k[0], k[1], k[2], k[3], job_of(dialect, newest[k]))
-        for k, v in by_gpu.items()
-    ]
+    out = []
+    for k, v in by_gpu.items():
+        kept = _methods_of(dialect, newest[k])  # as ``latest_samples`` gives them
+        out.append(
+            GpuSeen(
+                v["time_ns"],
+                *k,
+                job_id=job_of(dialect, newest[k]),
+                parent_uuid=kept.get("parent_uuid"),
+                energy_method=kept.get("energy_method"),
+            )
+        )
     out.sort(key=lambda s: (s.host, s.gpu_index, s.uuid))
     return out
 
