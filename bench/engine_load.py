@@ -41,11 +41,12 @@ from backfill import MAX_CLOCK_MHZ, NAME, Cluster
 from servers import InfluxDB1Server, VictoriaMetricsServer
 
 from gpuwatt.line_protocol import (
+    FIELD_INFO,
     LineEncoder,
     _numeric_fields,
     _pattern,
     escape_tag,
-    strings_as_labels,
+    with_info_line,
 )
 from gpuwatt.schema import FIELD_ENERGY_METHOD, FIELD_JOB_ID, FIELD_TFLOPS_METHOD, FIELDS
 from gpuwatt.store import LAST_VALUE_ATTRS, open_store
@@ -168,7 +169,7 @@ def load(
     """Write every round of ``cluster`` and its minute, 5-minute and hour rollups; the samples
     written."""
     store = engine.store()
-    # VictoriaMetrics is given the string fields as labels, as ``PromStore.write_lines`` does
+    # VictoriaMetrics is given the string fields as an info line, as ``PromStore.write_lines``
     fast = FastLines(cluster, labelled=engine.kind == "victoriametrics")
     ids = GpuIds()
     gids = np.array(
@@ -246,7 +247,7 @@ class FastLines:
     GPU's tag prefix and constant fields are built once, the numeric fields of a round written
     by the encoder's own ``_numeric_fields`` with its pattern for this cluster's field set.
     ``load`` checks the result against ``LineEncoder`` on the first and the last round (and
-    ``labelled``, against ``strings_as_labels`` of it: the string fields as tags)."""
+    ``labelled``, against ``with_info_line`` of it: the string fields as an info line's tags)."""
 
     def __init__(self, cluster: Cluster, *, labelled: bool = False) -> None:
         self.cluster = cluster
@@ -259,10 +260,11 @@ class FastLines:
         self.attrs = [None if a else spec.attr for spec, a in zip(FIELDS, absent, strict=True)]
         self.prefixes = [encoder.prefix(s) for s in first]
         cluster.reset()  # the rounds again from the first: the same values as the embedded store
+        self.infos: list[str] | None = None
         if labelled:
-            self.prefixes = [
+            self.infos = [
                 f"{p[:-1]},{FIELD_ENERGY_METHOD}=counter,{FIELD_TFLOPS_METHOD}=gpm,"
-                f"{FIELD_JOB_ID}={escape_tag(job)} "
+                f"{FIELD_JOB_ID}={escape_tag(job)} {FIELD_INFO}=1 "
                 for p, job in zip(self.prefixes, cluster.jobs, strict=True)
             ]
             self.suffixes = [" "] * len(cluster.jobs)
@@ -285,10 +287,14 @@ class FastLines:
         none = [None] * self.cluster.gpus
         cols = [none if a is None else values[a].tolist() for a in self.attrs]
         pattern, end = self.pattern, f"{t_ns}"
-        return [
+        lines = [
             f"{p}{_numeric_fields(pattern, row)}{s}{end}"
             for p, row, s in zip(self.prefixes, zip(*cols, strict=True), self.suffixes, strict=True)
         ]
+        if self.infos is None:
+            return lines
+        infos = [f"{i}{end}" for i in self.infos]
+        return [x for pair in zip(lines, infos, strict=True) for x in pair]
 
 
 def _check_same_as_encoder(
@@ -296,7 +302,7 @@ def _check_same_as_encoder(
 ) -> None:
     expected = LineEncoder().encode_many(cluster.samples_of(t_ns, values))
     if labelled:
-        expected = [strings_as_labels(line) for line in expected]
+        expected = [x for line in expected for x in with_info_line(line)]
     if expected != lines:
         bad = next(i for i, (a, b) in enumerate(zip(expected, lines, strict=True)) if a != b)
         raise AssertionError(f"FastLines differs from LineEncoder:\n{expected[bad]}\n{lines[bad]}")

@@ -468,34 +468,39 @@ def sample_from_fields(time_ns: int, tags: dict[str, str], values: dict[str, Any
     return gpu_sample_from_fields(kwargs)
 
 
-#: The string fields a Prometheus-compatible engine is given as labels (``strings_as_labels``).
+#: The string fields a Prometheus-compatible engine is given as labels (``with_info_line``).
 LABEL_FIELDS: tuple[str, ...] = (
     FIELD_JOB_ID,
     FIELD_ENERGY_METHOD,
     FIELD_TFLOPS_METHOD,
     FIELD_PARENT_UUID,
 )
+#: The field of the info line (``with_info_line``): VictoriaMetrics names its series
+#: ``nvidia_smi_info``.
+FIELD_INFO = "info"
 
 
-def strings_as_labels(line: str) -> str:
-    """A sample's line with its job id, energy and TFLOPS methods and MIG parent as tags.
+def with_info_line(line: str) -> list[str]:
+    """A sample's line as a Prometheus-compatible engine keeps it: its numbers, and an info
+    line whose tags carry its job id, energy and TFLOPS methods and MIG parent.
 
-    VictoriaMetrics takes line protocol but keeps numbers only: it drops a string field. As
-    tags they become labels of every series of the sample, as Prometheus-compatible data names
-    a job (dcgm-exporter's ``hpc_job``, ``pod``); a GPU's series then start anew with each job.
-    Values stay name-encoded (``encode_name``), as the GPU's own tags are. Lines without such a
-    field (rollups, a lost GPU's marker) and lines that do not parse are returned as they are:
-    the engine says what it refuses."""
+    VictoriaMetrics takes line protocol but keeps numbers only: it drops a string field. The
+    info line (``nvidia_smi,<the GPU's tags>,job_id=...,energy_method=... info=1``) makes them
+    labels of one series, ``nvidia_smi_info``, as Prometheus names such facts (an info metric,
+    ``kube_pod_info``): a job starts one new series per GPU, not one per metric, and the metric
+    series stay whole across jobs. Values stay name-encoded (``encode_name``), as the GPU's own
+    tags are. A line without such a field (rollups, a lost GPU's marker) or that does not parse
+    is returned as it is: the engine says what it refuses."""
     if '"' not in line:
-        return line
+        return [line]
     m = _LINE.fullmatch(line.strip())
     if m is None or _unescape(m[1]) != MEASUREMENT:
-        return line
+        return [line]
     measurement, tag_text, field_text, ts = m.groups()
     try:
         pairs = _field_pairs(field_text)
     except LineProtocolError:
-        return line
+        return [line]
     kept, labels = [], []
     for key, raw in pairs:
         if key in LABEL_FIELDS and raw.startswith('"') and raw.endswith('"') and len(raw) > 1:
@@ -505,8 +510,11 @@ def strings_as_labels(line: str) -> str:
         else:
             kept.append(f"{key}={raw}")
     if not labels or not kept:
-        return line
-    return f"{measurement}{tag_text},{','.join(labels)} {','.join(kept)} {ts}"
+        return [line]
+    return [
+        f"{measurement}{tag_text} {','.join(kept)} {ts}",
+        f"{measurement}{tag_text},{','.join(labels)} {FIELD_INFO}=1 {ts}",
+    ]
 
 
 def decode_line(line: str) -> GpuSample:

@@ -104,7 +104,7 @@ def test_influxdb(influx_db) -> None:
 
 @pytest.mark.servers
 def test_victoriametrics(victoria_metrics) -> None:
-    """Through the store's own write path, the job id as a label (``strings_as_labels``)."""
+    """Through the store's own write path, the job id as a label (``with_info_line``)."""
     from dataclasses import replace
 
     from gpuwatt.store import open_store

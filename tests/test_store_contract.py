@@ -111,7 +111,7 @@ def sparse(t_ns: int, host: str = "node1", gpu_index: int = 0) -> GpuSample:
 def test_full_sample_round_trips_through_latest(backend: Backend, make_sample) -> None:
     """Every field, the job id (with a quote and a space), and how energy and TFLOPS were
     obtained included; on VictoriaMetrics all but per-process details and the XIDs' list (it
-    keeps numbers: the strings go in labels, ``line_protocol.strings_as_labels``)."""
+    keeps numbers: the strings go in an info series' labels, ``line_protocol.with_info_line``)."""
     full = make_sample(T0, "node1", 0)
     old = sparse(T0, "node2", 0)
     backend.load([full, old])
@@ -226,6 +226,20 @@ def test_a_gpu_that_changed_jobs_is_seen_in_its_newest_job(backend: Backend, mak
         (0, "job-b", False),
         (1, "job-d", False),
     ]
+
+
+def test_a_job_change_inside_a_bucket_keeps_the_bucket_whole(backend: Backend, make_sample) -> None:
+    """A bucket holds all of a GPU's samples whatever jobs they name (a job is no part of the
+    series on any store)."""
+    samples = [
+        make_sample(T0 + i * S, "node1", 0, job_id="job-y" if i < 3 else "job-b", power_w=100.0 + i)
+        for i in range(6)
+    ]
+    backend.load(samples)
+    df = backend.store.series(T0, T0 + 60 * S, ["power_w", "energy_j"], step_s=60)
+    assert len(df) == 1
+    assert df["power_w"].iloc[0] == pytest.approx(102.5)
+    assert df["energy_j"].iloc[0] == samples[-1].energy_j  # the bucket's last value
 
 
 def _kept_by(store: Store, s: GpuSample) -> GpuSample:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 
 from gpuwatt.errors import StoreUnavailable
-from gpuwatt.line_protocol import LineEncoder, strings_as_labels
+from gpuwatt.line_protocol import LineEncoder, with_info_line
 from gpuwatt.model import GpuSample, GpuSeen
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
@@ -127,9 +127,9 @@ class PromStore:
         self.write_lines(LineEncoder().encode_many(samples))
 
     def write_lines(self, lines: Sequence[str]) -> None:
-        """The lines as the engine keeps them: their string fields as labels
-        (``line_protocol.strings_as_labels``: VictoriaMetrics drops string fields)."""
-        self._require_writer().write_lines([strings_as_labels(line) for line in lines])
+        """The lines as the engine keeps them: their string fields as the labels of an info
+        series (``line_protocol.with_info_line``: VictoriaMetrics drops string fields)."""
+        self._require_writer().write_lines([x for line in lines for x in with_info_line(line)])
 
     @property
     def rollups(self) -> Any:

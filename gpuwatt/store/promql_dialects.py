@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuwatt.line_protocol import FIELD_INFO
 from gpuwatt.prometheus_names import ENERGY, GAUGES, REASONS_MASK, SAMPLE_TIME, UP
 from gpuwatt.schema import FIELD_JOB_ID, FIELD_LOST, FIELDS, MEASUREMENT, MIB, Kind
 
@@ -44,6 +45,9 @@ class Dialect:
     lost_metric: str | None = None  # the presence metric, where its ``lost_value`` marks lost
     lost_value: float = 1.0
     encoded_names: bool = False  # names written by gpuwatt's line protocol (``encode_name``)
+    #: a series per GPU and job whose labels name the job (and how energy and TFLOPS were
+    #: obtained) at each sample, where the metric series do not carry them (None: they do)
+    info: str | None = None
 
     def by_attr(self) -> dict[str, SeriesName]:
         return {s.attr: s for s in self.series}
@@ -115,8 +119,8 @@ DCGM = Dialect(
 
 #: gpuwatt's line protocol as VictoriaMetrics stores it: ``<measurement>_<field>``, tags as
 #: labels, booleans as 0/1. The engine keeps no string fields: gpuwatt writes the job id and the
-#: energy and TFLOPS methods as tags (labels, ``line_protocol.strings_as_labels``); per-process
-#: details are not kept.
+#: energy and TFLOPS methods as the labels of ``nvidia_smi_info`` (``line_protocol.
+#: with_info_line``); per-process details are not kept.
 INFLUX = Dialect(
     name="influx",
     series=tuple(
@@ -132,6 +136,7 @@ INFLUX = Dialect(
     presence=f"{MEASUREMENT}_{FIELD_LOST}",
     lost_metric=f"{MEASUREMENT}_{FIELD_LOST}",
     encoded_names=True,
+    info=f"{MEASUREMENT}_{FIELD_INFO}",
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (GPUWATT, DCGM, INFLUX)}

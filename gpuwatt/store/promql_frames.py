@@ -367,22 +367,39 @@ def frame(
     return df
 
 
-def _seen_times(
-    dialect: Dialect, times: list[dict[str, Any]], gpu_of: Callable[[dict[str, str]], Ident]
-) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, dict[str, str]]]:
-    """Each GPU's newest sample time (``{"time_ns": t}``) and the labels of the series that
-    holds it, from the answer of ``promql_latest``'s sample-times query. A GPU has a series per
-    job it ran in the window (a job is a label): the newest one names its job."""
-    by_gpu: dict[Ident, dict[str, Any]] = {}
-    newest: dict[Ident, dict[str, str]] = {}
+def _newest_per_gpu(
+    times: list[dict[str, Any]], gpu_of: Callable[[dict[str, str]], Ident]
+) -> dict[Ident, tuple[int, dict[str, str]]]:
+    """Each GPU's newest time and the labels of the series that holds it, from an answer of
+    times (``promql_latest``'s sample-times query: a value per series)."""
+    out: dict[Ident, tuple[int, dict[str, str]]] = {}
     for r in times:
         key = gpu_of(r["metric"])
         t = round(float(r["value"][1]) * 1000) * NS_PER_MS
-        held = by_gpu.get(key)
-        if held is None or t > held["time_ns"]:
-            by_gpu[key] = {"time_ns": t}
-            newest[key] = r["metric"]
-    return by_gpu, newest
+        if key not in out or t > out[key][0]:
+            out[key] = (t, r["metric"])
+    return out
+
+
+def _seen_times(
+    dialect: Dialect,
+    times: list[dict[str, Any]],
+    gpu_of: Callable[[dict[str, str]], Ident],
+    info: list[dict[str, Any]] | None = None,
+) -> tuple[dict[Ident, dict[str, Any]], dict[Ident, dict[str, str]]]:
+    """Each GPU's newest sample time (``{"time_ns": t}``) and the labels that name its job at
+    that sample, from the answers of ``promql_latest``'s sample-times queries. A GPU has a
+    series per job it ran in the window (a job is a label): the newest one names its job; with
+    the dialect's ``info`` series, the info series of that very sample (none: no job, as a lost
+    GPU's marker has none)."""
+    newest = _newest_per_gpu(times, gpu_of)
+    by_gpu = {k: {"time_ns": t} for k, (t, _) in newest.items()}
+    if info is None:
+        return by_gpu, {k: labels for k, (_, labels) in newest.items()}
+    named = _newest_per_gpu(info, gpu_of)
+    return by_gpu, {
+        k: named[k][1] if k in named and named[k][0] == t else {} for k, (t, _) in newest.items()
+    }
 
 
 def job_of(dialect: Dialect, labels: dict[str, str]) -> str | None:
@@ -394,8 +411,8 @@ def job_of(dialect: Dialect, labels: dict[str, str]) -> str | None:
 
 
 def _methods_of(dialect: Dialect, labels: dict[str, str]) -> dict[str, Any]:
-    """How a sample's energy and TFLOPS were obtained, where its series' labels say it (gpuwatt's
-    line protocol in VictoriaMetrics: ``line_protocol.strings_as_labels``)."""
+    """How a sample's energy and TFLOPS were obtained, where its labels say it (gpuwatt's line
+    protocol in VictoriaMetrics: ``line_protocol.with_info_line``)."""
     if not dialect.encoded_names:
         return {}
     out: dict[str, Any] = {}
@@ -411,9 +428,11 @@ def _methods_of(dialect: Dialect, labels: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def seen_gpus(dialect: Dialect, times: list[dict[str, Any]]) -> list[GpuSeen]:
+def seen_gpus(
+    dialect: Dialect, times: list[dict[str, Any]], info: list[dict[str, Any]] | None = None
+) -> list[GpuSeen]:
     """The GPUs of the sample-times answer, in ``latest_samples``' order."""
-    by_gpu, newest = _seen_times(dialect, times, ident_reader(dialect))
+    by_gpu, newest = _seen_times(dialect, times, ident_reader(dialect), info)
     out = []
     for k, v in by_gpu.items():
         kept = _methods_of(dialect, newest[k])  # as ``latest_samples`` gives them
@@ -431,15 +450,19 @@ def seen_gpus(dialect: Dialect, times: list[dict[str, Any]]) -> list[GpuSeen]:
 
 
 def latest_samples(
-    dialect: Dialect, times: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]]
+    dialect: Dialect,
+    times: list[dict[str, Any]],
+    results: dict[str, list[dict[str, Any]]],
+    info: list[dict[str, Any]] | None = None,
 ) -> list[GpuSample]:
     names = dialect.by_attr()
     gpu_of = ident_reader(dialect)
-    by_gpu, newest = _seen_times(dialect, times, gpu_of)
+    by_gpu, newest = _seen_times(dialect, times, gpu_of, info)
     jobs = {k: job_of(dialect, labels) for k, labels in newest.items()}
+    split = bool(dialect.jobs) and dialect.info is None  # a metric's series per job
 
     def of_newest_job(r: dict[str, Any]) -> bool:
-        return job_of(dialect, r["metric"]) == jobs.get(gpu_of(r["metric"]))
+        return not split or job_of(dialect, r["metric"]) == jobs.get(gpu_of(r["metric"]))
 
     for r in results.pop("lost", []):
         key = gpu_of(r["metric"])
@@ -448,7 +471,7 @@ def latest_samples(
     for attr, result in results.items():
         # a GPU that changed jobs in the window has a series per job: its newest job's last,
         # so that its value wins (an older job's stands only where the newest has none)
-        for r in sorted(result, key=of_newest_job) if dialect.jobs else result:
+        for r in sorted(result, key=of_newest_job) if split else result:
             key = gpu_of(r["metric"])
             if key not in by_gpu or by_gpu[key].get("lost"):
                 continue  # a lost GPU's newest sample is its marker: no metrics

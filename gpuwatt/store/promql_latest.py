@@ -4,6 +4,7 @@ each metric's newest value within the lookback, and each GPU's newest sample tim
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from gpuwatt.model import GpuSample, GpuSeen
@@ -32,6 +33,7 @@ def latest(
     names = store.dialect.by_attr()
     asked = None if attrs is None else [*attrs, "lost"]
     presence = store._selector(store.dialect.presence, hosts)
+    info = _info_of(store, window, now - since, hosts, now)
     if store.engine == "victoriametrics" and not any("|" in s.metric for s in names.values()):
         # the newest values of the last minutes first (a reporting GPU's are there), then
         # those older than that, asked only where the first answer lacks them
@@ -41,7 +43,7 @@ def latest(
         results = pending.result()
         if narrow != window:
             _latest_older(store, results, times, window, now, hosts)
-        return frames.latest_samples(store.dialect, times, results)
+        return frames.latest_samples(store.dialect, times, results, _answer(info))
     times = store.query(_sample_times(store, window, now - since, hosts), now)
     queries = [(a, f"last_over_time({store._selector(s.metric, hosts)}{window})")
                for a, s in names.items() if attrs is None or a in attrs]  # fmt: skip
@@ -55,7 +57,24 @@ def latest(
     results = dict(store._pool.map(lambda q: (q[0], store.query(q[1], now)), queries))
     if store.dialect.lost_metric is not None:  # the presence metric itself marks lost GPUs
         results["lost"] = store.query(f"last_over_time({presence}{window})", now)
-    return frames.latest_samples(store.dialect, times, results)
+    return frames.latest_samples(store.dialect, times, results, _answer(info))
+
+
+def _info_of(
+    store: PromStore, window: str, lookback_ns: int, hosts: Sequence[str] | None, now_ns: int
+) -> Future[list[dict[str, Any]]] | None:
+    """The newest time of each series of the dialect's info metric (None: it has none), asked
+    beside the other queries: its labels name each GPU's job at its newest sample."""
+    info = store.dialect.info
+    if info is None:
+        return None
+    return store._pool.submit(
+        store.query, _sample_times(store, window, lookback_ns, hosts, metric=info), now_ns
+    )
+
+
+def _answer(pending: Future[list[dict[str, Any]]] | None) -> list[dict[str, Any]] | None:
+    return None if pending is None else pending.result()
 
 
 def gpus_seen(
@@ -67,8 +86,9 @@ def gpus_seen(
     now = store.clock_ns() if now_ns is None else now_ns
     since = now - round(store.latest_lookback_s * 1e9) if since_ns is None else since_ns
     window = f"[{max(1, (now - since) // NS_PER_MS)}ms]"
+    info = _info_of(store, window, now - since, None, now)
     times = store.query(_sample_times(store, window, now - since, None), now)
-    return frames.seen_gpus(store.dialect, times)
+    return frames.seen_gpus(store.dialect, times, _answer(info))
 
 
 def _latest_metrics(store: PromStore) -> dict[str, str]:
@@ -145,14 +165,19 @@ def _latest_older(
 
 
 def _sample_times(
-    store: PromStore, window: str, lookback_ns: int, hosts: Sequence[str] | None
+    store: PromStore,
+    window: str,
+    lookback_ns: int,
+    hosts: Sequence[str] | None,
+    *,
+    metric: str | None = None,
 ) -> str:
     """PromQL for each GPU's (of ``hosts``; None: all) newest sample time (Unix seconds)
-    within ``window``."""
-    if store.dialect.sample_time is not None:
+    within ``window``, per series of the presence metric (or of ``metric``)."""
+    if store.dialect.sample_time is not None and metric is None:
         sel = store._selector(store.dialect.sample_time, hosts)
         return f"last_over_time({sel}{window})"
-    presence = store._selector(store.dialect.presence, hosts)
+    presence = store._selector(metric or store.dialect.presence, hosts)
     if store.engine == "victoriametrics":
         return f"tlast_over_time({presence}{window})"
     # Prometheus: the newest timestamp() seen by a subquery. Its resolution stays within the
