@@ -17,8 +17,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from servers import free_port, http
 
@@ -186,3 +187,22 @@ class PrometheusServer:
 
 def have_prometheus() -> bool:
     return bool(shutil.which(PROMETHEUS) and shutil.which(PROMTOOL))
+
+
+@contextlib.contextmanager
+def dcgm_store_url(engine: str, samples: Sequence[GpuSample], vm: Any = None) -> Iterator[str]:
+    """The store URL of ``samples`` as dcgm-exporter's series in a real engine: ``prometheus``
+    (a TSDB backfilled by promtool, its own server) or ``victoriametrics`` (imported into the
+    running server ``vm``)."""
+    if engine == "prometheus":
+        server = PrometheusServer(dcgm_exposition(samples, openmetrics=True))
+        try:
+            yield server.url.replace("http://", "prometheus://") + "?source=dcgm"
+        finally:
+            server.cleanup()
+        return
+    body = dcgm_exposition(samples, openmetrics=False).encode()
+    status, answer = http("POST", f"{vm.url}/api/v1/import/prometheus", data=body)
+    assert status in (200, 204), answer[:300]
+    vm.force_flush()
+    yield vm.url.replace("http://", "victoriametrics://") + "?source=dcgm"

@@ -178,3 +178,28 @@ def test_dashboard_data_and_the_alert_rule_find_it(store_url: str) -> None:
         observations = evaluate_rule(rule, store, now)
     firing = [o.target for o in observations if o.breach]
     assert [(t["host"], t["gpu"]) for t in firing] == [("node-1", "5")]
+
+
+@pytest.mark.parametrize("engine", ["victoriametrics", "prometheus"])
+def test_a_job_change_inside_a_bucket_keeps_the_bucket_whole(
+    engine: str, request: pytest.FixtureRequest, make_sample: Any
+) -> None:
+    """dcgm-exporter names the job on every series (``hpc_job``): a GPU that changed jobs has a
+    series per job, and a bucket takes all of them (gauges' sums and counts added up, the
+    energy counter's newest value), as it does on every other store."""
+    from prom_fixtures import dcgm_store_url
+
+    t0 = (time.time_ns() // (3600 * NS) - 2) * 3600 * NS  # within Prometheus' retention
+    samples = [
+        make_sample(
+            t0 + i * 10 * NS, "node1", 0, job_id="job-y" if i < 3 else "job-b",
+            power_w=100.0 + i, xid_errors=(), processes=None,
+        )
+        for i in range(6)
+    ]  # fmt: skip
+    vm = request.getfixturevalue("victoria_metrics") if engine == "victoriametrics" else None
+    with dcgm_store_url(engine, samples, vm) as url, open_store(url) as store:
+        df = store.series(t0, t0 + 60 * NS, ["power_w", "energy_j"], step_s=60)
+    assert len(df) == 1
+    assert df["power_w"].iloc[0] == pytest.approx(102.5)
+    assert df["energy_j"].iloc[0] == pytest.approx(samples[-1].energy_j)

@@ -104,8 +104,11 @@ def test_dcgm_exporters_last_xid_gauge_is_an_event_where_it_changes(
 ) -> None:
     """dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` holds the last XID scrape after scrape: an
     event where it changes to a code, none where a code stands since before the range."""
-    from prom_fixtures import PrometheusServer, dcgm_exposition, have_prometheus
+    from prom_fixtures import dcgm_store_url, have_prometheus
 
+    if engine == "prometheus" and not have_prometheus():
+        pytest.skip("needs Debian's prometheus (make test-deps)")
+    vm = request.getfixturevalue("victoria_metrics") if engine == "victoriametrics" else None
     held = [
         make_sample(
             T0 + s * NS, host, gpu, job_id="train",
@@ -116,26 +119,10 @@ def test_dcgm_exporters_last_xid_gauge_is_an_event_where_it_changes(
         for host in ("node1", "node2")
         for gpu in (0, 1)
     ]  # fmt: skip
-    if engine == "prometheus":
-        if not have_prometheus():
-            pytest.skip("needs Debian's prometheus (make test-deps)")
-        server: Any = PrometheusServer(dcgm_exposition(held, openmetrics=True))
-        url = server.url.replace("http://", "prometheus://") + "?source=dcgm"
-    else:
-        server = request.getfixturevalue("victoria_metrics")
-        body = dcgm_exposition(held, openmetrics=False).encode()
-        status, answer = http("POST", f"{server.url}/api/v1/import/prometheus", data=body)
-        assert status in (200, 204), answer[:300]
-        server.force_flush()
-        url = server.url.replace("http://", "victoriametrics://") + "?source=dcgm"
-    try:
-        with open_store(url) as store:
-            assert events(store, 0, 300) == [(65, "node1", 1, 79, 1), (200, "node2", 0, 48, 1)]
-            assert events(store, 100, 300) == [(200, "node2", 0, 48, 1)]  # 79 stands since 65 s
-            assert events(store, 0, 300, ["node1"]) == [(65, "node1", 1, 79, 1)]
-    finally:
-        if engine == "prometheus":
-            server.cleanup()
+    with dcgm_store_url(engine, held, vm) as url, open_store(url) as store:
+        assert events(store, 0, 300) == [(65, "node1", 1, 79, 1), (200, "node2", 0, 48, 1)]
+        assert events(store, 100, 300) == [(200, "node2", 0, 48, 1)]  # 79 stands since 65 s
+        assert events(store, 0, 300, ["node1"]) == [(65, "node1", 1, 79, 1)]
 
 
 @pytest.mark.servers

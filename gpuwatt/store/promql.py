@@ -34,6 +34,7 @@ import urllib3
 from gpuwatt.errors import StoreUnavailable
 from gpuwatt.line_protocol import LineEncoder, with_info_line
 from gpuwatt.model import GpuSample, GpuSeen
+from gpuwatt.schema import COUNTER_ATTRS
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store import promql_frames as frames
 from gpuwatt.store.base import SeriesRead
@@ -336,20 +337,15 @@ class PromStore:
         step_s: int,
         hosts: Sequence[str] | None,
     ) -> list[Any]:
-        if attr == PRESENCE:
-            fn = "count_over_time"
-        elif attr in LAST_VALUE_ATTRS:
-            fn = "last_over_time"
-        else:
-            fn = "avg_over_time"
         sel = self._selector(metric, hosts)
         step_ns = int(step_s) * 1_000_000_000
+        bucket_of = self._bucket_expr(attr, sel)
 
         def partial(lo: int, hi: int, bucket: int) -> list[dict[str, Any]]:
             """The bucket starting at ``bucket`` restricted to ``[lo, hi)``."""
             window = self._window_ms(hi - lo)
             return frames.instant_as_matrix(
-                self.query(f"{fn}({sel}[{window}ms])", hi - NS_PER_MS), bucket
+                self.query(bucket_of(f"{window}ms"), hi - NS_PER_MS), bucket
             )
 
         head = start_ns // step_ns * step_ns
@@ -361,7 +357,7 @@ class PromStore:
         if whole_end > whole_start:
             window = self._window_ms(step_ns)
             matrix = self.query_range(
-                f"{fn}({sel}[{window}ms])",
+                bucket_of(f"{window}ms"),
                 whole_start + step_ns - NS_PER_MS,
                 whole_end - NS_PER_MS,
                 step_s,
@@ -370,6 +366,29 @@ class PromStore:
         if start_ns <= whole_end < end_ns:  # the last bucket ends after the range
             out += partial(whole_end, end_ns, whole_end)
         return out
+
+    def _bucket_expr(self, attr: str, sel: str) -> Callable[[str], str]:
+        """The PromQL of a bucket of ``attr``'s series ``sel``, for a window: the mean of a
+        gauge, the count of the presence metric, the last value of a counter or flag. Where the
+        dialect's series name their job (dcgm-exporter's ``hpc_job``: a GPU has a series per
+        job), a bucket takes all of the GPU's series: sums and counts added up by GPU, a
+        counter's newest (largest) value; a flag's last value is its series' own."""
+        d = self.dialect
+        by = f"by ({', '.join(dict.fromkeys((d.host, d.index, d.uuid, d.model)))})"
+        split = bool(d.jobs) and d.info is None
+        if attr == PRESENCE:
+            if split:
+                return lambda w: f"sum {by} (count_over_time({sel}[{w}]))"
+            return lambda w: f"count_over_time({sel}[{w}])"
+        if attr in LAST_VALUE_ATTRS:
+            if split and attr in COUNTER_ATTRS:
+                return lambda w: f"max {by} (last_over_time({sel}[{w}]))"
+            return lambda w: f"last_over_time({sel}[{w}])"
+        if split:
+            return lambda w: (
+                f"sum {by} (sum_over_time({sel}[{w}])) / sum {by} (count_over_time({sel}[{w}]))"
+            )
+        return lambda w: f"avg_over_time({sel}[{w}])"
 
     def series_many(
         self,
