@@ -5,18 +5,14 @@ with the shipped rule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
+from loaded_stores import store_fixture
 
 from gpuwatt.alerts.evaluate import evaluate_rule
 from gpuwatt.alerts.rules import EVENT_WINDOW_S, Rule, load_rules, parse_rules
 from gpuwatt.model import GpuSample
-from gpuwatt.store import open_store
-from gpuwatt.store.influx import InfluxStore
-from gpuwatt.store.sqlite import SqliteStore
 from gpuwatt.yamlfile import load_text
 
 NS = 1_000_000_000
@@ -35,28 +31,7 @@ def samples(make_sample: Callable[..., GpuSample]) -> list[GpuSample]:
     ]
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("influxdb", marks=pytest.mark.servers),
-        pytest.param("victoriametrics", marks=pytest.mark.servers),
-    ]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Path, make_sample: Any) -> Iterator[Any]:
-    if request.param == "sqlite":
-        s: Any = SqliteStore(tmp_path / "x.db")
-    elif request.param == "influxdb":
-        server, db = request.getfixturevalue("influx_db")
-        s = InfluxStore(server.url, "", db, timeout_s=30)
-    else:
-        vm = request.getfixturevalue("victoria_metrics")
-        s = open_store(vm.url.replace("http://", "victoriametrics://"))
-        s.latest_lookback_s = 10 * 365 * 86400.0
-    s.write_samples(samples(make_sample))
-    if request.param == "victoriametrics":
-        vm.force_flush()
-    yield s
-    s.close()
+store = store_fixture(samples)
 
 
 def shipped(name: str) -> Rule:

@@ -8,20 +8,17 @@ from its newest sample, as its job is."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from loaded_stores import store_fixture
 
 from gpuwatt.analytics import Quality, analyze
 from gpuwatt.analytics.inputs import read_analysis_input
 from gpuwatt.dashboard.data import DashboardData
 from gpuwatt.dashboard.timerange import parse_range
 from gpuwatt.model import EnergyMethod, GpuSample
-from gpuwatt.store import engine_rollups, open_store
-from gpuwatt.store.influx import InfluxStore
-from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
 START_NS = 1_767_225_600 * NS + 3600 * NS
@@ -43,34 +40,7 @@ def samples(make_sample: Callable[..., GpuSample]) -> list[GpuSample]:
     return out
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("influxdb", marks=pytest.mark.servers),
-        pytest.param("victoriametrics", marks=pytest.mark.servers),
-    ]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Path, make_sample: Any) -> Iterator[Any]:
-    written = samples(make_sample)
-    if request.param == "sqlite":
-        s: Any = SqliteStore(tmp_path / "e.db")
-        s.write_samples(written)
-        s.flush_rollups()
-    elif request.param == "influxdb":
-        server, db = request.getfixturevalue("influx_db")
-        s = InfluxStore(server.url, "", db, timeout_s=30)
-        server.write_samples(db, written)
-        engine_rollups.roll_range(s.rollups, START_NS, END_NS)
-    else:
-        vm = request.getfixturevalue("victoria_metrics")
-        s = open_store(vm.url.replace("http://", "victoriametrics://") + "?rollups=on")
-        s.write_samples(written)
-        vm.force_flush()
-        engine_rollups.roll_range(s.rollups, START_NS, END_NS)
-        vm.force_flush()
-    s.clock_ns = lambda: END_NS
-    yield s
-    s.close()
+store = store_fixture(samples, rolled=(START_NS, END_NS), now_ns=END_NS)
 
 
 def qualities(summary: Any) -> dict[int, str]:

@@ -4,17 +4,17 @@ with its last code and count, whatever step a page draws at."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loaded_stores import store_fixture
 from servers import http
 
 from gpuwatt.model import GpuSample
 from gpuwatt.store import open_store
 from gpuwatt.store.base import XID_COLUMNS, xid_events
-from gpuwatt.store.influx import InfluxStore
 from gpuwatt.store.sqlite import SqliteStore
 
 NS = 1_000_000_000
@@ -31,27 +31,7 @@ def samples(make_sample: Callable[..., GpuSample]) -> list[GpuSample]:
     ]
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("influxdb", marks=pytest.mark.servers),
-        pytest.param("victoriametrics", marks=pytest.mark.servers),
-    ]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Path, make_sample: Any) -> Iterator[Any]:
-    if request.param == "sqlite":
-        s: Any = SqliteStore(tmp_path / "x.db")
-    elif request.param == "influxdb":
-        server, db = request.getfixturevalue("influx_db")
-        s = InfluxStore(server.url, "", db, timeout_s=30)
-    else:  # gpuwatt's line protocol in VictoriaMetrics: a sample's last code and count
-        vm = request.getfixturevalue("victoria_metrics")
-        s = open_store(vm.url.replace("http://", "victoriametrics://"))
-    s.write_samples(samples(make_sample))
-    if request.param == "victoriametrics":
-        vm.force_flush()
-    yield s
-    s.close()
+store = store_fixture(samples)
 
 
 def events(store: Any, start_s: int, end_s: int, hosts: Any = None) -> list[tuple[Any, ...]]:
