@@ -91,7 +91,12 @@ def _labels(s: GpuSample) -> str:
     ]
     if s.job_id:
         pairs.append(("hpc_job", s.job_id))
-    return ",".join(f'{k}="{v}"' for k, v in pairs)
+    return ",".join(f'{k}="{_escaped(v)}"' for k, v in pairs)
+
+
+def _escaped(value: str) -> str:
+    """A label value as the exposition formats write it (backslash, quote and newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def dcgm_exposition(samples: Iterable[GpuSample], *, openmetrics: bool) -> str:

@@ -91,7 +91,7 @@ def test_dcgm_exporters_last_xid_gauge_is_an_event_where_it_changes(
     vm = request.getfixturevalue("victoria_metrics") if engine == "victoriametrics" else None
     held = [
         make_sample(
-            T0 + s * NS, host, gpu, job_id="train",
+            T0 + s * NS, host, gpu,  # its job: job "42", quoted
             xid_errors=(79,) if (host, gpu) == ("node1", 1) and s >= 65 else
             (48,) if (host, gpu) == ("node2", 0) and s >= 200 else (),
         )
