@@ -28,7 +28,7 @@ from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange
 from gpuwatt.dashboard.window_data import SILENT_AFTER_S
 from gpuwatt.model import GpuSample
 from gpuwatt.status import natural_key
-from gpuwatt.store.base import XID_ATTR
+from gpuwatt.store.base import XID_ATTR, xid_codes
 
 PAGE = "health"
 PATH = "/health"
@@ -92,17 +92,6 @@ def check(s: GpuSample, now_ns: int, xids: list[int] | None = None) -> GpuHealth
     if s.temperature_gpu_c is not None and s.temperature_gpu_c >= HOT_C:
         problems.append(f"hot ({s.temperature_gpu_c} °C)")
     return GpuHealth(s, problems, raised)
-
-
-def raised_xids(events: pd.DataFrame | None) -> dict[tuple[str, int], list[int]] | None:
-    """Each GPU's XID codes in time order, from ``xid_events``; a count without its code (a
-    scraped collector's) as 0. None where the store keeps no XID events."""
-    if events is None:
-        return None
-    out: dict[tuple[str, int], list[int]] = {}
-    for host, idx, code in events[["host", "gpu_index", "xid_last"]].itertuples(index=False):
-        out.setdefault((host, int(idx)), []).append(int(code) if code == code else 0)
-    return out
 
 
 def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
@@ -191,7 +180,7 @@ def prefetch(data: DashboardData, tr: TimeRange, query: dict[str, str], now_ns: 
 def render(ctx: PageContext) -> list[Any]:
     newest = ctx.data.latest_with_slow_fields(NEWEST_SHOWN)
     samples = sorted(newest, key=lambda s: (natural_key(s.host), s.gpu_index))
-    raised = raised_xids(ctx.data.host_xids(ctx.range, None))
+    raised = xid_codes(ctx.data.host_xids(ctx.range, None))
     checked = [
         check(s, ctx.now_ns, None if raised is None else raised.get((s.host, s.gpu_index), []))
         for s in samples

@@ -20,6 +20,7 @@ from gpuwatt.dashboard.figures import band_rows, natural_sorted, node_lines
 from gpuwatt.dashboard.timerange import TimeRange, fmt_ns
 from gpuwatt.mig import is_mig_device, mig_profile
 from gpuwatt.model import GpuSample
+from gpuwatt.store.base import xid_codes
 
 PAGE = "node"
 PATH = "/node"
@@ -140,10 +141,7 @@ def processes_table(samples: list[GpuSample], gpu: int | None) -> Any:
 def facts(samples: list[GpuSample], gpu: int | None, xids: pd.DataFrame | None = None) -> list[Any]:
     """A line per GPU of its newest sample; its last XID in the range (``xids``: the node's
     events; None: the store keeps none, the newest sample's)."""
-    last_xid: dict[int, int] = {}
-    if xids is not None:
-        for idx, code in xids[["gpu_index", "xid_last"]].itertuples(index=False):
-            last_xid[int(idx)] = int(code) if code == code else 0
+    codes = xid_codes(xids)
     out = []
     for s in samples:
         if gpu is not None and s.gpu_index != gpu:
@@ -153,7 +151,8 @@ def facts(samples: list[GpuSample], gpu: int | None, xids: pd.DataFrame | None =
             bits.append(f"job {s.job_id}")
         if s.power_limit_w is not None:
             bits.append(f"power limit {fmt.watts(s.power_limit_w)}")
-        xid = last_xid.get(s.gpu_index) if xids is not None else (s.xid_errors or (None,))[-1]
+        raised = list(s.xid_errors) if codes is None else codes.get((s.host, s.gpu_index), [])
+        xid = raised[-1] if raised else None
         if xid is not None:
             bits.append(f"last XID {xid or '(code not kept)'} in the range")
         if s.remapped_rows_pending:

@@ -87,6 +87,17 @@ def xid_events(
     return frame
 
 
+def xid_codes(events: pd.DataFrame | None) -> dict[tuple[str, int], list[int]] | None:
+    """Each GPU's (host, index) XID codes in time order, from ``xid_events``; an XID whose code
+    the source does not keep (a scraped collector's count) as 0. None: no events kept."""
+    if events is None:
+        return None
+    out: dict[tuple[str, int], list[int]] = {}
+    for host, idx, code in events[["host", "gpu_index", "xid_last"]].itertuples(index=False):
+        out.setdefault((host, int(idx)), []).append(int(code) if code == code else 0)
+    return out
+
+
 def gpus_seen(store: Store, *, since_ns: int | None = None) -> list[GpuSeen]:
     """The GPUs of ``store.latest(since_ns=...)``, without their metrics, in its order: from the
     store's own ``gpus_seen`` where it has one (an engine: a GPU's newest sample time is one
