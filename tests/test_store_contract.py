@@ -344,3 +344,24 @@ def test_empty_store_reads(backend: Backend) -> None:
 def test_unknown_field_is_an_error(backend: Backend) -> None:
     with pytest.raises(ValueError, match="unknown field"):
         backend.store.series(T0, T0 + S, ["power_draw"])
+
+
+@pytest.mark.servers
+def test_victoriametrics_written_before_the_info_series_still_reads(
+    victoria_metrics, make_sample
+) -> None:
+    """Samples written as before ``nvidia_smi_info`` existed (the plain lines, string fields
+    dropped by the engine) read back as they did: every number, no job or methods."""
+    from gpuwatt.line_protocol import LineEncoder
+
+    store = open_store(victoria_metrics.url.replace("http://", "victoriametrics://"))
+    store.latest_lookback_s = 10 * 365 * 86400.0  # type: ignore[attr-defined]
+    sample = make_sample(T0, "node1", 0)
+    store._writer.write_lines(LineEncoder().encode_many([sample]))  # type: ignore[attr-defined]
+    victoria_metrics.force_flush()
+    (got,) = store.latest()
+    assert got == replace(
+        sample, xid_errors=(), processes=None, job_id=None, energy_method=None, tflops_method=None
+    )
+    assert [s.job_id for s in gpus_seen(store)] == [None]
+    store.close()
