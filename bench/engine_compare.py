@@ -1,10 +1,14 @@
 """bench/dashboard.py --store influxdb|victoriametrics: the dashboard on an engine, side by side.
 
 The same cluster as the embedded store's run is loaded into the engine (``engine_load``), from a
-process of its own, as collectors write from theirs. For each page and range the content
-callback's p95 is printed cold (cache emptied before each request) and served (from the cache
-the warmer keeps), for: the embedded store; the engine read through its rollups
-(``engine_rollups``); and the engine read as before rollups, every bucket aggregated from raw
+process of its own, as collectors write from theirs. Each timing process first computes every
+preset, as a server's warmer does in its first seconds. For each page and range the content
+callback's p95 is printed cold (the dashboard's cache emptied before each request) and served
+(from the cache the warmer keeps), for: the embedded store; the engine read through its rollups
+(``engine_rollups``), the rollup points it read before kept in memory and checked against the
+engine's point counts (``rollup_cache``), as on a running server; the same with nothing kept
+(cold only: every point read from the engine, as a server's first requests are); and the
+engine read as before rollups, every bucket aggregated from raw
 samples with ``GROUP BY time()`` / ``avg_over_time`` (``use_rollups=False``), whose cold p95
 divided by the rollups' is the ratio beaten. Each of the three is timed in a process of its own
 (``in_own_process``), one after the other, every range of one before the next. Beside each
@@ -47,12 +51,18 @@ class StoreAt:
     engine: EngineAt | None = None
     use_rollups: bool = True
     engine_pid: int | None = None
+    #: keep the rollup points read in memory (``rollup_cache``), as the dashboard does; False:
+    #: every read from the engine (a server's first reads, before it kept any)
+    keep_chunks: bool = True
 
     def open(self) -> Any:
         if self.engine is None:
             assert self.db is not None
             return open_embedded(self.db)
-        return self.engine.store(use_rollups=self.use_rollups)
+        store = self.engine.store(use_rollups=self.use_rollups)
+        if not self.keep_chunks:
+            store.rollup_cache_bytes = 0
+        return store
 
     def engine_cpu_s(self) -> Callable[[], float] | None:
         pid = self.engine_pid
@@ -67,6 +77,11 @@ class Timed:
     pages: dict[str, dict[str, CallbackTimes]]
     load_average: dict[str, str]
     warm: dict[str, tuple[float, float]] | None
+
+
+#: the engine read with no rollup points kept in memory: every cold callback reads all it needs
+#: from the engine (what a server's first requests cost)
+NOTHING_KEPT = "nothing kept"
 
 
 def time_store(
@@ -86,6 +101,12 @@ def time_store(
     data = app.server.config["GPUWATT_DATA"]
     data._warm(parse_range({}, data.now_ns())[0])
     freeze_startup_heap()
+    # then, as the server's warmer in its first seconds, every other preset (an engine's store
+    # keeps the rollup points they read: ``rollup_cache``); each cold request below empties
+    # the dashboard's own cache first
+    for preset in PRESETS:
+        if preset != DEFAULT_RANGE:
+            data._warm(parse_range({"range": preset}, data.now_ns())[0])
     pages, loads = {}, {}
     for label, query in ranges:
         # the machine's load beside the figures: a busy machine's wall times are longer
@@ -118,6 +139,8 @@ def compare(
         stores = {
             "embedded": (StoreAt(db=db), repeat, 0),
             kind: (StoreAt(engine=engine.at, engine_pid=pid), repeat, repeat),
+            NOTHING_KEPT: (StoreAt(engine=engine.at, engine_pid=pid, keep_chunks=False),
+                           repeat, 0),
             "raw GROUP BY": (StoreAt(engine=engine.at, use_rollups=False, engine_pid=pid),
                              raw_repeat, 0),
         }  # fmt: skip
@@ -131,7 +154,8 @@ def compare(
             print(f"\n{label}: callback p95 in ms, cold / served "
                   f"(load average {timed[kind].load_average[label]})")  # fmt: skip
             print(
-                f"  {'page':11s} {'embedded':>15s} {kind:>17s} {'raw GROUP BY':>15s}  ratio"
+                f"  {'page':11s} {'embedded':>15s} {kind:>17s} {'nothing kept':>12s} "
+                f"{'raw GROUP BY':>15s}  ratio"
                 f"  {kind} cold: median ms; CPU ms of this process + the engine, "
                 f"/ {CORES} cores"
             )
@@ -147,9 +171,11 @@ def compare(
                         f"{r.cold_p95_s / max(g.cold_p95_s, 1e-9):5.1f}x"
                     )
                 both_s = g.cold_cpu_median_s + g.cold_engine_cpu_median_s
+                bare = timed[NOTHING_KEPT].pages[label][page].cold_p95_s
                 print(
                     f"  {page:11s} {e.cold_p95_s * 1e3:6.0f} / {e.served_p95_s * 1e3:5.0f}  "
-                    f"{g.cold_p95_s * 1e3:7.0f} / {g.served_p95_s * 1e3:5.0f}  {raw}"
+                    f"{g.cold_p95_s * 1e3:7.0f} / {g.served_p95_s * 1e3:5.0f}  "
+                    f"{bare * 1e3:8.0f}     {raw}"
                     f"  {g.cold_median_s * 1e3:5.0f}; {g.cold_cpu_median_s * 1e3:4.0f} + "
                     f"{g.cold_engine_cpu_median_s * 1e3:4.0f}, {both_s / CORES * 1e3:4.0f}"
                     + ("" if met else "  <- MISSED target")

@@ -35,6 +35,7 @@ from gpuwatt.schema import TAG_HOST
 from gpuwatt.store import StoreRejected, influx_reads
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.influx_reads import telegraf_mig_devices, telegraf_processes
+from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from influxdb_client.client.write_api import WriteApi
 
     from gpuwatt.store.influx_rollups import InfluxRollups
+    from gpuwatt.store.rollup_cache import RollupCache
     from gpuwatt.store.shared_reads import SharedReads
 
 __all__ = [
@@ -115,6 +117,10 @@ class InfluxStore:
         #: it holds any; False: aggregate raw samples with ``GROUP BY time()`` as before.
         self.use_rollups = use_rollups
         self._rollups: InfluxRollups | None = None
+        #: memory for the rollup points reads keep (``rollup_cache``; 0: none kept)
+        self.rollup_cache_bytes = DEFAULT_BUDGET_BYTES
+        self._rollup_cache: RollupCache | None = None
+        self._cache_lock = threading.Lock()
         #: "now" for finding the newest rollup point in the last day (``InfluxRollups``; a
         #: bench replaying data that ended in the past sets the data's end)
         self.clock_ns: Callable[[], int] = time.time_ns
@@ -372,13 +378,23 @@ class InfluxStore:
             self, reads, lambda r, s: influx_reads.series(self, r, s), on_done, shared
         )
 
+    @property
+    def read_rollups(self) -> RollupCache:
+        """``rollups`` as reads take them: kept by chunk in memory (``rollup_cache``)."""
+        with self._cache_lock:
+            if self._rollup_cache is None:
+                from gpuwatt.store.rollup_cache import RollupCache
+
+                self._rollup_cache = RollupCache(self.rollups, self.rollup_cache_bytes)
+        return self._rollup_cache
+
     def shared_reads(self) -> SharedReads | None:
         """A ``shared_reads.SharedReads`` of this store's rollups (None: read without them)."""
         if not self.use_rollups:
             return None
         from gpuwatt.store.shared_reads import SharedReads
 
-        return SharedReads(self.rollups)
+        return SharedReads(self.read_rollups)
 
     def count_samples(self, start_ns: int, end_ns: int) -> int:
         return influx_reads.count_samples(self, start_ns, end_ns)

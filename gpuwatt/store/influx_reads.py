@@ -283,7 +283,7 @@ def series(
         from gpuwatt.store import engine_rollups
 
         served = engine_rollups.read_levels(
-            source or store.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+            source or store.read_rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
         )
         if served is not None:
             frame = engine_rollups.frame(*served, attrs)

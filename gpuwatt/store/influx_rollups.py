@@ -86,6 +86,24 @@ class InfluxRollups:
     def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
         return self._spans.get(level_ns)
 
+    def point_counts(
+        self, level_ns: int, first_ns: int, last_ns: int, chunk_ns: int
+    ) -> dict[int, int]:
+        """``rollup_cache.CountedSource``: the points (one per host and bucket roll) of each
+        chunk, counted by InfluxDB's ``GROUP BY time``, whose intervals start at multiples of
+        the interval, as chunks do."""
+        series = self.store.query(
+            f'SELECT count("{FIELD_N}") FROM {ident(MEASUREMENTS[level_ns])} '
+            f"WHERE {self.store.where(first_ns, last_ns, None)} "
+            f"GROUP BY time({chunk_ns // 1000}u)"
+        )
+        counts: dict[int, int] = {}
+        for s in series:
+            for row in s.get("values") or []:
+                if isinstance(row[0], int) and row[1]:
+                    counts[row[0]] = int(row[1])
+        return counts
+
     def unrolled_hosts(self, hosts: Sequence[str] | None) -> list[str]:
         """Hosts of the raw measurement (of ``hosts``, None: all) that no rollup point names.
 

@@ -24,6 +24,7 @@ metric, run in parallel. The dialects are in ``promql_dialects``; answers become
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,7 @@ from gpuwatt.store.promql_dialects import (
     promql_string,
     regex_alternatives,
 )
+from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,6 +95,10 @@ class PromStore:
         #: (``engine_rollups``; ``source=influx`` only) when it holds any.
         self.use_rollups = use_rollups
         self._rollups: Any = None
+        #: memory for the rollup points reads keep (``rollup_cache``; 0: none kept)
+        self.rollup_cache_bytes = DEFAULT_BUDGET_BYTES
+        self._rollup_cache: Any = None
+        self._cache_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PromStore({self.url!r}, source={self.dialect.name!r})"
@@ -143,6 +149,19 @@ class PromStore:
 
             self._rollups = PromRollups(self)
         return self._rollups
+
+    @property
+    def read_rollups(self) -> Any:
+        """``rollups`` as reads take them: kept by chunk in memory (``rollup_cache``)."""
+        rollups = self.rollups
+        if rollups is None:
+            return None
+        with self._cache_lock:
+            if self._rollup_cache is None:
+                from gpuwatt.store.rollup_cache import RollupCache
+
+                self._rollup_cache = RollupCache(rollups, self.rollup_cache_bytes)
+        return self._rollup_cache
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -225,16 +244,20 @@ class PromStore:
         )
         return bool(data)
 
-    def query_range(self, promql: str, first_ns: int, last_ns: int, step_s: int) -> list[Any]:
-        data = self._api(
-            "/api/v1/query_range",
-            {
-                "query": promql,
-                "start": frames.seconds(first_ns),
-                "end": frames.seconds(last_ns),
-                "step": f"{int(step_s)}s",
-            },
-        )
+    def query_range(
+        self, promql: str, first_ns: int, last_ns: int, step_s: int, *, fresh: bool = False
+    ) -> list[Any]:
+        """``fresh``: not from VictoriaMetrics' cache of range results (which keeps answers
+        for times older than a few minutes, and so misses points written there since)."""
+        fields = {
+            "query": promql,
+            "start": frames.seconds(first_ns),
+            "end": frames.seconds(last_ns),
+            "step": f"{int(step_s)}s",
+        }
+        if fresh:
+            fields["nocache"] = "1"
+        data = self._api("/api/v1/query_range", fields)
         return list(data.get("result", []))
 
     def left_open_windows(self) -> bool:
@@ -296,7 +319,7 @@ class PromStore:
             from gpuwatt.store import engine_rollups
 
             served = engine_rollups.read_levels(
-                source or self.rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
+                source or self.read_rollups, start_ns, end_ns, int(step_s) * 10**9, attrs, hosts
             )
             if served is not None:
                 return engine_rollups.frame(*served, attrs)
@@ -406,7 +429,7 @@ class PromStore:
 
     def shared_reads(self) -> Any:
         """A ``shared_reads.SharedReads`` of this store's rollups (None: it keeps none)."""
-        rollups = self.rollups
+        rollups = self.read_rollups
         if rollups is None:
             return None
         from gpuwatt.store.shared_reads import SharedReads

@@ -83,6 +83,24 @@ class PromRollups:
             return round(float(r["value"][1]) * 1000) * NS_PER_MS
         return None
 
+    def point_counts(
+        self, level_ns: int, first_ns: int, last_ns: int, chunk_ns: int
+    ) -> dict[int, int]:
+        """``rollup_cache.CountedSource``: each chunk's points counted at its end (a window
+        ``(end - chunk, end]`` or ``[end - chunk, end]`` holds the same points: none lies on a
+        chunk's start, each being its bucket's start plus ``n`` >= 1 ms)."""
+        chunk_ms = chunk_ns // NS_PER_MS
+        promql = f"sum(count_over_time({self._n_selector(level_ns)}[{chunk_ms}ms]))"
+        answer = self.store.query_range(
+            promql, first_ns + chunk_ns, last_ns, chunk_ns // (1000 * NS_PER_MS), fresh=True
+        )
+        counts: dict[int, int] = {}
+        for series in answer:
+            for at_s, value in series.get("values", []):
+                end_ns = round(float(at_s) * 1000) * NS_PER_MS
+                counts[end_ns - chunk_ns] = int(float(value))
+        return counts
+
     def raw_in(self, start_ns: int, end_ns: int) -> bool:
         """Whether VictoriaMetrics' index has a gpuwatt GPU series with samples on the days of
         ``[start_ns, end_ns)`` (``/api/v1/series``, limit 1: an index lookup, a few ms). A
