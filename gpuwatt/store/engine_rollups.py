@@ -62,6 +62,7 @@ from gpuwatt.store.rollup_rule import (
     MINUTE_NS,
     NULL_TIME,
     UNKNOWN_SEEN,
+    LookAroundHint,
     combine,
     level_for,
     read_around,
@@ -154,6 +155,42 @@ class RollupSource(Protocol):
         """Level rows as the engine keeps them (``rollup_lines``, or InfluxDB's packed form)."""
 
     def write_lines(self, lines: Sequence[str]) -> None: ...
+
+
+class PassedSource:
+    """A ``RollupSource`` that passes every call to ``source``: the base of the wrappers that
+    change how some reads are answered (``shared_reads``, ``rollup_cache``)."""
+
+    def __init__(self, source: RollupSource) -> None:
+        self.source = source
+
+    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> dict[str, np.ndarray]:
+        return self.source.raw_level(start_ns, end_ns, scope)
+
+    def raw_in(self, start_ns: int, end_ns: int) -> bool:
+        return self.source.raw_in(start_ns, end_ns)
+
+    @property
+    def look_around(self) -> LookAroundHint | None:
+        """The source's own: it outlives the wrapper's reads (``rollup_rule.read_around``)."""
+        hint: LookAroundHint | None = getattr(self.source, "look_around", None)
+        return hint
+
+    def rollup_points(
+        self, level_ns: int, start_ns: int, end_ns: int, scope: Scope, *, lean: bool = False
+    ) -> dict[str, np.ndarray]:
+        return self.source.rollup_points(level_ns, start_ns, end_ns, scope, lean=lean)
+
+    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
+        return self.source.rollup_span(level_ns)
+
+    def rollup_lines(
+        self, level_ns: int, cols: dict[str, np.ndarray], idents: Sequence[Ident]
+    ) -> list[str]:
+        return self.source.rollup_lines(level_ns, cols, idents)
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        self.source.write_lines(lines)
 
 
 # --- writing ------------------------------------------------------------------------------------

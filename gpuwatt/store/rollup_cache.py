@@ -34,14 +34,19 @@ from typing import Protocol
 
 import numpy as np
 
-from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope, empty_level
+from gpuwatt.store.engine_rollups import (
+    GpuIds,
+    PassedSource,
+    RollupSource,
+    Scope,
+    empty_level,
+)
 from gpuwatt.store.rollup_rule import (
     FIVE_MINUTES_NS,
     HOUR_NS,
     KEYS,
     MINUTE_NS,
     NULL_TIME,
-    LookAroundHint,
 )
 
 Cols = dict[str, np.ndarray]
@@ -74,11 +79,13 @@ class _Chunk:
     nbytes: int
 
 
-class RollupCache:
+class RollupCache(PassedSource):
     """A ``RollupSource`` whose rollup points are kept by chunk and checked on every read."""
 
+    source: CountedSource
+
     def __init__(self, source: CountedSource, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
-        self.source = source
+        super().__init__(source)
         self.budget_bytes = budget_bytes
         self._ids = GpuIds()
         self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
@@ -88,28 +95,6 @@ class RollupCache:
         #: chunks served from memory, and read from the engine (a changed count included)
         self.hits = 0
         self.misses = 0
-
-    # --- the source's own answers -------------------------------------------------------------
-
-    def raw_level(self, start_ns: int, end_ns: int, scope: Scope) -> Cols:
-        return self.source.raw_level(start_ns, end_ns, scope)
-
-    def raw_in(self, start_ns: int, end_ns: int) -> bool:
-        return self.source.raw_in(start_ns, end_ns)
-
-    @property
-    def look_around(self) -> LookAroundHint | None:
-        hint: LookAroundHint | None = getattr(self.source, "look_around", None)
-        return hint
-
-    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        return self.source.rollup_span(level_ns)
-
-    def rollup_lines(self, level_ns: int, cols: Cols, idents: Sequence[Ident]) -> list[str]:
-        return self.source.rollup_lines(level_ns, cols, idents)
-
-    def write_lines(self, lines: Sequence[str]) -> None:
-        self.source.write_lines(lines)
 
     # --- cached ---------------------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from gpuwatt.model import METRIC_FIELDS
 from gpuwatt.store.base import SeriesRead, series_in_parallel
-from gpuwatt.store.engine_rollups import GpuIds, Ident, RollupSource, Scope
-from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS, LookAroundHint
+from gpuwatt.store.engine_rollups import GpuIds, PassedSource, RollupSource, Scope
+from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,11 +74,11 @@ def _serves(
     return a.span == span
 
 
-class SharedReads:
+class SharedReads(PassedSource):
     """A ``RollupSource`` whose raw and rollup requests are shared by the reads of one view."""
 
     def __init__(self, source: RollupSource) -> None:
-        self.source = source
+        super().__init__(source)
         #: whether a read in 1-minute buckets asks for lean minute points (``RollupSource``).
         #: Not where the view also reads the same minutes to combine them: a lean answer serves
         #: no such request, and whichever of the two is sent first, one request must serve both
@@ -105,26 +105,6 @@ class SharedReads:
             known = self._expected.setdefault(("points", MINUTE_NS, _hosts(read.hosts)), [])
             if expected not in known:
                 known.append(expected)
-
-    # --- the source's own answers -------------------------------------------------------------
-
-    def raw_in(self, start_ns: int, end_ns: int) -> bool:
-        return self.source.raw_in(start_ns, end_ns)
-
-    @property
-    def look_around(self) -> LookAroundHint | None:
-        """The source's own: it outlives a view's reads (``rollup_rule.read_around``)."""
-        hint: LookAroundHint | None = getattr(self.source, "look_around", None)
-        return hint
-
-    def rollup_span(self, level_ns: int) -> tuple[int, int] | None:
-        return self.source.rollup_span(level_ns)
-
-    def rollup_lines(self, level_ns: int, cols: Cols, idents: Sequence[Ident]) -> list[str]:
-        return self.source.rollup_lines(level_ns, cols, idents)
-
-    def write_lines(self, lines: Sequence[str]) -> None:
-        self.source.write_lines(lines)
 
     # --- shared --------------------------------------------------------------------------------
 
