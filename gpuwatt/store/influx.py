@@ -35,7 +35,7 @@ from gpuwatt.schema import TAG_HOST
 from gpuwatt.store import StoreRejected, influx_reads
 from gpuwatt.store.base import SeriesRead
 from gpuwatt.store.influx_reads import telegraf_mig_devices, telegraf_processes
-from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES
+from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES, RollupCache
 from gpuwatt.store.url import InfluxSettings, influx_settings_from_env
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from influxdb_client.client.write_api import WriteApi
 
     from gpuwatt.store.influx_rollups import InfluxRollups
-    from gpuwatt.store.rollup_cache import RollupCache
     from gpuwatt.store.shared_reads import SharedReads
 
 __all__ = [
@@ -383,8 +382,6 @@ class InfluxStore:
         """``rollups`` as reads take them: kept by chunk in memory (``rollup_cache``)."""
         with self._cache_lock:
             if self._rollup_cache is None:
-                from gpuwatt.store.rollup_cache import RollupCache
-
                 self._rollup_cache = RollupCache(self.rollups, self.rollup_cache_bytes)
         return self._rollup_cache
 

@@ -51,7 +51,7 @@ from gpuwatt.store.promql_dialects import (
     promql_string,
     regex_alternatives,
 )
-from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES
+from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES, RollupCache
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,7 +97,7 @@ class PromStore:
         self._rollups: Any = None
         #: memory for the rollup points reads keep (``rollup_cache``; 0: none kept)
         self.rollup_cache_bytes = DEFAULT_BUDGET_BYTES
-        self._rollup_cache: Any = None
+        self._rollup_cache: RollupCache | None = None
         self._cache_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -158,8 +158,6 @@ class PromStore:
             return None
         with self._cache_lock:
             if self._rollup_cache is None:
-                from gpuwatt.store.rollup_cache import RollupCache
-
                 self._rollup_cache = RollupCache(rollups, self.rollup_cache_bytes)
         return self._rollup_cache
 
