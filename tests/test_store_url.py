@@ -96,7 +96,10 @@ def test_credentials_in_a_url_are_rejected_without_echoing_them(url: str) -> Non
     [
         ("postgres://db/x", "unknown store scheme"),
         ("/tmp/x.db", "unknown store scheme"),
-        ("influxdb://db/b?token=x", "use org=, timeout=, api= and rollups="),
+        ("influxdb://db/b?token=x", "use org=, timeout=, api=, rollups= and cache_mb="),
+        ("influxdb://db/b?cache_mb=-1", "cache_mb='-1': use a whole number of MiB"),
+        ("victoriametrics://vm:8428?cache_mb=1.5", "cache_mb='1.5': use a whole number"),
+        ("victoriametrics://vm:8428?cache_mb=99999", "0 to 65536"),
         ("influxdb://db/b?rollups=maybe", "rollups='maybe': use on or off"),
         ("victoriametrics://vm:8428?rollups=1", "rollups='1': use on or off"),
         ("influxdb://db/a/b", "just the bucket"),
@@ -251,3 +254,16 @@ def test_rollups_are_on_for_influxdb_and_off_for_victoriametrics_unless_the_url_
         assert vm.rollups is not None
     with open_store("prometheus://127.0.0.1:9?rollups=on", {}) as prom:  # type: ignore[attr-defined]
         assert prom.rollups is None  # Prometheus takes no writes: nowhere to keep them
+
+
+def test_cache_mb_sets_the_memory_a_reader_keeps_rollup_points_in() -> None:
+    from gpuwatt.store.rollup_cache import DEFAULT_BUDGET_BYTES
+
+    for url, want in [
+        ("influxdb://127.0.0.1:9/b", DEFAULT_BUDGET_BYTES),
+        ("influxdb://127.0.0.1:9/b?cache_mb=0", 0),
+        ("victoriametrics://127.0.0.1:9?rollups=on&cache_mb=64", 64 * 2**20),
+        ("victoriametrics://127.0.0.1:9?rollups=on", DEFAULT_BUDGET_BYTES),
+    ]:
+        with open_store(url, {}) as store:  # type: ignore[attr-defined]
+            assert store.read_rollups.budget_bytes == want, url

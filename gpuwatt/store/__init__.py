@@ -99,7 +99,7 @@ def open_store(
     from gpuwatt.store.influx import InfluxStore
 
     s = target.settings
-    return InfluxStore(
+    store = InfluxStore(
         s.url,
         s.org,
         s.bucket,
@@ -109,6 +109,9 @@ def open_store(
         token_file=s.token_file,
         use_rollups=target.rollups,
     )
+    if target.cache_bytes is not None:
+        store.rollup_cache_bytes = target.cache_bytes
+    return store
 
 
 def _open_prom(target: object) -> Store:
@@ -123,7 +126,7 @@ def _open_prom(target: object) -> Store:
         from gpuwatt.store.influx import InfluxStore
 
         writer = InfluxStore(target.url, "gpuwatt", "gpuwatt", None)
-    return PromStore(
+    store = PromStore(
         target.url,
         DIALECTS[target.source],
         engine=target.engine,
@@ -132,6 +135,9 @@ def _open_prom(target: object) -> Store:
         writer=writer,
         use_rollups=target.rollups,
     )
+    if target.cache_bytes is not None:
+        store.rollup_cache_bytes = target.cache_bytes
+    return store
 
 
 def default_store_url(environ: Mapping[str, str] | None = None) -> str:

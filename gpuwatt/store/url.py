@@ -22,6 +22,8 @@ Store URLs:
 and serve bucketed reads from them (``engine_rollups``). On by default for InfluxDB; off by
 default for Prometheus-compatible engines, whose own ``avg_over_time`` answered as fast (see
 ``PromTarget.rollups``); ``victoriametrics://...?rollups=on`` turns them on there.
+``cache_mb=384``: the memory a reader keeps the engine's rollup points in (``rollup_cache``;
+``0``: none kept, every read asks the engine).
 
 A token never comes from a URL: a URL with userinfo (``user:token@host``) is rejected, because a
 command line is visible to every user of the machine (``ps``) and lands in shell history. Tokens
@@ -75,6 +77,7 @@ class InfluxTarget:
     timeout_s: float = 10.0  # per request (``?timeout=30s``): long ranges need more
     api: str = "auto"  # the write endpoint (``?api=v1`` for InfluxDB 1.0-1.7, ``v2``, or probe)
     rollups: bool = True  # serve bucketed reads from the engine's rollups (``?rollups=off``)
+    cache_bytes: int | None = None  # rollup points kept in memory (``?cache_mb=``; None: default)
 
 
 PROM_SCHEMES: dict[str, tuple[str, str]] = {
@@ -99,6 +102,7 @@ class PromTarget:
     #: default: VictoriaMetrics' own ``avg_over_time`` answered as fast or faster in
     #: ``bench/dashboard.py --store victoriametrics`` (1,024 GPUs x 6 h of 10-s samples).
     rollups: bool = False
+    cache_bytes: int | None = None  # rollup points kept in memory (``?cache_mb=``; None: default)
 
 
 def default_sqlite_path(environ: Mapping[str, str]) -> Path:
@@ -217,12 +221,12 @@ def _parse_prom(url: str, shown: str, config_timeout_s: float | None) -> PromTar
         raise StoreUrlError(shown, "the URL needs a host: prometheus://host:9090")
     engine, http = PROM_SCHEMES[parts.scheme.lower()]
     query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - {"source", "timeout", "rollups"}
+    unknown = set(query) - {"source", "timeout", "rollups", "cache_mb"}
     if unknown:
         raise StoreUrlError(
             shown,
-            f"unknown parameter(s) {', '.join(sorted(unknown))}; use source=, timeout= and "
-            "rollups=",
+            f"unknown parameter(s) {', '.join(sorted(unknown))}; use source=, timeout=, "
+            "rollups= and cache_mb=",
         )
     source = query.get("source", [PROM_DEFAULT_SOURCE[engine]])[-1]
     if source not in PROM_SOURCES:
@@ -230,7 +234,14 @@ def _parse_prom(url: str, shown: str, config_timeout_s: float | None) -> PromTar
     timeout_s = _timeout_s(query, shown, default_s=config_timeout_s or 30.0)
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     base = f"{http}://{host}" + (f":{port}" if port else "") + parts.path.rstrip("/")
-    return PromTarget(base, engine, source, timeout_s, _rollups(query, shown, default=False))
+    return PromTarget(
+        base,
+        engine,
+        source,
+        timeout_s,
+        _rollups(query, shown, default=False),
+        _cache_bytes(query, shown),
+    )
 
 
 def _parse_sqlite(url: str, shown: str) -> SqliteTarget:
@@ -258,14 +269,15 @@ def _parse_influx(
         url, shown, "InfluxDB ", f"an InfluxDB URL must not carry a user or token; {_TOKEN_HINT}"
     )
     query = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(query) - {"org", "timeout", "api", "rollups"}
+    unknown = set(query) - {"org", "timeout", "api", "rollups", "cache_mb"}
     if unknown:
         raise StoreUrlError(
             shown,
-            f"unknown parameter(s) {', '.join(sorted(unknown))}; use org=, timeout=, api= and "
-            "rollups=",
+            f"unknown parameter(s) {', '.join(sorted(unknown))}; use org=, timeout=, api=, "
+            "rollups= and cache_mb=",
         )
     rollups = _rollups(query, shown, default=True)
+    cache_bytes = _cache_bytes(query, shown)
     timeout_s = _timeout_s(query, shown, default_s=config_timeout_s or 10.0)
     api = query.get("api", ["auto"])[-1]
     if api not in ("auto", "v1", "v2"):
@@ -283,6 +295,7 @@ def _parse_influx(
             timeout_s,
             api,
             rollups,
+            cache_bytes,
         )
     http = "https" if parts.scheme.lower() == "influxdbs" else "http"
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -298,6 +311,7 @@ def _parse_influx(
         timeout_s,
         api,
         rollups,
+        cache_bytes,
     )
 
 
@@ -309,6 +323,17 @@ def _rollups(query: dict[str, list[str]], shown: str, *, default: bool) -> bool:
     if text not in ("on", "off"):
         raise StoreUrlError(shown, f"rollups={text!r}: use on or off")
     return text == "on"
+
+
+def _cache_bytes(query: dict[str, list[str]], shown: str) -> int | None:
+    """``cache_mb=``: MiB of rollup points a reader keeps, a whole number from 0 to 65,536
+    (None: not set, the reader's default, ``rollup_cache.DEFAULT_BUDGET_BYTES``)."""
+    if "cache_mb" not in query:
+        return None
+    text = query["cache_mb"][-1]
+    if not text.isdigit() or int(text) > 65_536:
+        raise StoreUrlError(shown, f"cache_mb={text!r}: use a whole number of MiB, 0 to 65536")
+    return int(text) * 2**20
 
 
 def _timeout_s(query: dict[str, list[str]], shown: str, *, default_s: float) -> float:
