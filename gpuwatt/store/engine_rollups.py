@@ -460,6 +460,27 @@ def concat(parts: Iterable[dict[str, np.ndarray]], attrs: Sequence[str]) -> dict
     return {k: np.concatenate([p[k] for p in parts]) for k in (*KEYS, *attrs)}
 
 
+def within(cols: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, np.ndarray]:
+    """The rows timed in ``[lo, hi)`` (the columns themselves where all are)."""
+    t = cols["time_ns"]
+    inside = (t >= lo) & (t < hi)
+    if inside.all():
+        return cols
+    return {k: v[inside] for k, v in cols.items()}
+
+
+def in_ids_of(cols: dict[str, np.ndarray], ids: GpuIds, scope: Scope) -> dict[str, np.ndarray]:
+    """Rows read with ``ids`` as the read of ``scope`` has them: its attributes, its GPU ids."""
+    gid = cols["gpu_id"]
+    out = {k: cols[k] for k in KEYS if k in cols}
+    if len(gid):
+        known = np.unique(gid)
+        own = np.zeros(int(known[-1]) + 1, dtype=np.int64)
+        own[known] = [scope.ids.of(ids.idents[g]) for g in known.tolist()]
+        out["gpu_id"] = own[gid]
+    return out | {a: cols[a] for a in scope.attrs}
+
+
 def empty_level(attrs: Sequence[str]) -> dict[str, np.ndarray]:
     return {k: np.zeros(0, np.int64) for k in KEYS} | {a: np.zeros(0) for a in attrs}
 

@@ -40,6 +40,8 @@ from gpuwatt.store.engine_rollups import (
     RollupSource,
     Scope,
     empty_level,
+    in_ids_of,
+    within,
 )
 from gpuwatt.store.rollup_rule import (
     FIVE_MINUTES_NS,
@@ -136,9 +138,9 @@ class RollupCache(PassedSource):
             whole = Scope(tuple(sorted(attrs)), None, self._ids)
             read = self.source.rollup_points(level_ns, lo, hi, whole)
             for c in range(lo, hi, chunk_ns):
-                cols = _within(read, c, c + chunk_ns)
+                cols = within(read, c, c + chunk_ns)
                 found[c] = self._keep(level_ns, c, counts.get(c, 0), attrs, cols)
-        parts = [_within(found[c].cols, start_ns, end_ns) for c in starts]
+        parts = [within(found[c].cols, start_ns, end_ns) for c in starts]
         return _for_read(parts, self._ids, scope, lean)
 
     def _keep(self, level_ns: int, c: int, count: int, attrs: frozenset[str], cols: Cols) -> _Chunk:
@@ -173,14 +175,6 @@ def _runs(starts: Sequence[int], chunk_ns: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _within(cols: Cols, lo: int, hi: int) -> Cols:
-    t = cols["time_ns"]
-    inside = (t >= lo) & (t < hi)
-    if inside.all():
-        return cols
-    return {k: v[inside] for k, v in cols.items()}
-
-
 def _for_read(parts: Sequence[Cols], ids: GpuIds, scope: Scope, lean: bool) -> Cols:
     """Kept rows as the read of ``scope`` has them from the engine: its hosts, its attributes,
     its GPU ids, and a lean read's ``n_ok`` and ``t_last_ns``."""
@@ -188,19 +182,13 @@ def _for_read(parts: Sequence[Cols], ids: GpuIds, scope: Scope, lean: bool) -> C
     if not parts:
         return empty_level(scope.attrs)
     cols = {k: np.concatenate([p[k] for p in parts]) for k in (*KEYS, *scope.attrs)}
-    gid = cols["gpu_id"]
-    known = np.unique(gid).tolist()
     if scope.hosts is not None:
         hosts = set(scope.hosts)
-        keep_ids = np.array([g for g in known if ids.idents[g][0] in hosts], dtype=np.int64)
-        keep = np.isin(gid, keep_ids)
+        mine = np.array([ident[0] in hosts for ident in ids.idents], dtype=bool)
+        keep = mine[cols["gpu_id"]]
         cols = {k: v[keep] for k, v in cols.items()}
-        gid, known = cols["gpu_id"], keep_ids.tolist()
-    if known:
-        own = np.zeros(max(known) + 1, dtype=np.int64)
-        own[known] = [scope.ids.of(ids.idents[g]) for g in known]
-        cols["gpu_id"] = own[gid]
+    cols = in_ids_of(cols, ids, scope)
     if lean:
         cols["n_ok"] = cols["n"].copy()
-        cols["t_last_ns"] = np.full(len(gid), NULL_TIME, dtype=np.int64)
+        cols["t_last_ns"] = np.full(len(cols["n"]), NULL_TIME, dtype=np.int64)
     return cols

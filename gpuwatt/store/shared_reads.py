@@ -33,9 +33,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuwatt.model import METRIC_FIELDS
+from gpuwatt.store import engine_rollups
 from gpuwatt.store.base import SeriesRead, series_in_parallel
-from gpuwatt.store.engine_rollups import GpuIds, PassedSource, RollupSource, Scope
-from gpuwatt.store.rollup_rule import KEYS, MINUTE_NS
+from gpuwatt.store.engine_rollups import (
+    GpuIds,
+    PassedSource,
+    RollupSource,
+    Scope,
+    in_ids_of,
+)
+from gpuwatt.store.rollup_rule import MINUTE_NS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -178,10 +185,8 @@ class SharedReads(PassedSource):
                 return mine.future.result()
         cols = found.future.result()
         if found.span != span:
-            t = cols["time_ns"]
-            inside = (t >= span[0]) & (t < span[1])
-            cols = {k: v[inside] for k, v in cols.items()}
-        return _as_read(cols, found.ids, scope)
+            cols = engine_rollups.within(cols, *span)
+        return in_ids_of(cols, found.ids, scope)
 
 
 def series_many(
@@ -256,18 +261,6 @@ def _part(frame: pd.DataFrame, read: SeriesRead) -> pd.DataFrame:
     the run's start where that cuts it)."""
     t = frame["time_ns"].to_numpy()
     return frame.loc[(t >= read.start_ns) & (t < read.end_ns)].reset_index(drop=True)
-
-
-def _as_read(cols: Cols, ids: GpuIds, scope: Scope) -> Cols:
-    """A shared answer as the read of ``scope`` would have had it: its attributes, its GPU ids."""
-    gid = cols["gpu_id"]
-    out = {k: cols[k] for k in KEYS if k in cols}
-    if len(gid):
-        shared = np.unique(gid)
-        own = np.zeros(int(shared[-1]) + 1, dtype=np.int64)
-        own[shared] = [scope.ids.of(ids.idents[g]) for g in shared.tolist()]
-        out["gpu_id"] = own[gid]
-    return out | {a: cols[a] for a in scope.attrs}
 
 
 def _hosts(hosts: Sequence[str] | None) -> tuple[str, ...] | None:
