@@ -207,6 +207,92 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
             # early where guessed, after the range where needed and not guessed
             sides = max(guess[0], needed[0]) + max(guess[1], needed[1])
             assert len(outside) == len(set(outside)) == sides
+    # the side before read first only as far as a hint says (any reach): the same slots, the
+    # rest of the look-behind read where that was not enough, no sample read twice
+    for reach_s in (0, 9, 31, 95, 240):
+        hint = rollup_rule.LookAroundHint(True, False, reach_s * S)
+        outside.clear()
+        split = rollup_rule.read_around(
+            lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+            lambda i: (t[i], gid[i]),
+            np.concatenate,
+            lo_ns,
+            hi_ns,
+            read_outside=read_outside,
+            map_reads=at_once,
+            hint=hint,
+        )
+        assert len(split) == len(set(split.tolist()))
+        cols = rollup_rule.samples_as_level(
+            t[split], gid[split], lost[split], {}, start_ns=lo_ns, end_ns=hi_ns
+        )
+        assert cols["seen_ns"].tolist() == whole[inside].tolist()
+        assert set(split.tolist()) <= set(narrow.tolist())
+        assert all(b <= near_lo or a >= near_hi for a, b in outside)
+
+
+def test_a_look_around_learns_how_far_before_its_range_to_read() -> None:
+    """At 10-second sampling the side before is read out to the full look-behind once; the next
+    read of the same source reads ~45 s first, and that is enough."""
+    t = np.repeat(np.arange(0, 20 * MINUTE_NS, 10 * S, dtype=np.int64), 2)
+    gid = np.tile(np.array([0, 1], dtype=np.int64), len(t) // 2)
+    spans: list[tuple[int, int]] = []
+
+    def read_outside(a: int, b: int) -> np.ndarray:
+        spans.append((a, b))
+        return np.flatnonzero((t >= a) & (t < b))
+
+    hint = rollup_rule.LookAroundHint(before=True)
+    for minute in (10, 11):
+        spans.clear()
+        lo_ns = minute * MINUTE_NS
+        got = rollup_rule.read_around(
+            lambda a, b: np.flatnonzero((t >= a) & (t < b)),
+            lambda i: (t[i], gid[i]),
+            np.concatenate,
+            lo_ns,
+            lo_ns + MINUTE_NS,
+            read_outside=read_outside,
+            hint=hint,
+        )
+        before = [(a, b) for a, b in spans if b <= lo_ns]
+        assert len(before) == 1  # read once, early, and enough
+        first = before[0][0]
+        reach = {10: rollup_rule.SLOT_LOOKBEHIND_NS, 11: 45 * S}[minute]
+        assert first == lo_ns - reach
+        assert (t[got] < lo_ns).sum() == 2 * len(range(first, lo_ns - 8 * S, 10 * S))
+        assert hint.before_ns == 45 * S  # the 3rd sample before, 30 s, and half of it to spare
+    # a hint that reached too little (the sampling slowed, a gap): the rest of the look-behind
+    # is read and the slots are those a read of every sample gives (random sampling, seeded)
+    rng = np.random.default_rng(7)
+    rest_read = 0
+    for _ in range(300):
+        t = np.cumsum(rng.integers(1, 91, size=int(rng.integers(2, 150))) * S)
+        gid = np.arange(len(t)) % 2
+        lost = (np.arange(len(t)) % 7) == 3
+        lo_ns = int(rng.integers(0, 10 * MINUTE_NS))
+        hi_ns = lo_ns + int(rng.integers(1, 10 * MINUTE_NS))
+        reach_ns = int(rng.integers(0, rollup_rule.SLOT_LOOKBEHIND_NS))
+        hint = rollup_rule.LookAroundHint(before=True, before_ns=reach_ns)
+        spans.clear()
+        got = rollup_rule.read_around(
+            lambda a, b, t=t: np.flatnonzero((t >= a) & (t < b)),
+            lambda i, t=t, gid=gid: (t[i], gid[i]),
+            np.concatenate,
+            lo_ns,
+            hi_ns,
+            read_outside=read_outside,
+            hint=hint,
+        )
+        far = lo_ns - rollup_rule.SLOT_LOOKBEHIND_NS
+        first = min(lo_ns - rollup_rule.NEAR_MARGIN_NS, max(far, lo_ns - reach_ns))
+        rest_read += first > far and (far, first) in spans
+        cols = rollup_rule.samples_as_level(
+            t[got], gid[got], lost[got], {}, start_ns=lo_ns, end_ns=hi_ns
+        )
+        inside = (t >= lo_ns) & (t < hi_ns)
+        assert cols["seen_ns"].tolist() == rollup_rule.sample_seen_ns(t, gid, lost)[inside].tolist()
+    assert rest_read > 30  # the case was met
 
 
 def test_seen_time_adds_up_and_a_bucket_without_it_stays_unknown() -> None:

@@ -100,10 +100,45 @@ class LookAroundHint:
     """Which sides of its range a source's last look-around had to read out to the full
     look-around (``read_around``): with a sampling interval over ``NEAR_MARGIN_NS`` / 3 the
     side before, at the newest data the side after, every time. The next read of the source
-    sends those at once with its range instead of after it (an InfluxDB view: ~100 ms sooner)."""
+    sends those at once with its range instead of after it (an InfluxDB view: ~100 ms sooner).
+
+    ``before_ns``: how far before its range the last look-around found every GPU's samples
+    that decide slots in it (``reach_before_ns``), with ``BEFORE_MARGIN`` to spare: the side
+    before is read that far first, the rest of the full look-behind only where it is not
+    enough. At 10-second sampling that is ~45 s instead of 3 minutes (InfluxDB 1.6, 1,024
+    GPUs: the side's query ~70 instead of ~150 ms)."""
 
     before: bool = False
     after: bool = False
+    before_ns: int = SLOT_LOOKBEHIND_NS
+
+
+#: The share added to the reach before a range the last look-around needed (sampling jitter,
+#: a late round) when it is read first the next time (``LookAroundHint.before_ns``).
+BEFORE_MARGIN = 0.5
+
+
+def reach_before_ns(time_ns: np.ndarray, gpu_id: np.ndarray, start_ns: int, end_ns: int) -> int:
+    """How far before ``start_ns`` the samples read reach that decide the slots of the samples
+    in ``[start_ns, end_ns)``: the farthest, over the GPUs with a sample in it, of each one's
+    ``INTERVAL_SPACINGS``-th sample before it (its oldest sample before it where it has fewer:
+    the read held them all); 0 where none has a sample before it."""
+    t = np.asarray(time_ns, dtype=np.int64)
+    g = np.asarray(gpu_id, dtype=np.int64)
+    inside = (t >= start_ns) & (t < end_ns)
+    before = t < start_ns
+    if not inside.any() or not before.any():
+        return 0
+    mine = before & np.isin(g, np.unique(g[inside]))
+    tb, gb = t[mine], g[mine]
+    if not len(tb):
+        return 0
+    order = np.lexsort((-tb, gb))  # by GPU, newest first
+    tb, gb = tb[order], gb[order]
+    first = np.flatnonzero(np.r_[True, gb[1:] != gb[:-1]])
+    counts = np.diff(np.r_[first, len(gb)])
+    nth = first + np.minimum(counts, INTERVAL_SPACINGS) - 1  # each GPU's decisive sample
+    return int(start_ns - tb[nth].min())
 
 
 def read_around(
@@ -129,13 +164,19 @@ def read_around(
     given, reads it instead of ``read`` (an engine then sends times, not every metric), and
     ``map_reads`` (``map`` where not given) runs its one or two reads (a thread pool's ``map``
     sends them to an engine at once). ``hint``: the sides the source's last look-around read
-    out are read while the range is (a side then not needed is not used), and it is updated.
-    The result is the same with any hint."""
+    out are read while the range is (a side then not needed is not used), the side before as
+    far as it says first, and it is updated. The slots of the samples in the range are the same
+    with any hint: the result holds them and, for every GPU, the samples around them that decide
+    their slots (``neighbours_within``), if fewer before them where a hint said how far."""
     lo, hi = start_ns - NEAR_MARGIN_NS, end_ns + NEAR_MARGIN_NS
-    before_span, after_span = (start_ns - SLOT_LOOKBEHIND_NS, lo), (hi, end_ns + SLOT_LOOKAHEAD_NS)
+    far = start_ns - SLOT_LOOKBEHIND_NS
+    # the side before read first as far as the hint says (all of it where it says so)
+    first_lo = far if hint is None else min(lo, max(far, start_ns - hint.before_ns))
+    before_span, after_span = (first_lo, lo), (hi, end_ns + SLOT_LOOKAHEAD_NS)
+    rest_span = (far, first_lo)  # the rest of the look-behind, where the first was not enough
     outside = read if read_outside is None else read_outside
     sides = ((before_span, hint.before), (after_span, hint.after)) if hint is not None else ()
-    guessed = [span for span, last_needed in sides if last_needed]
+    guessed = [span for span, last_needed in sides if last_needed and span[0] < span[1]]
     early: dict[tuple[int, int], Future[_T]] = {}
     # (no thread starts until a side is guessed; leaving waits for one read early and not needed)
     with ThreadPoolExecutor(max(1, len(guessed)), "around-early") as pool:
@@ -144,21 +185,42 @@ def read_around(
             early[span].add_done_callback(lambda f: f.exception())  # one not needed may fail
         got = read(lo, hi)
         before_ok, after_ok = neighbours_within(*times(got), start_ns, end_ns)
-        if hint is not None:
-            hint.before, hint.after = not before_ok, not after_ok
         spans = [span for span, ok in ((before_span, before_ok), (after_span, after_ok)) if not ok]
-        late = [span for span in spans if span not in early]
+        late = [span for span in spans if span not in early and span[0] < span[1]]
         run = map if map_reads is None else map_reads
         extra = dict(zip(late, run(lambda span: outside(*span), late), strict=True))
     if not spans:
+        if hint is not None:
+            hint.before = hint.after = False
         return got
 
     def part(span: tuple[int, int]) -> _T:
         return early[span].result() if span in early else extra[span]
 
-    before = [] if before_ok else [part(before_span)]
+    before: list[_T] = []
+    if not before_ok:
+        before = [part(before_span)] if before_span[0] < before_span[1] else []
+        if rest_span[0] < rest_span[1]:
+            near = concat([*before, got])
+            if not neighbours_within(*times(near), start_ns, end_ns)[0]:
+                before = [outside(*rest_span), *before]  # the first was not enough
     after = [] if after_ok else [part(after_span)]
-    return concat([*before, got, *after])
+    out = concat([*before, got, *after])
+    if hint is not None:
+        hint.before, hint.after = not before_ok, not after_ok
+        if not before_ok:
+            hint.before_ns = _reach_to_read_ns(*times(out), start_ns, end_ns)
+    return out
+
+
+def _reach_to_read_ns(time_ns: np.ndarray, gpu_id: np.ndarray, start_ns: int, end_ns: int) -> int:
+    """How far before its range the next look-around reads first (``LookAroundHint``): the
+    reach this one needed with ``BEFORE_MARGIN``, or the full look-behind where a GPU lacked
+    its samples before the range in all of it (its first samples: the reach says nothing)."""
+    if not neighbours_within(time_ns, gpu_id, start_ns, end_ns)[0]:
+        return SLOT_LOOKBEHIND_NS
+    reach = reach_before_ns(time_ns, gpu_id, start_ns, end_ns) * (1 + BEFORE_MARGIN)
+    return min(SLOT_LOOKBEHIND_NS, max(NEAR_MARGIN_NS, round(reach)))
 
 
 def sample_seen_ns(time_ns: np.ndarray, gpu_id: np.ndarray, lost: np.ndarray) -> np.ndarray:
