@@ -24,6 +24,7 @@ from gpuwatt.alerts.rules import (
     compare,
 )
 from gpuwatt.model import GpuSample
+from gpuwatt.precision import settled
 from gpuwatt.store.base import Store, xid_events
 
 #: Windows longer than this are read as 1-minute rollups instead of raw samples.
@@ -66,6 +67,10 @@ def _read(store: Store, now_ns: int, window_s: float, fields: Sequence[str]) -> 
 
 
 def _holding(value: float, op: str, threshold: float, recovery: float | None) -> tuple[bool, bool]:
+    """Whether ``value`` breaches the threshold, and holds against the recovery threshold:
+    compared settled (``gpuwatt.precision``), so a value at the threshold breaches it, or not,
+    alike on every store."""
+    value = settled(value)
     breach = compare(value, op, threshold)
     holding = breach if recovery is None else compare(value, op, recovery)
     return breach, holding
@@ -102,7 +107,7 @@ def _increase(q: IncreaseQuery, store: Store, now_ns: int) -> list[Observation]:
     for (host, idx, uuid, name), g in df.groupby(_GPU_KEYS, sort=True):
         # sum of positive steps: a counter that resets (driver reload) does not count negative
         increase = float(g[q.metric].diff().clip(lower=0).sum())
-        breach = increase > q.threshold
+        breach = settled(increase) > q.threshold
         out.append(Observation(gpu_target(host, idx, uuid, name), increase, breach, breach))
     return out
 

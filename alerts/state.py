@@ -18,6 +18,7 @@ from typing import Any
 from gpuwatt.alerts.clock import NS_PER_S
 from gpuwatt.alerts.evaluate import Observation
 from gpuwatt.alerts.rules import IncreaseQuery, Rule, ThresholdQuery, render_template
+from gpuwatt.precision import settled
 
 PENDING = "pending"
 FIRING = "firing"
@@ -79,7 +80,7 @@ def rule_annotations(rule: Rule, labels: Mapping[str, str], obs: Observation) ->
     if rule.runbook_url:
         out["runbook_url"] = render_template(rule.runbook_url, values)
     if isinstance(q, ThresholdQuery) or obs.value is not None:
-        out["value"] = "" if obs.value is None else f"{obs.value:.6g}"
+        out["value"] = "" if obs.value is None else f"{settled(obs.value):.6g}"
     return out
 
 

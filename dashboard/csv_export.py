@@ -33,6 +33,7 @@ from gpuwatt.dashboard.job_report import extra_columns, with_extra_columns
 from gpuwatt.dashboard.jobs import job_rows
 from gpuwatt.dashboard.timerange import NS_PER_S, TimeRange, parse_range, query_dict
 from gpuwatt.dashboard.work_data import JobWorkSource
+from gpuwatt.precision import settled
 from gpuwatt.schema import FIELD_BY_ATTR
 
 GROUPINGS: tuple[str, ...] = ("gpu", "node", "job", "model")
@@ -65,7 +66,8 @@ def _cell(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, float | np.floating):
-        return "" if not math.isfinite(value) else float(f"{float(value):.10g}")
+        # settled as every figure is (``gpuwatt.precision``): the page's digits, on any store
+        return "" if not math.isfinite(value) else settled(float(value))
     if isinstance(value, np.integer):
         return int(value)
     return neutralise(str(value)) if not isinstance(value, int | float) else value

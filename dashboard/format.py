@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpuwatt.precision import settled
+
 #: SI prefixes from 10^-3 to 10^18 (kilo... exa); larger or smaller stay in the edge prefix.
 _PREFIXES: tuple[tuple[int, str], ...] = (
     (-3, "m"),
@@ -25,11 +27,13 @@ NA = "n/a"
 
 
 def _number(value: Any) -> float | None:
+    """``value`` as a settled float (``gpuwatt.precision``: every store shows the same digits),
+    None where it is missing or not finite."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         return None
-    return v if math.isfinite(v) else None
+    return settled(v) if math.isfinite(v) else None
 
 
 def plain(value: Any, digits: int = 3) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics import AnalysisSummary, JobWork, Straggler
+from gpuwatt.precision import fixed
 
 #: Verdict thresholds.
 LOW_UTIL_PCT = 30.0
@@ -68,16 +69,16 @@ def verdict(row: JobRow) -> str:
     if row.gpu_hours_h > 0 and row.idle_gpu_hours_h >= IDLE_SHARE * row.gpu_hours_h:
         share = 100.0 * row.idle_gpu_hours_h / row.gpu_hours_h
         return (
-            f"Idle {share:.0f} % of its GPU-hours ({fmt.hours(row.idle_gpu_hours_h)}): "
+            f"Idle {fixed(share)} % of its GPU-hours ({fmt.hours(row.idle_gpu_hours_h)}): "
             "release the GPUs it does not use."
         )
     if math.isfinite(row.utilization_mean_pct) and row.utilization_mean_pct < LOW_UTIL_PCT:
         return (
-            f"Low utilisation ({row.utilization_mean_pct:.0f} %): the GPUs wait on data, the "
+            f"Low utilisation ({fixed(row.utilization_mean_pct)} %): the GPUs wait on data, the "
             "CPU or the network, or the job is too small for them."
         )
     if math.isfinite(row.mfu_pct) and row.mfu_pct < LOW_MFU_PCT:
-        return f"MFU {row.mfu_pct:.0f} %: busy GPUs, but far below their peak FLOPS."
+        return f"MFU {fixed(row.mfu_pct)} %: busy GPUs, but far below their peak FLOPS."
     return "Efficient: busy GPUs, no straggler, no idle GPU."
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpuwatt.dashboard.timerange import NS_PER_S
+from gpuwatt.precision import settled_array
 from gpuwatt.status import natural_key
 
 Fig = dict[str, Any]
@@ -133,9 +134,11 @@ def iso_dates(ns: np.ndarray | Sequence[int]) -> list[str]:
 
 
 def json_floats(values: np.ndarray, digits: int = 1) -> list[float | None]:
-    """Rounded floats with None for NaN (JSON has no NaN; fewer digits, smaller responses)."""
+    """Rounded floats with None for NaN (JSON has no NaN; fewer digits, smaller responses),
+    settled first (``gpuwatt.precision``: a value at a rounding tie is drawn alike on every
+    store)."""
     out: list[float | None] = []
-    for v in np.round(np.asarray(values, dtype=float), digits):
+    for v in np.round(settled_array(np.asarray(values, dtype=float)), digits):
         out.append(None if not math.isfinite(v) else float(v))
     return out
 

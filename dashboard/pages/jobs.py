@@ -29,6 +29,7 @@ from gpuwatt.dashboard.grid import (
 )
 from gpuwatt.dashboard.jobs import JobRow, job_rows
 from gpuwatt.dashboard.serving import Served
+from gpuwatt.precision import settled
 from gpuwatt.status import natural_key
 
 PAGE = "jobs"
@@ -46,7 +47,9 @@ def layout(**query: str) -> Any:
 
 def _num(value: float, digits: int = 3) -> float | None:
     """A table cell: rounded, None (an empty cell that sorts last) for NaN."""
-    return None if value is None or not math.isfinite(value) else round(float(value), digits)
+    if value is None or not math.isfinite(value):
+        return None
+    return round(settled(float(value)), digits)
 
 
 def job_table(ctx: PageContext, rows: list[JobRow], served: dict[str, Served]) -> Any:

@@ -15,6 +15,7 @@ from gpuwatt.dashboard.components import data_table, graph, page_frame, section
 from gpuwatt.dashboard.context import PageContext
 from gpuwatt.dashboard.figures import LABELS, band_figure
 from gpuwatt.dashboard.timerange import fmt_ns
+from gpuwatt.precision import fixed
 
 PAGE = "stragglers"
 PATH = "/stragglers"
@@ -70,7 +71,7 @@ def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
             dmc.Badge(s.severity, color="red" if s.severity == "critical" else "orange"),
             dmc.Title(f"{s.host} GPU {s.gpu_index}", order=4, className="straggler-name"),
             dmc.Text(
-                f"{cause} · score {s.score:.2f} · {s.signature} · "
+                f"{cause} · score {fixed(s.score, 2)} · {s.signature} · "
                 f"{'active' if s.active else 'ended'} · since {fmt_ns(s.onset_ns)} UTC · "
                 f"{s.windows_anomalous} windows · peers: {s.peer_group}",
                 size="sm",

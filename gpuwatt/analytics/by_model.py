@@ -21,6 +21,7 @@ import pandas as pd
 from gpuwatt.analytics.quality import Quality, worst
 from gpuwatt.analytics.summary import AnalysisSummary
 from gpuwatt.gpu_specs import lookup
+from gpuwatt.precision import settled
 
 COLUMNS: tuple[str, ...] = (
     "model",
@@ -128,10 +129,12 @@ def most_work_per_watt(table: pd.DataFrame) -> str:
         else ("tflops_per_w", f"TFLOPS/W ({ranked['tflops_quality'].iloc[0]})")
     )
     best = ranked.iloc[0]
-    others = ", ".join(f"{r.model} {getattr(r, col):.3g}" for r in ranked.iloc[1:].itertuples())
+    others = ", ".join(
+        f"{r.model} {settled(getattr(r, col)):.3g}" for r in ranked.iloc[1:].itertuples()
+    )
     return (
         f"{best['model']} does the most work per watt on this cluster's jobs: "
-        f"{best[col]:.3g} {what} (then {others})"
+        f"{settled(best[col]):.3g} {what} (then {others})"
     )
 
 

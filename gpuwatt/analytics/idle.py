@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from gpuwatt.precision import settled
+
 IDLE_CLASSES: tuple[str, ...] = ("free", "allocated_idle", "held_no_job")
 
 #: memory below this is the driver's own context, not a process's data
@@ -35,7 +37,11 @@ def explain_idle(
     memory_used_bytes: float | None,
     processes: float | None,
 ) -> str:
-    """One line: what the GPU is doing (nothing), what it holds, and what to do."""
+    """One line: what the GPU is doing (nothing), what it holds, and what to do (its figures
+    settled first: ``gpuwatt.precision``)."""
+    minutes, util_pct = settled(minutes), settled(util_pct)
+    memory_used_bytes = None if memory_used_bytes is None else settled(memory_used_bytes)
+    processes = None if processes is None else settled(processes)
     held = []
     if memory_used_bytes is not None and memory_used_bytes > 0:
         held.append(f"holds {memory_used_bytes / 2**30:.1f} GiB")

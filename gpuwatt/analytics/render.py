@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from gpuwatt.analytics.findings import findings
+from gpuwatt.precision import fixed, settled
 
 if TYPE_CHECKING:
     from gpuwatt.analytics.summary import AnalysisSummary
@@ -23,7 +24,7 @@ def _ts(ns: int) -> str:
 
 
 def _f(x: float | None, fmt: str = ".1f") -> str:
-    return "n/a" if x is None or not math.isfinite(x) else format(x, fmt)
+    return "n/a" if x is None or not math.isfinite(x) else format(settled(x), fmt)
 
 
 def render_text(summary: AnalysisSummary, *, max_rows: int = 10) -> str:
@@ -50,7 +51,7 @@ def render_text(summary: AnalysisSummary, *, max_rows: int = 10) -> str:
         cause = st.cause + (" (inferred)" if st.cause_inferred else "")
         add(
             f"  [{st.severity:8s}] {state} {st.host} GPU {st.gpu_index}{job}: {cause}, "
-            f"score {st.score:.2f}, since {_ts(st.onset_ns)}"
+            f"score {fixed(st.score, 2)}, since {_ts(st.onset_ns)}"
         )
         add(f"      {st.explanation}")
 

@@ -38,6 +38,7 @@ import pandas as pd
 from gpuwatt.analytics.quality import Figure, Quality, not_available
 from gpuwatt.analytics.windows import window_starts
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, lookup
+from gpuwatt.precision import fixed
 
 #: Columns of ``AnalysisSummary.job_work_windows``.
 WINDOW_COLUMNS: tuple[str, ...] = (
@@ -86,16 +87,18 @@ class JobWork:
         if r.value is None:
             return f"job {self.job_id}: {self.steps} steps reported, no FLOPs ({r.reason})"
         mfu = (
-            f"MFU {self.mfu_pct.value:.1f} %"
+            f"MFU {fixed(self.mfu_pct.value, 1)} %"
             if self.mfu_pct.value is not None
             else f"MFU n/a: {self.mfu_pct.reason}"
         )
         c = self.counter_tflops
         if c.value is not None and self.counter_ratio is not None:
-            counters = f"counters estimate {c.value:.0f} TFLOPS (x{self.counter_ratio:.2f})"
+            counters = (
+                f"counters estimate {fixed(c.value)} TFLOPS (x{fixed(self.counter_ratio, 2)})"
+            )
         else:
             counters = f"counters estimate n/a ({c.reason})"
-        return f"job {self.job_id}: {r.value:.0f} TFLOPS reported ({mfu}), {counters}"
+        return f"job {self.job_id}: {fixed(r.value)} TFLOPS reported ({mfu}), {counters}"
 
 
 def _gpu_keys(gw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -229,8 +232,8 @@ def _summarise(job: str, w: pd.DataFrame, steps: int, precision: str) -> JobWork
         if mfu_value > 100.0:
             mfu = not_available(
                 "%",
-                f"{mfu_value:.0f} % of the peak of the {int(w['gpus'].max())} GPUs known for the "
-                f"job ({source}) is impossible: check that model_flops_per_step is the whole "
+                f"{fixed(mfu_value)} % of the peak of the {int(w['gpus'].max())} GPUs known for "
+                f"the job ({source}) is impossible: check that model_flops_per_step is the whole "
                 "job's, and report from every rank or let the collector attribute jobs",
             )
     elif reported.value is None:

@@ -48,6 +48,7 @@ import pandas as pd
 
 from gpuwatt.analytics.reasons import FAULT_FRACTIONS, LABELS
 from gpuwatt.analytics.straggler_scores import StragglerConfig, score_windows
+from gpuwatt.precision import settled
 
 __all__ = [
     "ACTIONS",
@@ -215,6 +216,7 @@ def explain(
 
     ``peers`` says which GPUs it was compared with; ``duty`` (anomalous windows, windows spanned,
     share of the time the fault was on) marks an intermittent fault."""
+    ev = {k: settled(v) if isinstance(v, float) else v for k, v in ev.items()}  # precision
     parts = [
         f"GPU {idx} on {host} runs at {ev['sm_clock_mhz']:.0f} MHz against a peer median of "
         f"{ev['peer_median_sm_clock_mhz']:.0f} MHz ({ev['clock_delta_pct']:+.0f} %)"
