@@ -179,15 +179,9 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     ) -> list[np.ndarray]:
         return [fn(span) for span in reversed(spans)][::-1]  # asked in another order
 
-    # the rest of the look-around read by its own reader, its reads sent at once; and with the
-    # sides the last read needed read early, whichever they were (a hint): the same, the hint
-    # then names the sides this read needed, and each side is read once
-    near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
-    needed = (any(b <= near_lo for _, b in spans[1:]), any(a >= near_hi for a, _ in spans[1:]))
-    for guess in [None, *itertools.product((False, True), repeat=2)]:
-        hint = None if guess is None else rollup_rule.LookAroundHint(*guess)
+    def read_split(hint: rollup_rule.LookAroundHint | None) -> np.ndarray:
         outside.clear()
-        split = rollup_rule.read_around(
+        return rollup_rule.read_around(
             lambda a, b: np.flatnonzero((t >= a) & (t < b)),
             lambda i: (t[i], gid[i]),
             np.concatenate,
@@ -197,6 +191,15 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
             map_reads=at_once,
             hint=hint,
         )
+
+    # the rest of the look-around read by its own reader, its reads sent at once; and with the
+    # sides the last read needed read early, whichever they were (a hint): the same, the hint
+    # then names the sides this read needed, and each side is read once
+    near_lo, near_hi = lo_ns - rollup_rule.NEAR_MARGIN_NS, hi_ns + rollup_rule.NEAR_MARGIN_NS
+    needed = (any(b <= near_lo for _, b in spans[1:]), any(a >= near_hi for a, _ in spans[1:]))
+    for guess in [None, *itertools.product((False, True), repeat=2)]:
+        hint = None if guess is None else rollup_rule.LookAroundHint(*guess)
+        split = read_split(hint)
         assert sorted(split.tolist()) == sorted(narrow.tolist())
         assert all(b <= near_lo or a >= near_hi for a, b in outside)
         if guess is None:
@@ -211,17 +214,7 @@ def test_a_roller_reading_around_its_bucket_gives_the_slots_of_a_whole_read(
     # rest of the look-behind read where that was not enough, no sample read twice
     for reach_s in (0, 9, 31, 95, 240):
         hint = rollup_rule.LookAroundHint(True, False, reach_s * S)
-        outside.clear()
-        split = rollup_rule.read_around(
-            lambda a, b: np.flatnonzero((t >= a) & (t < b)),
-            lambda i: (t[i], gid[i]),
-            np.concatenate,
-            lo_ns,
-            hi_ns,
-            read_outside=read_outside,
-            map_reads=at_once,
-            hint=hint,
-        )
+        split = read_split(hint)
         assert len(split) == len(set(split.tolist()))
         cols = rollup_rule.samples_as_level(
             t[split], gid[split], lost[split], {}, start_ns=lo_ns, end_ns=hi_ns
