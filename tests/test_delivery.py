@@ -214,8 +214,20 @@ def test_a_refused_token_for_a_minute_loses_nothing(victoria_metrics, tmp_path: 
     taken = int(re.search(r"(\d+) GPU samples taken", text).group(1))  # type: ignore[union-attr]
     assert re.search(rf"{taken} GPU samples taken, {taken} delivered, 0 kept", text), text[-2000:]
     assert "0 set aside as refused by the store, 0 dropped" in text
-    rows = victoria_metrics.export('{__name__="nvidia_smi_gpu_lost"}')
-    assert sum(len(r["values"]) for r in rows) == taken  # each sample exactly once
+    # an influxdb:// URL for VictoriaMetrics: rollups off, said once, no traceback
+    assert "Traceback" not in text and "engine rollups off" in text, text[-3000:]
+    # each sample exactly once. (Once in a full CI run, on a loaded machine, the export right
+    # after the collector stopped held one round fewer: a round VictoriaMetrics had answered
+    # for but not yet made visible, or a lost one. Asked again for a few seconds, the first
+    # is seen and the second still fails.)
+    deadline = time.monotonic() + 15
+    while True:
+        rows = victoria_metrics.export('{__name__="nvidia_smi_gpu_lost"}')
+        stored = sum(len(r["values"]) for r in rows)
+        if stored >= taken or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert stored == taken
     assert taken >= REFUSED_S * 32  # 32 GPUs sampled every second all along
 
 

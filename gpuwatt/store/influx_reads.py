@@ -32,6 +32,7 @@ from gpuwatt.schema import (
 )
 from gpuwatt.store import LAST_VALUE_ATTRS, StoreRejected, checked_fields
 from gpuwatt.store.base import KEY_COLUMNS, XID_ATTR, XID_COLUMNS, SeriesRead
+from gpuwatt.store.engine_rollups import RollupsUnsupported
 from gpuwatt.telegraf import (
     MEASUREMENT_MIG,
     MEASUREMENT_PROCESS,
@@ -113,11 +114,18 @@ def oldest_raw_ns(store: InfluxStore) -> int | None:
         if cached is not None and now - cached[0] < OLDEST_RAW_TTL_S:
             return cached[1]
         times = [
-            int(row[0])
+            row[0]
             for field in (FIELD_LOST, "utilization_gpu")  # every gpuwatt / Telegraf point has one
             for s in store.query(f"SELECT first({ident(field)}) FROM {ident(MEASUREMENT)}")
             for row in s.get("values") or []
         ]
+        if not all(type(t) is int for t in times):
+            # VictoriaMetrics takes InfluxDB's writes but answers every InfluxQL query with its
+            # database list ("_internal"): an influxdb:// URL given for it
+            raise RollupsUnsupported(
+                f"the engine answered InfluxQL with {times[:1]!r}, not a time: it is not "
+                "InfluxDB (VictoriaMetrics? give its URL as victoriametrics://)"
+            )
         oldest = min(times) if times else None
         if oldest is not None:  # an empty store is asked again at once: samples may arrive
             store._oldest_raw = (now, oldest)
