@@ -200,9 +200,10 @@ SETTLE_WINDOW_S = 5.0
 def settle(pid: int, most_s: float = 600.0) -> tuple[float, float]:
     """Wait until the engine's background work after the load (VictoriaMetrics merges its
     parts, InfluxDB compacts its shards) is done: (seconds waited, its last share of a core in
-    %). A fixed 5 s was not enough: VictoriaMetrics merged for minutes after 8.8 M samples,
-    and the timings then ran on a busy 2-core machine (the embedded store's cold 6 h pages at
-    555-704 ms against 400-426 ms on the machine at rest)."""
+    %), instead of a fixed 5 s, so that no timing runs beside an engine still compacting. (Added
+    when the bench's cold timings ran above those of a plain process, the embedded store's 6 h
+    pages 541-704 ms against ~400-426 ms; it was not the cause: at 1,024 GPUs x 24 h both
+    VictoriaMetrics and InfluxDB were idle within 5 s of the load.)"""
     t0 = time.monotonic()
     while True:
         before = process_cpu_s(pid)
