@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Container, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gpuwatt.errors import ConfigError, GpuwattError
 from gpuwatt.schema import COUNTER_ATTRS, FIELDS, Kind
 from gpuwatt.store.base import KEY_COLUMNS, Store
+
+if TYPE_CHECKING:
+    from gpuwatt.store.influx import InfluxStore
+    from gpuwatt.store.promql import PromStore
 
 __all__ = [
     "KEY_COLUMNS",
@@ -93,28 +98,30 @@ def open_store(
 
         private_file(target.path)  # samples name hosts, jobs and processes: the owner's alone
         return SqliteStore(target.path)
+    store: InfluxStore | PromStore
     if isinstance(target, PromTarget):
-        return _open_prom(target)
-    assert isinstance(target, InfluxTarget)
-    from gpuwatt.store.influx import InfluxStore
+        store = _open_prom(target)
+    else:
+        from gpuwatt.store.influx import InfluxStore
 
-    s = target.settings
-    store = InfluxStore(
-        s.url,
-        s.org,
-        s.bucket,
-        s.token,
-        timeout_s=target.timeout_s,
-        api=target.api,
-        token_file=s.token_file,
-        use_rollups=target.rollups,
-    )
-    if target.cache_bytes is not None:
+        assert isinstance(target, InfluxTarget)
+        s = target.settings
+        store = InfluxStore(
+            s.url,
+            s.org,
+            s.bucket,
+            s.token,
+            timeout_s=target.timeout_s,
+            api=target.api,
+            token_file=s.token_file,
+            use_rollups=target.rollups,
+        )
+    if target.cache_bytes is not None:  # an engine's reader: the rollup points it keeps
         store.rollup_cache_bytes = target.cache_bytes
     return store
 
 
-def _open_prom(target: object) -> Store:
+def _open_prom(target: object) -> PromStore:
     from gpuwatt.store.promql import DIALECTS, PromStore
     from gpuwatt.store.url import PromTarget
 
@@ -126,7 +133,7 @@ def _open_prom(target: object) -> Store:
         from gpuwatt.store.influx import InfluxStore
 
         writer = InfluxStore(target.url, "gpuwatt", "gpuwatt", None)
-    store = PromStore(
+    return PromStore(
         target.url,
         DIALECTS[target.source],
         engine=target.engine,
@@ -135,9 +142,6 @@ def _open_prom(target: object) -> Store:
         writer=writer,
         use_rollups=target.rollups,
     )
-    if target.cache_bytes is not None:
-        store.rollup_cache_bytes = target.cache_bytes
-    return store
 
 
 def default_store_url(environ: Mapping[str, str] | None = None) -> str:
