@@ -6,12 +6,11 @@ installs both, so in CI they always run). Servers are always terminated at the e
 - ``influxdb1``: a running Debian ``influxd`` 1.6.7 (``servers.InfluxDB1Server``).
 - ``influx_db``: a fresh, empty database on it for one test: ``(server, db_name)``;
   load points with ``server.write_samples(db_name, samples)`` (its /write endpoint).
-- ``victoria_metrics``: the session's ``servers.VictoriaMetricsServer``, running and emptied
-  (every series deleted) for this test. Outage tests may ``vm.stop()`` (SIGTERM) or ``vm.kill()``
-  (SIGKILL) it and ``vm.start()`` it again: same port and data directory, so its ``vm.url`` stays
-  valid and what was flushed before the stop is still there. The fixture starts it again after a
-  test that left it stopped. Read back with ``vm.export()`` (force-flushes first) or
-  ``vm.force_flush()``.
+- ``victoria_metrics``: the session's ``servers.VictoriaMetricsServer``, started again on an
+  empty data directory for this test (``vm.wipe()``). Outage tests may ``vm.stop()`` (SIGTERM)
+  or ``vm.kill()`` (SIGKILL) it and ``vm.start()`` it again: same port and data directory, so its
+  ``vm.url`` stays valid and what was flushed before the stop is still there. Read back with
+  ``vm.export()`` (force-flushes first) or ``vm.force_flush()``.
 - ``make_sample``: builds a full ``GpuSample`` (every metric set, values exact in every backend).
 """
 
@@ -79,14 +78,9 @@ def victoria_metrics_server() -> Iterator[VictoriaMetricsServer]:
 @pytest.fixture
 def victoria_metrics(
     victoria_metrics_server: VictoriaMetricsServer,
-) -> Iterator[VictoriaMetricsServer]:
-    server = victoria_metrics_server
-    server.start()  # no-op when running
-    server.delete_all()
-    try:
-        yield server
-    finally:
-        server.start()  # a test that stopped it leaves it running for the next
+) -> VictoriaMetricsServer:
+    victoria_metrics_server.wipe()
+    return victoria_metrics_server
 
 
 def _make_sample(

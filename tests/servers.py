@@ -246,10 +246,11 @@ class VictoriaMetricsServer(_Server):
             raise RuntimeError(f"export {status}: {body[:200]!r}")
         return [json.loads(line) for line in body.splitlines() if line.strip()]
 
-    def delete_all(self) -> None:
-        """Delete every series (isolates tests sharing one server)."""
-        query = urllib.parse.urlencode({"match[]": '{__name__=~".+"}'})
-        status, body = http("POST", f"{self.url}/api/v1/admin/tsdb/delete_series?{query}")
-        if status not in (200, 204):
-            raise RuntimeError(f"delete_series {status}: {body[:200]!r}")
-        http("GET", f"{self.url}/internal/resetRollupResultCache")
+    def wipe(self) -> None:
+        """Start again on an empty data directory, same port (isolates tests sharing one
+        server; ~0.1 s). Not ``delete_series``: Debian's 1.79 re-ingesting series it deleted
+        sometimes kept a series' first write from reads (a CI run read a 5-minute rollup built
+        without its first minute), and the API is meant for one-off removals."""
+        self.kill()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()

@@ -110,7 +110,7 @@ def engine_of(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
     def drop_vm(t_ns: int) -> None:
         """Keep the rollups and the raw samples from ``t_ns`` on (VictoriaMetrics deletes
-        whole series only: export, delete, import what is kept)."""
+        whole series only: export, start empty, import what is kept)."""
         kept = []
         for s in vm.export():
             if not s["metric"]["__name__"].startswith("gpuwatt_rollup"):
@@ -120,7 +120,7 @@ def engine_of(request: pytest.FixtureRequest) -> Iterator[Engine]:
                     continue
                 s = {**s, "timestamps": [t for t, _ in pairs], "values": [v for _, v in pairs]}
             kept.append(json.dumps(s))
-        vm.delete_all()
+        vm.wipe()
         status, body = http("POST", f"{vm.url}/api/v1/import", data="\n".join(kept).encode())
         assert status == 204, body
         vm.force_flush()
