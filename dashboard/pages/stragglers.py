@@ -33,24 +33,30 @@ def layout(**query: str) -> Any:
     return page_frame(PAGE, NAME, query)
 
 
-def peer_bands(
-    sw: pd.DataFrame, s: Straggler, metric: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Windows, the GPU's own values, and its peers' median, p10 and p90 per window."""
+Band = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def peer_bands(sw: pd.DataFrame, s: Straggler, metrics: list[str]) -> dict[str, Band]:
+    """Per metric: the windows, the GPU's own values, and its peers' median, p10 and p90 per
+    window. The peer group is selected and grouped once for all the metrics (one at a time,
+    the 4 plots of a straggler cost ~80 ms of a cold 6 h page at 1,024 GPUs)."""
     group = sw.loc[sw["peer_group"] == s.peer_group]
-    own = group.loc[group["uuid"] == s.uuid].set_index("window_start_ns")[metric]
-    peers = group.loc[group["uuid"] != s.uuid].groupby("window_start_ns")[metric]
-    stats = pd.DataFrame(
-        {"median": peers.median(), "p10": peers.quantile(0.1), "p90": peers.quantile(0.9)}
-    )
-    stats = stats.join(own.rename("own"), how="outer").sort_index()
-    return (
-        stats.index.to_numpy(),
-        stats["own"].to_numpy(dtype=float),
-        stats["median"].to_numpy(dtype=float),
-        stats["p10"].to_numpy(dtype=float),
-        stats["p90"].to_numpy(dtype=float),
-    )
+    mine = (group["uuid"] == s.uuid).to_numpy()
+    own = group.loc[mine].set_index("window_start_ns")[metrics]
+    peers = group.loc[~mine].groupby("window_start_ns")[metrics]
+    median, p10, p90 = peers.median(), peers.quantile(0.1), peers.quantile(0.9)
+    out: dict[str, Band] = {}
+    for metric in metrics:
+        stats = pd.DataFrame({"median": median[metric], "p10": p10[metric], "p90": p90[metric]})
+        stats = stats.join(own[metric].rename("own"), how="outer").sort_index()
+        out[metric] = (
+            stats.index.to_numpy(),
+            stats["own"].to_numpy(dtype=float),
+            stats["median"].to_numpy(dtype=float),
+            stats["p10"].to_numpy(dtype=float),
+            stats["p90"].to_numpy(dtype=float),
+        )
+    return out
 
 
 def evidence_table(s: Straggler) -> Any:
@@ -96,10 +102,8 @@ def straggler_block(s: Straggler, ctx: PageContext, plot: bool) -> Any:
     if plot:
         sw = ctx.win.straggler_windows(s)
         figs = []
-        for metric in SIGNALS:
-            if metric not in sw.columns:
-                continue
-            x, own, med, lo, hi = peer_bands(sw, s, metric)
+        bands = peer_bands(sw, s, [m for m in SIGNALS if m in sw.columns])
+        for metric, (x, own, med, lo, hi) in bands.items():
             name, unit = LABELS[metric]
             band = band_figure(
                 x,
