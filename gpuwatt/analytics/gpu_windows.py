@@ -189,9 +189,13 @@ def _windows_in_range(rows: pd.DataFrame, in_range: np.ndarray) -> np.ndarray | 
 
 
 def _dense(rows: pd.DataFrame) -> pd.DataFrame:
-    """Renumber ``gpu_code`` densely after rows were dropped."""
-    _, codes = np.unique(rows["gpu_code"].to_numpy(dtype=np.int64), return_inverse=True)
-    rows["gpu_code"] = codes.astype(np.int64)
+    """Renumber ``gpu_code`` densely after rows were dropped (as ``np.unique``'s inverse
+    numbers them; the codes are small integers: a count, not a sort)."""
+    codes = rows["gpu_code"].to_numpy(dtype=np.int64)
+    if not len(codes):
+        return rows
+    present = np.bincount(codes) > 0
+    rows["gpu_code"] = (np.cumsum(present) - 1)[codes]
     return rows
 
 

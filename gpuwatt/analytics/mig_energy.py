@@ -84,6 +84,11 @@ def add_mig_columns(per_gpu: pd.DataFrame, gw: pd.DataFrame) -> pd.DataFrame:
     """Per GPU (indexed by ``gpu_code``): ``mig``, ``gpu_share`` and, for a GPU split into MIG
     devices, ``unattributed_energy_j`` (its energy less its devices' estimates; NaN for other
     rows). A MIG device's energy quality becomes ``model_estimate`` where it has an estimate."""
+    if not gw["mig"].any() and (gw["gpu_share"] == 1.0).all():  # no MIG device: no grouping
+        per_gpu["mig"] = np.zeros(len(per_gpu), dtype=bool)
+        per_gpu["gpu_share"] = np.ones(len(per_gpu))
+        per_gpu["unattributed_energy_j"] = np.full(len(per_gpu), np.nan)
+        return per_gpu
     g = gw.groupby("gpu_code", sort=True)
     per_gpu["mig"] = g["mig"].any().reindex(per_gpu.index).fillna(False).to_numpy(dtype=bool)
     per_gpu["gpu_share"] = g["gpu_share"].first().reindex(per_gpu.index).to_numpy(dtype=float)
