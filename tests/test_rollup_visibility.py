@@ -36,9 +36,13 @@ class DelayedEngine:
     """A ``RollupSource`` over one GPU's samples every 10 s, whose rollup writes are readable
     once ``visible_after`` reads have been answered since (a clock that only reads move)."""
 
-    def __init__(self, samples_end_ns: int, visible_after: int) -> None:
+    def __init__(
+        self, samples_end_ns: int, visible_after: int, first_visible_after: int | None = None
+    ) -> None:
         self.t = np.arange(T0, samples_end_ns, 10 * S, dtype=np.int64)
         self.visible_after = visible_after
+        #: the first write (a new series' first points) readable later than the rest
+        self.first_visible_after = first_visible_after
         self.reads = 0
         self.points: dict[int, list[tuple[int, dict[str, np.ndarray]]]] = {
             level: [] for level in LEVELS
@@ -82,7 +86,10 @@ class DelayedEngine:
 
     def write_lines(self, lines: Sequence[Any]) -> None:
         for level_ns, cols in lines:
-            self.points[level_ns].append((self.reads + self.visible_after, cols))
+            after = self.visible_after
+            if self.first_visible_after is not None and not any(self.points.values()):
+                after = self.first_visible_after
+            self.points[level_ns].append((self.reads + after, cols))
 
     def hour_n(self, hour_ns: int, level_ns: int = HOUR_NS) -> int:
         """Samples the newest point of the ``level_ns`` bucket at ``hour_ns`` counts."""
@@ -100,6 +107,13 @@ def test_a_backfill_rolls_each_hour_from_all_its_minutes_on_an_engine_slow_to_sh
     assert engine_rollups.roll_range(engine, T0, T0 + HOUR_NS, attrs=("power_w",)) > 0
     assert engine.hour_n(T0) == 360  # every 10-s sample of the hour, the last minute's too
     assert engine.fives_n(T0) == [30] * 12
+
+
+def test_a_backfill_waits_for_its_first_minute_shown_later_than_the_newest() -> None:
+    engine = DelayedEngine(T0 + HOUR_NS, visible_after=2, first_visible_after=20)
+    assert engine_rollups.roll_range(engine, T0, T0 + HOUR_NS, attrs=("power_w",)) > 0
+    assert engine.fives_n(T0) == [30] * 12  # the first 5 minutes with their first minute
+    assert engine.hour_n(T0) == 360
 
 
 def test_the_collector_rolls_an_hour_only_once_its_last_minute_has_settled(

@@ -321,12 +321,15 @@ def roll_range(
     """Roll every minute, then every 5-minute bucket and hour, that ``[start_ns, end_ns)`` covers
     (a backfill of data written before rollups were kept, or loaded in bulk); the number of
     points written."""
-    written, newest_minute = 0, None
+    written, rolled_minutes = 0, []
     for bucket in range(_floor(start_ns, MINUTE_NS), end_ns, MINUTE_NS):
         if rolled := roll(source, MINUTE_NS, bucket, hosts, attrs):
-            written, newest_minute = written + rolled, bucket
-    if newest_minute is not None:
-        await_visible(source, MINUTE_NS, newest_minute, hosts)
+            written += rolled
+            rolled_minutes.append(bucket)
+    # the newest minute, and the oldest: the first points of new series (a CI run on
+    # VictoriaMetrics built a 5-minute bucket without its first minute, the later ones shown)
+    for minute in dict.fromkeys(rolled_minutes[-1:] + rolled_minutes[:1]):
+        await_visible(source, MINUTE_NS, minute, hosts)
     for level in COARSE_LEVELS:
         for bucket in range(_floor(start_ns, level), end_ns, level):
             written += roll(source, level, bucket, hosts, attrs)
