@@ -248,9 +248,10 @@ class VictoriaMetricsServer(_Server):
 
     def wipe(self) -> None:
         """Start again on an empty data directory, same port (isolates tests sharing one
-        server; ~0.1 s). Not ``delete_series``: Debian's 1.79 re-ingesting series it deleted
-        sometimes kept a series' first write from reads (a CI run read a 5-minute rollup built
-        without its first minute), and the API is meant for one-off removals."""
+        server; ~0.1 s). Not ``delete_series``, which VictoriaMetrics means for one-off removals:
+        after many tests had deleted and written the same series again, a CI run read a
+        5-minute rollup built without its first minute (the cause not found; an empty
+        directory rules the deletions out)."""
         self.kill()
         shutil.rmtree(self.data_dir, ignore_errors=True)
         self.start()
