@@ -5,6 +5,7 @@ late data, spool replays and a collector restarted mid-minute (``collector.rollu
 
 from __future__ import annotations
 
+import itertools
 import json
 import stat
 import threading
@@ -631,3 +632,42 @@ def test_a_range_on_days_before_the_data_sends_no_raw_read(
         assert not rollups.raw_in(T0 - 3 * day, T0 - 2 * day)
         assert not rollups.raw_in(T0 - 3 * day, T0 - 2 * day)
         assert asked == [T0 - 3 * day] * 2
+
+
+def test_raw_samples_before_the_oldest_rolled_minute_are_read_and_none_only_by_their_times(
+    engine: Engine, make_sample: Callable[..., GpuSample], tmp_path: Path
+) -> None:
+    """Raw samples older than the oldest rolled minute (written before the engine kept
+    rollups) are read and served as the embedded store serves them. Where there are none (the
+    context of a young database's view, which ends where its data starts) only their times are
+    asked for, not every metric of each GPU's first samples just after."""
+    batch = samples(make_sample, T0, T0 + 20 * MINUTE_NS)
+    older = [s for s in samples(make_sample, T0 - 20 * MINUTE_NS, T0) if s.host == "node1"]
+    write(engine, older + batch)
+    ref = embedded(tmp_path, older + batch)
+    assert engine_rollups.roll_range(engine.source, T0, T0 + 20 * MINUTE_NS)  # not before T0
+    engine.flush()
+    rollups = engine.store.rollups
+    sent: list[tuple[int, int, tuple[str, ...]]] = []
+    real = rollups.raw_level
+
+    def spy(start_ns: int, end_ns: int, scope: Scope) -> Any:
+        sent.append((start_ns, end_ns, scope.attrs))
+        return real(start_ns, end_ns, scope)
+
+    rollups.raw_level = spy
+    lo, hi = T0 - 30 * MINUTE_NS, T0 + 20 * MINUTE_NS
+    try:
+        for hosts, step in itertools.product((None, ["node-2 b"]), (60, 300, 3600)):
+            sent.clear()
+            got = engine.store.series(lo, hi, ATTRS, step_s=step, hosts=hosts)
+            want = ref.series(lo, hi, ATTRS, step_s=step, hosts=hosts)
+            assert (want["time_ns"] < T0).any() == (hosts is None)
+            pd.testing.assert_frame_equal(got, want, rtol=1e-9, obj=f"{hosts} {step}")
+            with_metrics = [(a, b) for a, b, attrs in sent if attrs]
+            assert with_metrics  # the newest minute
+            # node-2 b has no sample before T0: its context is asked for by its times alone
+            assert any(a < T0 for a, _ in with_metrics) == (hosts is None), sent
+    finally:
+        del rollups.raw_level
+    ref.close()
