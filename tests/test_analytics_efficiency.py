@@ -78,3 +78,16 @@ def test_mixed_cluster_divides_by_the_power_of_gpus_with_an_estimate() -> None:
     fig = s.cluster["tflops_per_w"]
     assert fig.value == pytest.approx(0.5 * 989.4 / 500.0)
     assert "1 of 2 GPUs" in fig.reason
+
+
+def test_a_gpu_without_a_model_name_is_analysed_with_the_reason_its_tflops_are_absent() -> None:
+    frame = cluster_frame(duration_s=300, step_s=10)
+    gpu = (frame["host"] == frame["host"].iloc[0]) & (frame["gpu_index"] == 0)
+    frame["name"] = frame["name"].astype(object).where(~gpu, None)
+    s = analyze(frame, now_ns=T0_NS + 300 * NS, window_s=60.0)
+    by_gpu = s.energy_by_gpu.set_index(["host", "gpu_index"])
+    nameless = by_gpu.loc[(frame["host"].iloc[0], 0)]
+    assert nameless["tflops_reason"] == "no GPU model name in the data: no peak throughput known"
+    assert nameless["energy_kwh"] > 0  # its energy counted, within the fallback power ceiling
+    others = by_gpu.drop(index=(frame["host"].iloc[0], 0))
+    assert (others["tflops_quality"] == "gpm_estimate").all() and len(others) == s.gpus - 1

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_analytics_support import A100, H100, NS, T0_NS, cluster_frame
 
 from gpuwatt.analytics.gpu_windows import _windows_in_range, gpu_windows
-from gpuwatt.analytics.windows import label_codes, per_gpu_window, prepare
+from gpuwatt.analytics.windows import label_codes, model_codes, per_gpu_window, prepare
 
 
 def _windows(start_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -22,7 +24,7 @@ def _windows(start_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     )  # fmt: skip
     assert not isinstance(w, str)
     sums, means = ("energy_delta_j", "seen_s"), ("tflops", "tflops_gpm")
-    anew = per_gpu_window(w.rows, sums=sums, means=means)
+    anew = per_gpu_window(w.rows(), sums=sums, means=means)
     return w.gw, anew
 
 
@@ -60,3 +62,28 @@ def test_label_codes_per_gpu_are_those_of_factorizing_every_row() -> None:
     want_codes, want_labels = pd.factorize(rows["name"], sort=True)
     assert list(labels) == list(want_labels) and np.array_equal(codes, want_codes)
     assert codes[5] == -1
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from([A100, H100, "", None, np.nan, 7])),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_model_codes_name_each_row_as_factorizing_every_rows_name_as_text(
+    rows_of: list[tuple[int, object]],
+) -> None:
+    """``model_codes`` (one name per GPU where each GPU has one) gives every row the model
+    name that ``pd.factorize(rows["name"].astype(str))`` gives it, and none where that does."""
+    rows = pd.DataFrame(
+        {
+            "gpu_code": [g for g, _ in rows_of],
+            "name": pd.Series([n for _, n in rows_of], dtype=object),
+        }
+    )
+    codes, names = model_codes(rows)
+    want_codes, want_names = pd.factorize(rows["name"].astype(str).to_numpy())
+    named = [names[c] if c >= 0 else None for c in codes]
+    assert named == [want_names[c] if c >= 0 else None for c in want_codes]
+    assert sorted(names) == sorted(want_names)  # each name once

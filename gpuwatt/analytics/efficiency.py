@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics.quality import Quality
+from gpuwatt.analytics.windows import model_codes
 from gpuwatt.gpu_specs import TENSOR_PRECISIONS, GpuSpec, lookup
 
 SRC_NONE = 0
@@ -39,6 +40,8 @@ def _peaks(spec: GpuSpec, precision: str) -> tuple[float, ...]:
 
 
 def absent_reason(name: str, spec: GpuSpec | None) -> str:
+    if not name:
+        return "no GPU model name in the data: no peak throughput known"
     if spec is None:
         return f"unknown GPU model {name!r}: no peak throughput in the GPU table"
     if not spec.has_gpm:
@@ -76,10 +79,10 @@ def add_row_tflops(rows: pd.DataFrame, *, tensor_precision: str = "bf16") -> pd.
     tflops = np.full(n, np.nan)
     src = np.full(n, SRC_NONE, dtype=np.int8)
     # one model per code: comparing every row's name string per model cost ~5 ms at 1,024 GPUs
-    model_codes, models = pd.factorize(rows["name"].astype(str).to_numpy())  # no name: -1
-    one_model = len(models) == 1 and bool((model_codes == 0).all())
+    codes_of_models, models = model_codes(rows)
+    one_model = len(models) == 1 and bool((codes_of_models == 0).all())  # no name: -1
     for k, name in enumerate(models):
-        idx = np.arange(n) if one_model else np.flatnonzero(model_codes == k)
+        idx = np.arange(n) if one_model else np.flatnonzero(codes_of_models == k)
         spec = lookup(name)
         vals = np.full(len(idx), np.nan)
         codes = np.full(len(idx), SRC_NONE, dtype=np.int8)
@@ -117,7 +120,7 @@ def gpu_tflops_quality(rows: pd.DataFrame) -> pd.DataFrame:
     ub = np.bincount(codes, weights=src == SRC_UPPER_BOUND, minlength=n) > 0
     last = np.zeros(n, dtype=np.int64)
     np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
-    names = rows["name"].astype(str).to_numpy()[last]
+    names = [n if isinstance(n, str) else "" for n in rows["name"].to_numpy(dtype=object)[last]]
     quality, reason = [], []
     for name, g, u in zip(names, gpm, ub, strict=True):
         if g:

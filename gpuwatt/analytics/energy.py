@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpuwatt.analytics.quality import Figure, Quality, not_available
+from gpuwatt.analytics.windows import model_codes
 
 J_PER_KWH = 3.6e6
 
@@ -170,8 +171,8 @@ def _max_power_w(rows: pd.DataFrame) -> np.ndarray:
     if "name" not in rows.columns:
         return np.full(len(rows), FALLBACK_MAX_POWER_W)
     # per distinct name, spread by code: ``Series.map`` of the strings was ~10 ms at 1,000 GPUs
-    codes, names = pd.factorize(rows["name"].astype(str), use_na_sentinel=False)
-    tdp = np.full(len(names), FALLBACK_MAX_POWER_W)
+    codes, names = model_codes(rows)
+    tdp = np.full(len(names) + 1, FALLBACK_MAX_POWER_W)  # the last: rows without a name (-1)
     for k, name in enumerate(names):
         spec = lookup(name)
         if spec is not None:

@@ -100,6 +100,10 @@ class AnalysisSummary:
         return sel.set_index("window_start_ns")[index or self.default_imbalance_index]
 
 
+#: The columns of the samples analysed that ``analyze`` reads (``GpuWindows.rows``).
+ROW_COLUMNS = ("time_ns", "gpu_code", "name", "energy_src", "energy_conflict", "tflops_src")
+
+
 def _empty(now_ns: int, window_s: float, tariff: Tariff, note: str) -> AnalysisSummary:
     na = not_available("", "no samples in the window")
     e = pd.DataFrame()
@@ -156,7 +160,7 @@ def analyze(
     )
     if isinstance(w, str):
         return _empty(now_ns, window_s, tariff, w)
-    rows, gw = w.rows, w.gw
+    rows, gw = w.rows(ROW_COLUMNS), w.gw
 
     balance = balance_over_time(gw)
     idle = idle_gpus(gw, min_windows=idle_windows, window_ns=window_ns)
