@@ -180,16 +180,39 @@ def gpu_windows(
             gw = _dense(full.loc[in_full].reset_index(drop=True))
     # straggler seconds: the seen time of the rows in a window where the GPU was flagged; the
     # GPUs matched by ``scored``'s codes where ``gw``'s rows have them (integers, not strings)
-    gpu = "gpu" if scored_codes is None else "gpu_code"
-    fl = scored.loc[scored["flagged"].to_numpy(dtype=bool), ["window_start_ns", gpu]]
-    flagged = pd.MultiIndex.from_frame(fl)
-    gw_gpus = gw["gpu"] if scored_codes is None else scored_codes
-    key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw_gpus])
-    gw["straggler_s"] = np.where(key.isin(flagged), gw["seen_s"], 0.0)
+    flagged = scored["flagged"].to_numpy(dtype=bool)
+    if scored_codes is None:
+        fl = scored.loc[flagged, ["window_start_ns", "gpu"]]
+        key = pd.MultiIndex.from_arrays([gw["window_start_ns"], gw["gpu"]])
+        was_flagged = key.isin(pd.MultiIndex.from_frame(fl))
+    else:
+        was_flagged = _pairs_in(
+            (gw["window_start_ns"].to_numpy(dtype=np.int64), scored_codes),
+            (
+                scored["window_start_ns"].to_numpy(dtype=np.int64)[flagged],
+                scored["gpu_code"].to_numpy(dtype=np.int64)[flagged],
+            ),
+        )
+    gw["straggler_s"] = np.where(was_flagged, gw["seen_s"], 0.0)
     # idle: decided per window (its mean utilisation), so raw samples and buckets agree
     gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
     gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
     return GpuWindows(gw, step_ns, scored, lost, rows, None if in_range.all() else in_range)
+
+
+def _pairs_in(
+    pairs: tuple[np.ndarray, np.ndarray], among: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """Per (window start, GPU code) pair of ``pairs``: whether it is one of ``among``'s, each
+    pair as one integer (a ``MultiIndex.isin`` of the same pairs was ~8 ms at 1,024 GPUs x
+    1 h)."""
+    (w, g), (w_among, g_among) = pairs, among
+    if not len(w_among) or not len(w):
+        return np.zeros(len(w), dtype=bool)
+    w_codes, _ = pd.factorize(np.concatenate([w, w_among]))
+    width = int(max(g.max(), g_among.max())) + 1
+    key = w_codes * width + np.concatenate([g, g_among])
+    return np.isin(key[: len(w)], key[len(w) :])
 
 
 def _windows_in_range(rows: pd.DataFrame, in_range: np.ndarray) -> np.ndarray | None:
