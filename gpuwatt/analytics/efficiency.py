@@ -120,7 +120,8 @@ def gpu_tflops_quality(rows: pd.DataFrame) -> pd.DataFrame:
     ub = np.bincount(codes, weights=src == SRC_UPPER_BOUND, minlength=n) > 0
     last = np.zeros(n, dtype=np.int64)
     np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
-    names = [n if isinstance(n, str) else "" for n in rows["name"].to_numpy(dtype=object)[last]]
+    # as ``model_codes`` reads them: text, a missing name none
+    names = ["" if pd.isna(n) else str(n) for n in rows["name"].to_numpy(dtype=object)[last]]
     quality, reason = [], []
     for name, g, u in zip(names, gpm, ub, strict=True):
         if g:

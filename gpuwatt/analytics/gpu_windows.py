@@ -159,6 +159,7 @@ def gpu_windows(
         scored = score_windows(full, cfg)
         gw = full
         scored_codes: np.ndarray | None = gw["gpu_code"].to_numpy()
+        subset: np.ndarray | None = None  # every row prepared is in the range
     else:
         lookback_ns = round(cfg.window_n * window_s * NS_PER_S)
         near = in_range | (t >= start_ns - lookback_ns)
@@ -170,9 +171,9 @@ def gpu_windows(
         scored = score_windows(full, cfg)
         in_full = _windows_in_range(rows_near, in_range[near])
         scored_codes = None
+        subset = in_range
         if in_full is None:  # a window holds rows on both sides of the range's start
-            rows = _rows_in(rows, in_range)
-            in_range = np.ones(len(rows), dtype=bool)
+            rows, subset = _rows_in(rows, in_range), None
             gw = per_gpu_window(rows, sums=sums, means=means)
             mark_idle(gw, idle_util_pct=idle_util_pct)
         else:  # the range's windows of ``full`` are those of the range's rows
@@ -197,7 +198,7 @@ def gpu_windows(
     # idle: decided per window (its mean utilisation), so raw samples and buckets agree
     gw["idle_s"] = np.where(gw["idle"], gw["seen_s"], 0.0)
     gw["idle_energy_j"] = np.where(gw["idle"], gw["energy_delta_j"], 0.0)
-    return GpuWindows(gw, step_ns, scored, lost, rows, None if in_range.all() else in_range)
+    return GpuWindows(gw, step_ns, scored, lost, rows, subset)
 
 
 def _pairs_in(
