@@ -671,3 +671,55 @@ def test_raw_samples_before_the_oldest_rolled_minute_are_read_and_none_only_by_t
     finally:
         del rollups.raw_level
     ref.close()
+
+
+@pytest.mark.parametrize("engine", ["victoriametrics"], indirect=True)
+def test_victoriametrics_reads_send_their_metrics_in_several_exports_at_once(
+    engine: Engine,
+    make_sample: Callable[..., GpuSample],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read of raw samples or rollup points asks VictoriaMetrics for its metrics in
+    ``EXPORT_PARTS`` exports sent together (it answers each on about one core), each metric in
+    exactly one of them, and the rows are those one export gives, and the embedded store's."""
+    batch = samples(make_sample, T0, T0 + 127 * MINUTE_NS)
+    write(engine, batch)
+    ref = embedded(tmp_path, batch)
+    engine_rollups.roll_range(engine.source, T0, T0 + 126 * MINUTE_NS)
+    engine.flush()
+    engine.store.rollup_cache_bytes = 0  # every read goes to the engine
+    real_export = engine.store.export
+    sent: list[tuple[str, int, int, list[str]]] = []
+
+    def spy(match: str, start_ns: int, end_ns: int) -> Any:
+        metrics = match.split('"')[1].split("|")
+        sent.append((threading.current_thread().name, start_ns, end_ns, metrics))
+        return real_export(match, start_ns, end_ns)
+
+    monkeypatch.setattr(engine.store, "export", spy)
+    lo, hi = T0 + 3 * MINUTE_NS + 7 * S, T0 + 127 * MINUTE_NS
+    frames: dict[tuple[int, int], pd.DataFrame] = {}
+    for parts, step in itertools.product((1, 3), (60, 300, 3600)):
+        monkeypatch.setattr("gpuwatt.store.promql_rollups.EXPORT_PARTS", parts)
+        sent.clear()
+        frames[parts, step] = engine.store.series(lo, hi, ATTRS, step_s=step)
+        reads: dict[tuple[int, int, str], list[tuple[str, list[str]]]] = {}
+        for thread, start_ns, end_ns, metrics in sent:  # a read: raw samples or a level's
+            first = metrics[0]  # rollup points over a span
+            family = first[:17] if first.startswith("gpuwatt_rollup_") else "raw"
+            reads.setdefault((start_ns, end_ns, family), []).append((thread, metrics))
+        assert len(reads) >= 2
+        for exports in reads.values():
+            metrics = [m for _, e in exports for m in e]
+            assert len(metrics) == len(set(metrics))  # each metric in one export of a read,
+            assert len(exports) == min(parts, len(metrics))  # split into as many as asked,
+            if len(exports) > 1:  # sent together
+                assert all(thread.startswith("export") for thread, _ in exports)
+        assert any(len(exports) == min(parts, 3) for exports in reads.values())
+    for step in (60, 300, 3600):
+        got = frames[3, step]
+        pd.testing.assert_frame_equal(got, frames[1, step], obj=f"step {step}")
+        want = ref.series(lo, hi, ATTRS, step_s=step)
+        pd.testing.assert_frame_equal(got, want, rtol=1e-9, obj=f"step {step}")
+    ref.close()

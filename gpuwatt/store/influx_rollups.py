@@ -48,7 +48,7 @@ from gpuwatt.store.engine_rollups import (
 )
 from gpuwatt.store.influx_reads import GROUP_TAGS, gpu_of_tags, ident, oldest_raw_ns
 from gpuwatt.store.rollup_rule import KEYS, NULL_TIME, UNKNOWN_SEEN, LookAroundHint, as_level
-from gpuwatt.store.rollup_spans import SpanCache
+from gpuwatt.store.rollup_spans import NEWEST_LOOKBACKS_S, SpanCache
 
 if TYPE_CHECKING:
     from gpuwatt.store.influx import InfluxStore
@@ -137,13 +137,16 @@ class InfluxRollups:
         return self._time_of(f'SELECT first("{FIELD_N}") FROM {ident(MEASUREMENTS[level_ns])}')
 
     def _newest_ns(self, level_ns: int) -> int | None:
-        # looked for in the last day first, which is cheap (InfluxDB reads only the shards the
-        # time range names), then anywhere
+        # looked for in the last minutes first, which is cheap (InfluxDB reads only the
+        # blocks the time range names), then the last day, then anywhere
         measurement = ident(MEASUREMENTS[level_ns])
-        day_ago = self.store.clock_ns() - 86_400 * 10**9
-        return self._time_of(
-            f'SELECT last("{FIELD_N}") FROM {measurement} WHERE time >= {day_ago}'
-        ) or self._time_of(f'SELECT last("{FIELD_N}") FROM {measurement}')
+        now = self.store.clock_ns()
+        for lookback_s in NEWEST_LOOKBACKS_S:
+            since = now - lookback_s * 10**9
+            query = f'SELECT last("{FIELD_N}") FROM {measurement} WHERE time >= {since}'
+            if found := self._time_of(query):
+                return found
+        return self._time_of(f'SELECT last("{FIELD_N}") FROM {measurement}')
 
     def _time_of(self, influxql: str) -> int | None:
         for s in self.store.query(influxql):

@@ -79,8 +79,8 @@ class PromStore:
         self.dialect = dialect
         self.engine = engine
         self.timeout_s = timeout_s
-        self._http = urllib3.PoolManager(
-            maxsize=parallel, timeout=urllib3.Timeout(total=timeout_s), retries=False
+        self._http = urllib3.PoolManager(  # room for each read's exports sent at once
+            maxsize=2 * parallel, timeout=urllib3.Timeout(total=timeout_s), retries=False
         )
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="promql")
         self._writer = writer
@@ -226,6 +226,17 @@ class PromStore:
                 return frames.exported(json.loads(joined))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreRejected(f"{self.url} sent an unreadable export") from exc
+
+    def export_at_once(self, matches: Sequence[str], start_ns: int, end_ns: int) -> frames.Exported:
+        """``export`` of each of ``matches``, the requests sent at once, as one ``Exported``.
+        VictoriaMetrics answers one export on about one core: 1,024 GPUs' newest raw minute
+        (15 metrics, 3.1 MB) took ~300 ms in one request and ~200-220 ms in two, the engine's
+        CPU alike, on a 2-core machine (``curl``-like requests from Python, 4 runs each)."""
+        if len(matches) == 1:
+            return self.export(matches[0], start_ns, end_ns)
+        with ThreadPoolExecutor(max_workers=len(matches), thread_name_prefix="export") as pool:
+            parts = list(pool.map(lambda m: self.export(m, start_ns, end_ns), matches))
+        return frames.joined_exports(parts)
 
     def has_series(self, match: str, start_ns: int, end_ns: int) -> bool:
         """Whether the engine lists a series of ``match`` with samples in ``[start_ns, end_ns)``

@@ -28,12 +28,16 @@ from gpuwatt.store.engine_rollups import (
     rollup_lines,
 )
 from gpuwatt.store.promql_dialects import promql_string, regex_alternatives
-from gpuwatt.store.promql_frames import pivot_exported
+from gpuwatt.store.promql_frames import Exported, pivot_exported
 from gpuwatt.store.rollup_rule import NULL_TIME, UNKNOWN_SEEN, LookAroundHint, as_level
-from gpuwatt.store.rollup_spans import SpanCache
+from gpuwatt.store.rollup_spans import NEWEST_LOOKBACKS_S, SpanCache
 
 if TYPE_CHECKING:
     from gpuwatt.store.promql import PromStore
+
+#: The metrics of one read of raw samples or rollup points go to VictoriaMetrics in this many
+#: exports at once (``PromRollups._export``): it answers each on about one core.
+EXPORT_PARTS = 2
 
 _DAY_NS = 86_400 * NS_PER_MS * 1000
 _FAR_S = 50 * 365 * 86_400  # "any time" since 1976 (a window reaching before 1970 finds nothing)
@@ -72,11 +76,12 @@ class PromRollups:
 
     def _newest_ns(self, level_ns: int) -> int | None:
         # the store's now: a bench replaying data that ended in the past finds its newest
-        # point in the last day, as a live cluster does (not in a second, all-time query)
+        # point in the last minutes, as a live cluster does (not in an all-time query)
         sel, now = self._n_selector(level_ns), self.store.clock_ns()
-        return self._time_of(f"max(tlast_over_time({sel}[1d]))", now) or self._time_of(
-            f"max(tlast_over_time({sel}[{_FAR_S}s]))", now
-        )
+        for lookback_s in (*NEWEST_LOOKBACKS_S, _FAR_S):
+            if found := self._time_of(f"max(tlast_over_time({sel}[{lookback_s}s]))", now):
+                return found
+        return None
 
     def _time_of(self, promql: str, at_ns: int) -> int | None:
         for r in self.store.query(promql, at_ns):
@@ -124,9 +129,7 @@ class PromRollups:
         attrs, hosts, ids = scope.attrs, scope.hosts, scope.ids
         names = self.store.dialect.by_attr()
         columns = [f"{MEASUREMENT}_{FIELD_LOST}", *(names[a].metric for a in attrs)]
-        # every column in one export (``PromStore.export``), as ``rollup_points``
-        match = f"__name__=~{promql_string(regex_alternatives(columns))}{self._hosts(hosts)}"
-        exported = self.store.export("{" + match + "}", start_ns, end_ns)
+        exported = self._export(columns, hosts, start_ns, end_ns)
         t, gid, data = pivot_exported(exported, self.store.dialect, columns, ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
@@ -140,15 +143,12 @@ class PromRollups:
         prefix = MEASUREMENTS[level_ns] + "_"
         keys = [FIELD_N, FIELD_SEEN] if lean else [FIELD_N, FIELD_SEEN, FIELD_N_OK, FIELD_T_LAST]
         fields = [*keys, *attrs]
-        host_matcher = self._hosts(hosts)
         window_ms = (end_ns - start_ns) // NS_PER_MS
         if window_ms <= 0:
             return empty_level(attrs)
 
-        # every column in one export (``PromStore.export``)
         names = [prefix + f for f in fields]
-        match = f"__name__=~{promql_string(regex_alternatives(names))}{host_matcher}"
-        exported = self.store.export("{" + match + "}", start_ns, end_ns)
+        exported = self._export(names, hosts, start_ns, end_ns)
         t, gid, data = pivot_exported(exported, self.store.dialect, names, ids)
         inside = (t >= start_ns) & (t < end_ns)
         t, gid, data = t[inside], gid[inside], data[inside]
@@ -172,6 +172,21 @@ class PromRollups:
                 np.isnan(t_last), NULL_TIME, np.nan_to_num(t_last).astype(np.int64) * NS_PER_MS
             )
         return out | {a: data[:, len(keys) + i] for i, a in enumerate(attrs)}
+
+    def _export(
+        self, names: Sequence[str], hosts: Sequence[str] | None, start_ns: int, end_ns: int
+    ) -> Exported:
+        """The series of the metrics ``names`` (of ``hosts``; None: all) in ``[start_ns,
+        end_ns)``: the metrics split into ``EXPORT_PARTS`` exports sent at once
+        (``PromStore.export_at_once``), each for several metrics (one request per metric cost
+        more: ``PromStore.export``)."""
+        k = max(1, min(EXPORT_PARTS, len(names)))
+        host_matcher = self._hosts(hosts)
+        matches = [
+            "{__name__=~" + promql_string(regex_alternatives(names[i::k])) + host_matcher + "}"
+            for i in range(k)
+        ]
+        return self.store.export_at_once(matches, start_ns, end_ns)
 
     def _hosts(self, hosts: Sequence[str] | None) -> str:
         """The matcher that keeps ``hosts`` (None: every host), after a comma."""
