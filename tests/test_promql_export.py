@@ -34,11 +34,19 @@ def body(lines: list[dict[str, object]]) -> bytes:
     return b"".join(json.dumps(x, separators=(",", ":")).encode() + b"\n" for x in lines)
 
 
+def labels(e: frames.Exported) -> list[dict[str, str]]:
+    """Each series' labels, its name among them."""
+    return [
+        {**e.label_sets[k], "__name__": n}
+        for n, k in zip(e.names, e.label_set.tolist(), strict=True)
+    ]
+
+
 def test_text_reading_equals_the_json_reading() -> None:
     text = frames.exported_text(body(LINES))
     assert text is not None
     expected = frames.exported(LINES)
-    assert text.labels == expected.labels
+    assert labels(text) == labels(expected) == [x["metric"] for x in LINES]
     assert text.lengths.tolist() == [4, 1, 0]
     assert np.array_equal(text.lengths, expected.lengths)
     assert np.array_equal(text.t_ms, expected.t_ms)
@@ -57,7 +65,8 @@ def test_series_sharing_their_times_read_as_the_json_reading() -> None:
     text = frames.exported_text(body(lines))
     expected = frames.exported(lines)
     assert text is not None
-    assert text.labels == expected.labels
+    assert labels(text) == labels(expected) == [x["metric"] for x in lines]
+    assert len(text.label_sets) == 40 + 2  # a GPU's series share their labels but the name
     assert np.array_equal(text.lengths, expected.lengths)
     assert np.array_equal(text.t_ms, expected.t_ms)
     assert np.array_equal(text.values, expected.values)
@@ -97,6 +106,11 @@ def test_other_shapes_are_left_to_the_json_reading() -> None:
     assert np.isnan(frames.exported(with_null).values[1])
     reordered = [{"values": [1.0], "timestamps": [1], "metric": {"host": "x"}}]
     assert frames.exported_text(body(reordered)) is None
+    name_not_first = [{**LINES[0], "metric": {"host": "x", "__name__": "m"}}]
+    assert frames.exported_text(body(name_not_first)) is None
+    quoted_name = [{**LINES[0], "metric": {"__name__": 'm"1', "host": "x"}}]
+    assert frames.exported_text(body(quoted_name)) is None
+    assert labels(frames.exported(quoted_name))[0]["__name__"] == 'm"1'
     assert frames.exported_text(b"") is not None  # no series: nothing to read
 
 
@@ -141,3 +155,26 @@ def test_a_pivot_gives_a_row_per_time_and_gpu_whether_or_not_their_times_align()
         (3_000_000_000, 1, 5.0, 3.5),
         (4_000_000_000, 1, None, 4.5),
     ]
+
+
+def test_exports_joined_pivot_as_one_export_of_all_their_series() -> None:
+    """A read's metrics asked for in several exports (``PromStore.export_at_once``): joined,
+    each series keeps its own labels, and the pivot is that of one export of all of them."""
+    times = [1767225540000 + 10_000 * k for k in range(6)]
+    metrics = ["m_n", "m_power_w", "m_temp"]
+    lines = [
+        {"metric": {"__name__": m, "host": f"node-{g}", "index": str(g % 2), "uuid": f"GPU-{g}"},
+         "values": [g * 10 + f + k / 4 for k in range(6)], "timestamps": times}
+        for g in range(5) for f, m in enumerate(metrics)
+    ]  # fmt: skip
+    whole = frames.exported_text(body(lines))
+    parts = [frames.exported_text(body(lines[i::2])) for i in range(2)]
+    assert whole is not None and all(p is not None for p in parts)
+    joined = frames.joined_exports(parts)  # type: ignore[arg-type]
+    assert labels(joined) == [x["metric"] for x in lines[0::2] + lines[1::2]]
+    one, two = engine_rollups.GpuIds(), engine_rollups.GpuIds()
+    want = frames.pivot_exported(whole, INFLUX, metrics, one)
+    got = frames.pivot_exported(joined, INFLUX, metrics, two)
+    as_hosts = lambda ids, rows: [(r[0], ids.idents[r[1]][0], *r[2:]) for r in rows]  # noqa: E731
+    assert sorted(as_hosts(two, _rows(got))) == sorted(as_hosts(one, _rows(want)))
+    assert len(_rows(got)) == 5 * 6
