@@ -145,8 +145,8 @@ def health_table(ctx: PageContext, checked: list[GpuHealth]) -> Any:
     note = (
         f"{len(bad)} GPUs with a problem"
         + (f", then the hottest others: {len(shown)} of {len(checked)} GPUs." if rest else ".")
-        + " ECC counts are volatile (since the last driver load); NVML's aggregate counts are "
-        "not collected."
+        + " ECC counts: volatile (since the last driver load) and lifetime (NVML's aggregate "
+        "counts); both sampled once a minute."
     )
     return dmc.Stack(
         [

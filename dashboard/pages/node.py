@@ -283,6 +283,6 @@ def render(ctx: PageContext) -> list[Any]:
             "Processes now",
             processes_table(mine, gpu),
             help_text="Compute processes in each GPU's newest sample. NVML gives the pid and "
-            "GPU memory; the process owner is not collected.",
+            "GPU memory; the user is read from the node's /proc (blank where it could not be).",
         ),
     ]
