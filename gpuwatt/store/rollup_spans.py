@@ -66,14 +66,13 @@ class SpanCache:
         A failure drops nothing: the next read past ``STALE_SERVED_S`` asks itself and meets it."""
         try:
             span = self._span(level_ns)
+            with self._lock:
+                self._keep(level_ns, span)
         except Exception as exc:  # a thread of its own: logged, not raised
             log.debug("rollup span not asked again: %s: %s", type(exc).__name__, exc)
+        finally:
             with self._lock:
                 self._refreshing.discard(level_ns)
-            return
-        with self._lock:
-            self._refreshing.discard(level_ns)
-            self._keep(level_ns, span)
 
     def _keep(self, level_ns: int, span: tuple[int, int] | None) -> None:
         if span is None:  # none any more (a database emptied): none served
